@@ -1,0 +1,1 @@
+"""llmc-trace: make large models traceable for memory-efficient compression."""
