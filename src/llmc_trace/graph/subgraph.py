@@ -1,0 +1,61 @@
+"""``Subgraph``: one executable piece of a partitioned trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+#: Key under which the last subgraph returns the model's own output.
+MODEL_OUTPUT = "output"
+
+
+@dataclass
+class Subgraph:
+    """A piece of the model's graph, run as ``forward(model, **inputs) -> dict[name, value]``.
+
+    ``input_names`` are the values it reads (model inputs or earlier subgraphs' outputs);
+    ``output_names`` the values later subgraphs read (the last subgraph returns the model output
+    under :data:`MODEL_OUTPUT`); ``consumed_names`` are inputs that no later subgraph needs, so
+    the intermediates cache can drop them once this subgraph has run. ``targets`` are the module
+    paths of the sequential targets inside it (none for the head).
+
+    Executing the subgraphs in order, feeding each the values named by ``input_names``, is
+    equivalent to ``model(**sample)``; :func:`llmc_trace.graph.verify.verify_subgraphs` checks it.
+    """
+
+    index: int
+    graph: fx.Graph
+    input_names: list[str]
+    output_names: list[str]
+    targets: list[str]
+    consumed_names: list[str] = field(default_factory=list)
+    _compiled: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def num_nodes(self) -> int:
+        """Operations in this subgraph (placeholders and the output node excluded)."""
+        return sum(1 for node in self.graph.nodes if node.op not in ("placeholder", "output"))
+
+    def forward(self, model: torch.nn.Module, **inputs: Any) -> dict[str, Any]:
+        if self._compiled is None:
+            code = self.graph.python_code(root_module="self")
+            namespace = dict(code.globals)
+            exec(compile(code.src, f"<llmc-trace subgraph {self.index}>", "exec"), namespace)
+            self._compiled = namespace["forward"]
+        return self._compiled(model, **{name: inputs[name] for name in self.input_names})
+
+    def submodules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Every module this subgraph calls, with their descendants, in module order."""
+        called = [node.target for node in self.graph.nodes if node.op == "call_module"]
+        seen: dict[int, torch.nn.Module] = {}
+        for path in called:
+            for module in model.get_submodule(path).modules():
+                seen.setdefault(id(module), module)
+        return list(seen.values())
+
+    def module_paths(self) -> list[str]:
+        return [str(node.target) for node in self.graph.nodes if node.op == "call_module"]

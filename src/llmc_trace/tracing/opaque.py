@@ -1,0 +1,149 @@
+"""Record chosen functions and methods as single graph calls instead of tracing into them.
+
+Mask builders are the classic case: they branch on attention-mask *values* and use ``vmap``,
+yet their result only feeds attention. Recorded as one ``call_function`` node, such a helper
+runs for real at calibration time with whatever batch arrives, and its code never meets a
+proxy. The reference tool keeps a hand-written list of mask-function names that broke when
+transformers renamed one; we discover them from ``transformers.masking_utils`` at run time.
+
+Names are matched as written by the user:
+
+* ``create_causal_mask``: a module-level function, patched in the globals of every module file
+  the trace passes through;
+* ``Qwen2VLModel.get_rope_index`` or ``get_rope_index``: a method, patched on the module
+  instances (never on the class, so other models in the process are untouched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+#: transformers module whose mask builders are opaque by default.
+MASKING_MODULE = "transformers.masking_utils"
+
+
+def call_module_method(module: torch.nn.Module, method_name: str, *args: Any, **kwargs: Any) -> Any:
+    """Graph target for an opaque method: ``module.method_name(*args, **kwargs)`` at run time."""
+    return getattr(module, method_name)(*args, **kwargs)
+
+
+def default_opaque_functions() -> list[str]:
+    """The mask builders that ``transformers.masking_utils`` defines, found by inspection.
+
+    Builders are the functions named ``create_*`` or ``*_mask``; the ``*_mask_function``
+    combinators they use only ever see plain Python values.
+    """
+    try:
+        masking = __import__(MASKING_MODULE, fromlist=["_"])
+    except ImportError:
+        return []
+    names = []
+    for name, value in vars(masking).items():
+        if (
+            inspect.isfunction(value)
+            and value.__module__ == MASKING_MODULE
+            and (name.startswith("create_") or name.endswith("_mask"))
+        ):
+            names.append(name)
+    return sorted(names)
+
+
+def _module_files(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
+    """The Python modules (files) defining the classes of ``modules`` and their bases."""
+    seen: dict[str, ModuleType] = {}
+    for module in modules:
+        for cls in type(module).__mro__:
+            python_module = sys.modules.get(cls.__module__)
+            if python_module is not None and cls.__module__ not in seen:
+                seen[cls.__module__] = python_module
+    masking = sys.modules.get(MASKING_MODULE)
+    if masking is not None:
+        seen.setdefault(MASKING_MODULE, masking)
+    return [seen[key] for key in sorted(seen)]
+
+
+@contextlib.contextmanager
+def patch_opaque(
+    names: Iterable[str],
+    traced_modules: list[tuple[str, torch.nn.Module]],
+    record_function: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    record_method: Callable[[torch.nn.Module, str, tuple[Any, ...], dict[str, Any]], Any],
+    has_proxy: Callable[[Any], bool],
+) -> Iterator[dict[str, list[str]]]:
+    """Patch the named functions and methods for the duration of a trace.
+
+    ``record_function``/``record_method`` emit the graph node when a call receives a proxy;
+    calls without proxies (value computation, code outside the trace) run the original.
+    Yields ``{name: [where it was patched]}`` so a report can say which names matched.
+    """
+    patched: list[tuple[Any, str, Any, bool]] = []  # (owner, attribute, original, was_instance)
+    matched: dict[str, list[str]] = {}
+    files = _module_files(module for _, module in traced_modules)
+    try:
+        for name in names:
+            class_name, _, attr = name.rpartition(".")
+            where: list[str] = []
+            if not class_name:
+                for python_module in files:
+                    original = vars(python_module).get(attr)
+                    if inspect.isfunction(original) and not getattr(original, "_llmc_opaque", False):
+                        wrapper = _function_wrapper(original, record_function, has_proxy)
+                        patched.append((python_module, attr, original, False))
+                        setattr(python_module, attr, wrapper)
+                        where.append(f"{python_module.__name__}.{attr}")
+            for path, module in traced_modules:
+                if class_name and class_name not in {cls.__name__ for cls in type(module).__mro__}:
+                    continue
+                if inspect.ismethod(getattr(module, attr, None)) and attr not in vars(module):
+                    wrapper = _method_wrapper(module, attr, record_method, has_proxy)
+                    patched.append((module, attr, None, True))
+                    object.__setattr__(module, attr, wrapper)
+                    where.append(f"{path or '<root>'}.{attr}")
+            matched[name] = where
+        yield matched
+    finally:
+        for owner, attr, original, was_instance in reversed(patched):
+            if was_instance:
+                del owner.__dict__[attr]
+            else:
+                setattr(owner, attr, original)
+
+
+def _function_wrapper(
+    original: Callable[..., Any],
+    record: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    has_proxy: Callable[[Any], bool],
+) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if has_proxy((args, kwargs)):
+            return record(original, args, kwargs)
+        return original(*args, **kwargs)
+
+    wrapper._llmc_opaque = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _method_wrapper(
+    module: torch.nn.Module,
+    attr: str,
+    record: Callable[[torch.nn.Module, str, tuple[Any, ...], dict[str, Any]], Any],
+    has_proxy: Callable[[Any], bool],
+) -> Callable[..., Any]:
+    bound = getattr(type(module), attr).__get__(module)
+
+    @functools.wraps(bound)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if has_proxy((args, kwargs)):
+            return record(module, attr, args, kwargs)
+        return bound(*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,91 @@
+"""A torch.fx ``Proxy`` that carries an example value, so shape questions get concrete answers.
+
+Plain torch.fx refuses ``bool``, ``len``, ``int`` and iteration on a proxy. Model code asks those
+questions constantly, almost always about shapes (``if seq_len > window``, ``for t in
+x.shape``). Every node here has an example value (``node.meta["val"]``) and two flags:
+
+* ``value_static``: the value follows from the input *shapes and dtypes* alone;
+* ``shape_static`` (tensors): the shape follows from the input shapes alone.
+
+A question about a static value is answered from the example and recorded as a
+:class:`~llmc_trace.tracing.guards.Guard` on the trace; a question about a value that depends
+on tensor *data* cannot be answered once for all batches, so it raises
+:class:`DataDependentQuestion`, which the tracer turns into a located failure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from llmc_trace.tracing.tracer import LlmcTracer
+
+#: Attributes whose answer is fixed by the input signature, returned as plain Python values.
+CONCRETE_ATTRIBUTES = frozenset({"dtype", "ndim"})
+
+
+class DataDependentQuestion(Exception):
+    """Model code asked ``bool``/``len``/``int``/iteration of a value that depends on data."""
+
+    def __init__(self, question: str, node: fx.Node, reason: str) -> None:
+        super().__init__(f"{question}() of a traced value whose {reason}")
+        self.question = question
+        self.node = node
+        self.reason = reason
+
+
+class MetaProxy(fx.Proxy):
+    """Proxy whose node holds an example value; see the module docstring."""
+
+    tracer: LlmcTracer
+
+    def __getattr__(self, name: str) -> Any:
+        value = self.node.meta.get("val")
+        if name in CONCRETE_ATTRIBUTES and isinstance(value, torch.Tensor):
+            return getattr(value, name)
+        if name == "shape":
+            return self.tracer.create_proxy("call_method", "size", (self,), {})
+        return MetaAttribute(self, name)
+
+    def __len__(self) -> int:
+        return self.tracer.answer(self, "len")
+
+    def __index__(self) -> int:
+        return self.tracer.answer(self, "index")
+
+    def __int__(self) -> int:
+        return self.tracer.answer(self, "int")
+
+    def __float__(self) -> float:
+        return self.tracer.answer(self, "float")
+
+    def __contains__(self, item: object) -> bool:
+        return self.tracer.answer(self, "contains", item)
+
+
+class MetaAttribute(MetaProxy):
+    """An attribute of a proxy: a ``getattr`` node, or a method call when it is called.
+
+    Mirrors ``torch.fx.proxy.Attribute`` (the node is created lazily so that ``x.view(...)``
+    records one ``call_method`` node, not a ``getattr`` followed by a call).
+    """
+
+    def __init__(self, root: MetaProxy, attr: str) -> None:
+        self.root = root
+        self.attr = attr
+        self.tracer = root.tracer
+        self._node: fx.Node | None = None
+
+    @property
+    def node(self) -> fx.Node:  # type: ignore[override]
+        if self._node is None:
+            self._node = self.tracer.create_proxy(
+                "call_function", getattr, (self.root, self.attr), {}
+            ).node
+        return self._node
+
+    def __call__(self, *args: Any, **kwargs: Any) -> MetaProxy:
+        return self.tracer.create_proxy("call_method", self.attr, (self.root, *args), kwargs)

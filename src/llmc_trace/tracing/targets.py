@@ -1,0 +1,188 @@
+"""Choose the sequential targets and the leaves of a trace.
+
+Sequential targets default to the *language model's* repeated blocks, found through
+``_no_split_modules`` (the classes transformers never splits across devices), leaving out every
+instance that sits in a vision or audio tower: compressing a tower is opt-in. Patterns accept
+class names (``LlamaDecoderLayer``) and ``re:`` regular expressions on module paths
+(``re:model\\.layers\\.\\d+$``).
+
+Leaves are the targets, the ignored modules, and every module that is not an ancestor of a
+target: nothing inside them is traced, so untraceable code there does no harm.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from llmc_trace.errors import BadInputError
+
+#: Path components that mark a vision or audio tower (or its projector).
+TOWER_PATTERN = re.compile(
+    r"(^|\.)(visual|vision\w*|image\w*|img\w*|audio\w*|speech\w*|patch_embed\w*|"
+    r"multi_modal_projector|mm_projector|vqmodel|connector|perceiver\w*)(\.|$)"
+)
+
+LEAF_TARGET = "sequential target"
+LEAF_IGNORED = "ignored"
+LEAF_NO_TARGET = "holds no sequential target"
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    """Which module paths are targets, ignored, or traced through (ancestors of targets)."""
+
+    targets: tuple[str, ...]
+    ignored: tuple[str, ...]
+    ancestors: frozenset[str]
+    _target_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _ignored_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def leaf_reason(self, path: str) -> str | None:
+        """Why ``path`` is a leaf, or ``None`` when the tracer walks into it."""
+        if path in self._target_set:
+            return LEAF_TARGET
+        if path in self._ignored_set:
+            return LEAF_IGNORED
+        if path in self.ancestors:
+            return None
+        return LEAF_NO_TARGET
+
+    def __post_init__(self) -> None:
+        # membership is asked once per module call while tracing: keep sets, not tuples
+        object.__setattr__(self, "_target_set", frozenset(self.targets))
+        object.__setattr__(self, "_ignored_set", frozenset(self.ignored))
+
+
+def matches(pattern: str, path: str, module: torch.nn.Module) -> bool:
+    """A class name matches the module's class; ``re:`` matches the whole module path."""
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], path) is not None
+    return type(module).__name__ == pattern
+
+
+def audio_tower_paths(model: torch.nn.Module) -> set[str]:
+    """For speech models (main input is audio features), the encoder is the audio tower."""
+    if getattr(model, "main_input_name", "") not in ("input_features", "input_values"):
+        return set()
+    get_encoder = getattr(model, "get_encoder", None)
+    encoder = get_encoder() if callable(get_encoder) else None
+    if encoder is None:
+        return set()
+    return {path for path, module in model.named_modules() if module is encoder}
+
+
+def is_in_tower(path: str, towers: Iterable[str] = ()) -> bool:
+    return TOWER_PATTERN.search(path) is not None or any(
+        path == tower or path.startswith(tower + ".") for tower in towers
+    )
+
+
+def no_split_classes(model: torch.nn.Module) -> list[str]:
+    names: list[str] = []
+    for module in model.modules():
+        for name in getattr(module, "_no_split_modules", None) or []:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def default_target_patterns(model: torch.nn.Module) -> list[str]:
+    """Classes from ``_no_split_modules`` that have instances outside every tower."""
+    towers = audio_tower_paths(model)
+    present = {
+        type(module).__name__
+        for path, module in model.named_modules()
+        if path and not is_in_tower(path, towers)
+    }
+    classes = [name for name in no_split_classes(model) if name in present]
+    if classes:
+        return classes
+    return _largest_repeated_class(model, towers)
+
+
+def _largest_repeated_class(model: torch.nn.Module, towers: set[str]) -> list[str]:
+    best: tuple[int, str] | None = None
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and not is_in_tower(path, towers):
+            classes = {type(child).__name__ for child in module}
+            if len(classes) == 1 and (best is None or len(module) > best[0]):
+                best = (len(module), classes.pop())
+    return [best[1]] if best else []
+
+
+def resolve_targets(
+    model: torch.nn.Module, patterns: list[str] | None, *, explicit: bool
+) -> list[str]:
+    """Module paths of the sequential targets, outermost matches only, in module order."""
+    towers = set() if explicit else audio_tower_paths(model)
+    chosen: list[str] = []
+    for path, module in model.named_modules():
+        if not path or any(path.startswith(t + ".") for t in chosen):
+            continue
+        if not explicit and is_in_tower(path, towers):
+            continue
+        if any(matches(pattern, path, module) for pattern in patterns or []):
+            chosen.append(path)
+    return chosen
+
+
+def split_ignore(model: torch.nn.Module, ignore: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``ignore`` into module patterns (matching some module) and function names."""
+    module_patterns, function_names = [], []
+    named = list(model.named_modules())
+    for pattern in ignore:
+        if any(matches(pattern, path, module) for path, module in named if path):
+            module_patterns.append(pattern)
+        elif pattern.startswith("re:"):
+            module_patterns.append(pattern)
+        else:
+            function_names.append(pattern)
+    return module_patterns, function_names
+
+
+def plan_leaves(
+    model: torch.nn.Module,
+    sequential_targets: list[str] | None,
+    ignore_modules: list[str],
+) -> LeafPlan:
+    """Resolve targets and ignored modules into a :class:`LeafPlan`, checking the user's input."""
+    known_classes = {type(m).__name__ for m in model.modules()}
+    explicit = sequential_targets is not None
+    patterns = sequential_targets if explicit else default_target_patterns(model)
+    for pattern in patterns:
+        if not pattern.startswith("re:") and pattern not in known_classes:
+            close = sorted(c for c in known_classes if pattern.lower()[:5] in c.lower())[:5]
+            raise BadInputError(
+                f"Sequential target class {pattern!r} does not exist in {type(model).__name__}.",
+                hint=f"Use a class name the model has (e.g. {', '.join(close) or no_split_classes(model)}) "
+                "or a 're:' pattern on module paths.",
+                param="sequential_targets",
+            )
+    targets = resolve_targets(model, patterns, explicit=explicit)
+    if not targets:
+        raise BadInputError(
+            f"The sequential targets {patterns} match no module of {type(model).__name__}.",
+            hint="Pick the model's repeated block class (see `llmc-trace render --view modules`) "
+            "or a 're:' pattern that matches module paths such as 'model.layers.0'.",
+            param="sequential_targets",
+        )
+    ancestors = {""}
+    for target in targets:
+        parts = target.split(".")
+        ancestors.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    ignored = []
+    for path, module in model.named_modules():
+        if path and any(matches(p, path, module) for p in ignore_modules):
+            if path in ancestors:
+                raise BadInputError(
+                    f"Ignoring {path!r} would hide the sequential targets inside it.",
+                    hint="Ignore a smaller module, or choose targets outside it.",
+                    param="ignore",
+                )
+            if not any(path.startswith(t + ".") or path == t for t in targets):
+                ignored.append(path)
+    return LeafPlan(tuple(targets), tuple(ignored), frozenset(ancestors))

@@ -1,0 +1,97 @@
+"""Trace a model on a sample: the single entry point into :mod:`llmc_trace.tracing`."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from llmc_trace.tracing.guards import Guard
+from llmc_trace.tracing.opaque import default_opaque_functions
+from llmc_trace.tracing.targets import LeafPlan, plan_leaves, split_ignore
+from llmc_trace.tracing.tracer import LlmcTracer
+
+
+@dataclass
+class TraceResult:
+    """A traced graph and what tracing learned about it.
+
+    ``graph`` nodes carry ``meta["val"]`` (example value), ``meta["source"]`` (model line),
+    ``meta["module_path"]`` and the static flags; ``target_nodes`` are the ``call_module`` nodes
+    of the sequential targets in graph order.
+    """
+
+    graph: fx.Graph
+    model: torch.nn.Module = field(repr=False)
+    leaves: LeafPlan
+    target_nodes: list[fx.Node]
+    guards: list[Guard]
+    opaque_functions: dict[str, list[str]]
+    leaf_reasons: dict[str, str]
+    input_names: list[str]
+    elapsed_s: float
+
+
+def concrete_arguments(model: torch.nn.Module, sample: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments fixed for the trace: caches are off, everything else keeps defaults."""
+    parameters = inspect.signature(type(model).forward).parameters
+    accepts_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    concrete: dict[str, Any] = {}
+    if ("use_cache" in parameters or accepts_kwargs) and "use_cache" not in sample:
+        concrete["use_cache"] = False
+    return concrete
+
+
+def split_sample(sample: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors become graph inputs; anything else is passed as a constant of the trace."""
+    tensors = {k: v for k, v in sample.items() if isinstance(v, torch.Tensor)}
+    constants = {k: v for k, v in sample.items() if not isinstance(v, torch.Tensor)}
+    return tensors, constants
+
+
+def trace_graph(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+) -> TraceResult:
+    """Trace ``model(**sample)`` with the given targets and ignore list.
+
+    ``ignore=None`` means llmc-trace's defaults (the mask builders of
+    ``transformers.masking_utils`` are opaque calls). Names in ``ignore`` that match a module
+    (class name or ``re:`` path pattern) make it a leaf; other names are functions or methods
+    to record as opaque calls.
+    """
+    start = time.perf_counter()
+    module_patterns, function_names = split_ignore(model, list(ignore or []))
+    opaque = default_opaque_functions() + [n for n in function_names if n not in default_opaque_functions()]
+    leaves = plan_leaves(model, sequential_targets, module_patterns)
+    tensors, constants = split_sample(sample)
+    concrete = {**concrete_arguments(model, sample), **constants}
+    tracer = LlmcTracer(lambda path, module: leaves.leaf_reason(path), opaque)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            graph = tracer.trace_model(model, tensors, concrete)
+    finally:
+        model.train(was_training)
+    target_set = set(leaves.targets)
+    target_nodes = [
+        node for node in graph.nodes if node.op == "call_module" and node.target in target_set
+    ]
+    return TraceResult(
+        graph=graph,
+        model=model,
+        leaves=leaves,
+        target_nodes=target_nodes,
+        guards=tracer.state.guards,
+        opaque_functions=tracer.state.opaque_matches,
+        leaf_reasons=tracer.state.leaf_calls,
+        input_names=list(tensors),
+        elapsed_s=time.perf_counter() - start,
+    )

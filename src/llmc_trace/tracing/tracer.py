@@ -1,0 +1,376 @@
+"""Trace a Hugging Face model's ``forward`` into a torch.fx graph with example values on every node.
+
+transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.Tracer``:
+
+* every node carries an example value (real where it can be, ``meta`` otherwise, see
+  :mod:`~llmc_trace.tracing.values`) plus the model source line and module path that made it;
+* ``bool``/``len``/``int``/iteration of values that follow from shapes are answered from the
+  example and recorded as guards; the same questions about data-dependent values raise
+  :class:`~llmc_trace.tracing.proxy.DataDependentQuestion` at the model's own line;
+* leaves are decided by the caller (sequential targets, ignored modules, and modules that hold
+  no target), so nothing inside a decoder layer is traced;
+* configs and other objects the model passes around are referenced by their attribute path,
+  never rebuilt, so runtime attributes such as ``_attn_implementation`` survive;
+* ``ModelOutput`` results stay ``ModelOutput`` objects in the graph;
+* nothing is written to the model: tensor constants live in the graph, not on the root.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx._symbolic_trace import _maybe_revert_all_patches
+from torch.utils._pytree import tree_flatten
+
+from llmc_trace.tracing.guards import Guard, ask
+from llmc_trace.tracing.opaque import call_module_method, patch_opaque
+from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
+from llmc_trace.tracing.source import current_model_location
+from llmc_trace.tracing.values import compute_value
+
+#: Methods and functions whose result depends only on the *shape* of their tensor argument.
+METADATA_OPS = frozenset(
+    {"size", "dim", "numel", "nelement", "is_floating_point", "is_complex", "element_size",
+     "stride", "is_contiguous", "get_device", "shape", "dtype", "ndim", "device", "is_cuda",
+     "layout", "is_meta"}
+)
+#: Operations whose output *shape* depends on the values of their inputs.
+DATA_DEPENDENT_SHAPE_OPS = frozenset(
+    {"nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "repeat_interleave",
+     "bincount", "histc", "tolist", "item", "where_1arg"}
+)
+#: Tensor constructors: their shape comes from their (non-tensor) arguments' values.
+CONSTRUCTORS = frozenset(
+    {"arange", "zeros", "ones", "full", "empty", "rand", "randn", "randint", "linspace", "eye",
+     "tensor", "as_tensor", "logspace", "tril_indices", "triu_indices"}
+)
+
+
+def op_name(target: Any) -> str:
+    """A short, stable name for a node target (function, method name or module path)."""
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", type(target).__name__)
+
+
+@dataclass
+class TraceState:
+    """What a trace learned besides the graph: guards, opaque matches, leaves."""
+
+    guards: list[Guard] = field(default_factory=list)
+    opaque_matches: dict[str, list[str]] = field(default_factory=dict)
+    leaf_calls: dict[str, str] = field(default_factory=dict)  # module path -> reason
+
+
+class TensorConstant:
+    """Graph target returning a tensor that the model code built outside any module.
+
+    torch.fx would store such a tensor as ``_tensor_constant0`` on the root module; we keep it in
+    the graph so tracing never writes to the user's model.
+    """
+
+    def __init__(self, tensor: torch.Tensor, index: int) -> None:
+        self.tensor = tensor
+        self.__name__ = f"tensor_constant_{index}"
+        self.__qualname__ = self.__name__
+        self.__module__ = __name__
+
+    def __call__(self) -> torch.Tensor:
+        return self.tensor
+
+
+def build_model_output(class_path: str, fields: dict[str, Any]) -> Any:
+    """Graph target rebuilding a ``ModelOutput`` of class ``class_path`` from its fields."""
+    module_name, _, class_name = class_path.rpartition(".")
+    cls = getattr(__import__(module_name, fromlist=[class_name]), class_name)
+    return cls(**fields)
+
+
+class LlmcTracer(fx.Tracer):
+    """HF-aware torch.fx tracer; see the module docstring.
+
+    ``is_leaf`` decides leaves by module path; ``opaque`` names functions and methods recorded
+    as single calls (see :mod:`~llmc_trace.tracing.opaque`).
+    """
+
+    def __init__(self, is_leaf: Callable[[str, torch.nn.Module], str | None], opaque: list[str]):
+        super().__init__(autowrap_modules=(math,))
+        self.proxy_buffer_attributes = True
+        self._is_leaf = is_leaf
+        self._opaque_names = list(opaque)
+        self._opaque_targets: set[int] = set()
+        self.state = TraceState()
+        self.module_stack: list[tuple[str, str]] = []  # (path, class name), outermost first
+        self._constant_count = 0
+
+    # ----------------------------------------------------------------- entry point
+    def trace_model(self, model: torch.nn.Module, inputs: dict[str, Any],
+                    concrete: dict[str, Any]) -> fx.Graph:
+        """Trace ``model(**inputs, **concrete)``: tensors in ``inputs`` become placeholders."""
+        self._inputs = inputs
+        self._concrete = concrete
+        self._param_paths = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        self._buffer_paths = {id(b): n for n, b in model.named_buffers(remove_duplicate=False)}
+        self._module_paths = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        self._object_paths = self._collect_object_paths(model)
+        traced = [(path, module) for path, module in model.named_modules()
+                  if self._is_leaf(path, module) is None]
+        with patch_opaque(self._opaque_names, traced, self._record_function, self._record_method,
+                          self.has_proxy) as matches:
+            self.state.opaque_matches = matches
+            return self.trace(model)
+
+    def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
+                             concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
+        names = list(self._inputs)
+
+        def root_with_keywords(root: torch.nn.Module, *values: Any) -> Any:
+            return root_fn(root, **dict(zip(names, values)), **self._concrete)
+
+        placeholders = [self.create_proxy("placeholder", name, (), {}) for name in names]
+        return root_with_keywords, [self.root, *placeholders]
+
+    # ----------------------------------------------------------------- proxies and values
+    def proxy(self, node: fx.Node) -> MetaProxy:
+        return MetaProxy(node, self)
+
+    def has_proxy(self, value: Any) -> bool:
+        leaves, _ = tree_flatten(value)
+        return any(isinstance(leaf, fx.Proxy) for leaf in leaves)
+
+    def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     name: str | None = None, type_expr: Any = None,
+                     proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> MetaProxy:
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr)
+        self._annotate(proxy.node, kind, target, args, kwargs)
+        return proxy  # type: ignore[return-value]
+
+    def _annotate(self, node: fx.Node, kind: str, target: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+        node.meta["source"] = current_model_location()
+        path, cls = self.module_stack[-1] if self.module_stack else ("", type(self.root).__name__)
+        node.meta["module_path"] = path
+        node.meta["module_class"] = cls
+        if kind == "placeholder":
+            value = self._inputs[target]
+            node.meta.update(val=value, value_static=False, shape_static=True, is_real=True)
+            return
+        if kind == "get_attr":
+            value = self._resolve_attr(target)
+            node.meta.update(val=value, value_static=False, shape_static=True,
+                             is_real=not (isinstance(value, torch.Tensor) and value.is_meta))
+            return
+        values = _map_proxies(lambda p: p.node.meta.get("val"), (args, kwargs))
+        arg_nodes = [leaf.node for leaf in tree_flatten((args, kwargs))[0]
+                     if isinstance(leaf, fx.Proxy)]
+        module = self.root.get_submodule(target) if kind == "call_module" else None
+        run = _runner(kind, target, module)
+        opaque = kind == "call_module" or id(target) in self._opaque_targets
+        with _maybe_revert_all_patches():
+            computed = compute_value(run, values[0], values[1], module=module,
+                                     allow_phantoms=opaque)
+        node.meta["val"] = computed.value
+        node.meta["is_real"] = computed.is_real
+        if computed.error is not None:
+            node.meta["value_error"] = f"{type(computed.error).__name__}: {computed.error}"
+        node.meta["value_static"], node.meta["shape_static"] = _static_flags(
+            kind, target, arg_nodes, args, computed.value
+        )
+        if computed.used_phantoms or computed.error is not None:
+            node.meta["shape_static"] = False
+
+    def _resolve_attr(self, target: str) -> Any:
+        value: Any = self.root
+        for atom in target.split("."):
+            value = getattr(value, atom)
+        return value
+
+    # ----------------------------------------------------------------- questions on proxies
+    def answer(self, proxy: fx.Proxy, question: str, *extra: Any) -> Any:
+        """Answer ``bool``/``len``/``int``/... of a proxy from its example, recording a guard."""
+        node = proxy.node
+        value = node.meta.get("val")
+        if question == "len" and isinstance(value, torch.Tensor):
+            static = node.meta.get("shape_static", False)
+            reason = "shape depends on tensor data"
+        elif question in ("len", "iter") and isinstance(value, (tuple, list, dict)):
+            static = op_name(node.target) not in ("tolist",) or node.meta.get("value_static")
+            reason = "length depends on tensor data"
+        else:
+            static = node.meta.get("value_static", False)
+            reason = "value depends on tensor data"
+        if not static:
+            raise DataDependentQuestion(question, node, reason)
+        if isinstance(value, torch.Tensor) and value.is_meta and question != "len":
+            raise DataDependentQuestion(question, node, "value is unknown on the meta device")
+        result = ask(question, value, *extra)
+        argument = extra[0] if question == "contains" else None
+        self.state.guards.append(Guard(node.name, question, _plain(result),
+                                       current_model_location(), argument))
+        return result
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        return self.answer(obj, "bool")
+
+    def iter(self, obj: fx.Proxy) -> Iterator[Any]:
+        value = obj.node.meta.get("val")
+        if isinstance(value, dict):
+            keys = list(value.keys())
+            return iter(keys)
+        count = self.answer(obj, "len")
+        return (obj[index] for index in range(count))
+
+    def keys(self, obj: fx.Proxy) -> Any:
+        value = obj.node.meta.get("val")
+        if isinstance(value, dict):
+            return list(value.keys())
+        raise DataDependentQuestion("keys", obj.node, "value is not a mapping")
+
+    # ----------------------------------------------------------------- modules and leaves
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return self._is_leaf(module_qualified_name, m) is not None
+
+    def call_module(self, m: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        path = self._module_paths.get(id(m))
+        if path is None:  # a module built during forward: not addressable, so trace through it
+            return forward(*args, **kwargs)
+        reason = self._is_leaf(path, m)
+        self.module_stack.append((path, type(m).__name__))
+        try:
+            if reason is not None:
+                self.state.leaf_calls.setdefault(path, reason)
+                return self.create_proxy("call_module", path, args, kwargs)
+            return forward(*args, **kwargs)
+        except Exception as err:
+            if not hasattr(err, "_llmc_module_stack"):
+                err._llmc_module_stack = list(self.module_stack)  # type: ignore[attr-defined]
+            raise
+        finally:
+            self.module_stack.pop()
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if isinstance(attr_val, torch.Tensor):
+            path = self._param_paths.get(id(attr_val)) or self._buffer_paths.get(id(attr_val))
+            if path is not None:
+                if path not in parameter_proxy_cache:
+                    parameter_proxy_cache[path] = self.create_proxy("get_attr", path, (), {})
+                return parameter_proxy_cache[path]
+        return attr_val
+
+    # ----------------------------------------------------------------- arguments
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and not isinstance(a, fx.Proxy):
+            path = self._param_paths.get(id(a)) or self._buffer_paths.get(id(a))
+            if path is None:
+                path = self.tensor_attrs.get(a)
+            if path is not None:
+                return self.create_node("get_attr", path, (), {})
+            self._constant_count += 1
+            return self.create_node("call_function", TensorConstant(a, self._constant_count),
+                                    (), {})
+        if isinstance(a, torch.nn.Module) and id(a) in self._module_paths:
+            return self.create_node("get_attr", self._module_paths[id(a)], (), {})
+        if _is_model_output(a):
+            fields = {key: self.create_arg(value) for key, value in a.items()}
+            class_path = f"{type(a).__module__}.{type(a).__qualname__}"
+            return self.create_node("call_function", build_model_output, (class_path, fields), {})
+        if id(a) in self._object_paths and not isinstance(a, (int, float, str, bool, type(None))):
+            return self.create_node("get_attr", self._object_paths[id(a)], (), {})
+        return super().create_arg(a)
+
+    @staticmethod
+    def _collect_object_paths(model: torch.nn.Module) -> dict[int, str]:
+        """Attribute paths of the non-tensor objects modules hold (configs, chiefly)."""
+        paths: dict[int, str] = {}
+        for module_path, module in model.named_modules():
+            for key, value in vars(module).items():
+                if key.startswith("_") or isinstance(value, (torch.Tensor, torch.nn.Module)):
+                    continue
+                if isinstance(value, (int, float, str, bool, type(None), tuple, list, dict)):
+                    continue
+                paths.setdefault(id(value), f"{module_path}.{key}" if module_path else key)
+        return paths
+
+    # ----------------------------------------------------------------- opaque calls
+    def _record_function(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
+        self._opaque_targets.add(id(fn))
+        return self.create_proxy("call_function", fn, args, kwargs)
+
+    def _record_method(self, module: torch.nn.Module, name: str, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        self._opaque_targets.add(id(call_module_method))
+        return self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
+
+
+def _is_model_output(value: Any) -> bool:
+    return any(cls.__name__ == "ModelOutput" for cls in type(value).__mro__[1:])
+
+
+def _map_proxies(fn: Callable[[fx.Proxy], Any], value: Any) -> Any:
+    if isinstance(value, fx.Proxy):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_proxies(fn, v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_proxies(fn, v) for v in value)
+    if isinstance(value, dict) and not _is_model_output(value):
+        return {k: _map_proxies(fn, v) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(_map_proxies(fn, value.start), _map_proxies(fn, value.stop),
+                     _map_proxies(fn, value.step))
+    return value
+
+
+def _runner(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
+    if kind == "call_module":
+        assert module is not None
+        return module
+    if kind == "call_method":
+        return lambda self_, *args, **kwargs: getattr(self_, target)(*args, **kwargs)
+    if kind == "call_function":
+        return target
+    raise AssertionError(f"no runner for node kind {kind}")
+
+
+def _static_flags(kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[Any, ...],
+                  value: Any) -> tuple[bool, bool]:
+    """(value_static, shape_static) of a new node from those of its inputs."""
+    name = op_name(target)
+    if kind == "call_function" and target is getattr:
+        name = args[1]
+    if name in METADATA_OPS or (kind == "call_function" and target in (torch.numel,)):
+        tensor_nodes = [n for n in arg_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        static = all(n.meta.get("shape_static", False) for n in tensor_nodes)
+        return static, True
+    values_static = all(n.meta.get("value_static", False) for n in arg_nodes)
+    non_tensor_static = all(
+        n.meta.get("value_static", False)
+        for n in arg_nodes
+        if not isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
+    shape_static = shapes_static and non_tensor_static and name not in DATA_DEPENDENT_SHAPE_OPS
+    if name in CONSTRUCTORS:
+        shape_static = values_static
+    if kind == "call_function" and target is operator.getitem:
+        index_node = args[1].node if isinstance(args[1], fx.Proxy) else None
+        index_value = index_node.meta.get("val") if index_node is not None else None
+        if isinstance(index_value, torch.Tensor) and index_value.dtype == torch.bool:
+            shape_static = False
+    if kind == "call_module":
+        return False, shape_static
+    return values_static, shape_static
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value

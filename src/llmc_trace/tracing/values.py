@@ -1,0 +1,194 @@
+"""Compute the example value of one traced operation, on real data where possible, else on ``meta``.
+
+Why two kinds of value: tracing a 70B model must allocate nothing, so parameters live on the
+``meta`` device and every activation is a shape-only ``meta`` tensor. But the small integer
+inputs a processor produces (``input_ids``, ``image_grid_thw``, attention masks) are real, and so
+is everything computed from them alone (position ids, rope indices). Keeping those real lets an
+opaque function such as a rope-index helper run for real while the big tensors stay ``meta``.
+
+Rules, applied per operation:
+
+1. no ``meta`` tensor among the inputs (and, for modules, no ``meta`` parameter): run it as is,
+   with any ``device="meta"`` argument pointed at the CPU; the result is real;
+2. otherwise move every input to ``meta`` and run it there; the result is shape-only;
+3. if ``meta`` cannot run it (the code reads tensor values), run it on *phantom* tensors
+   (zero-stride zeros: real storage of one element, any shape) and keep only the result's
+   shapes. The values are meaningless, so the result is turned back into ``meta`` and marked as
+   having a shape that may depend on data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+META = torch.device("meta")
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class ComputedValue:
+    """The outcome of running one operation for its example value."""
+
+    value: Any
+    is_real: bool
+    used_phantoms: bool
+    error: BaseException | None = None
+
+
+def is_meta_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+
+
+def contains_meta(value: Any) -> bool:
+    """True when any tensor or device inside ``value`` lives on ``meta``."""
+    found = False
+
+    def visit(leaf: Any) -> Any:
+        nonlocal found
+        if is_meta_tensor(leaf) or (isinstance(leaf, torch.device) and leaf.type == "meta"):
+            found = True
+        return leaf
+
+    tree_map(visit, value)
+    return found
+
+
+def has_meta_tensor(value: Any) -> bool:
+    found = False
+
+    def visit(leaf: Any) -> Any:
+        nonlocal found
+        found = found or is_meta_tensor(leaf)
+        return leaf
+
+    tree_map(visit, value)
+    return found
+
+
+def to_meta(value: Any) -> Any:
+    """Move every tensor and device inside ``value`` to ``meta`` (no data is copied)."""
+
+    def convert(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return leaf.to(META)
+        if isinstance(leaf, torch.device):
+            return META
+        return leaf
+
+    return tree_map(convert, value)
+
+
+def meta_devices_to_cpu(value: Any) -> Any:
+    """Point ``device=meta`` arguments at the CPU, so shape-derived constructors give real values."""
+
+    def convert(leaf: Any) -> Any:
+        if isinstance(leaf, torch.device) and leaf.type == "meta":
+            return CPU
+        return leaf
+
+    return tree_map(convert, value)
+
+
+def to_phantom(value: Any) -> Any:
+    """Replace ``meta`` tensors by zero-stride CPU zeros of the same shape and dtype."""
+
+    def convert(leaf: Any) -> Any:
+        if is_meta_tensor(leaf):
+            return torch.zeros((), dtype=leaf.dtype).expand(leaf.shape)
+        if isinstance(leaf, torch.device) and leaf.type == "meta":
+            return CPU
+        return leaf
+
+    return tree_map(convert, value)
+
+
+def module_has_meta_state(module: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers())
+
+
+@contextlib.contextmanager
+def phantom_state(module: torch.nn.Module) -> Iterator[None]:
+    """Temporarily give a ``meta`` module phantom parameters and buffers, restoring them after."""
+    saved: list[tuple[torch.nn.Module, str, str, torch.Tensor]] = []
+    for owner in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            store = getattr(owner, kind)
+            for name, tensor in list(store.items()):
+                if tensor is not None and tensor.is_meta:
+                    saved.append((owner, kind, name, tensor))
+                    phantom = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+                    store[name] = (
+                        torch.nn.Parameter(phantom, requires_grad=False)
+                        if kind == "_parameters"
+                        else phantom
+                    )
+    try:
+        yield
+    finally:
+        for owner, kind, name, tensor in saved:
+            getattr(owner, kind)[name] = tensor
+
+
+@contextlib.contextmanager
+def meta_state(module: torch.nn.Module) -> Iterator[None]:
+    """Temporarily move a real module's parameters and buffers to ``meta`` (no copy of data)."""
+    saved: list[tuple[torch.nn.Module, str, str, torch.Tensor]] = []
+    for owner in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            store = getattr(owner, kind)
+            for name, tensor in list(store.items()):
+                if tensor is not None and not tensor.is_meta:
+                    saved.append((owner, kind, name, tensor))
+                    moved = tensor.to(META)
+                    store[name] = (
+                        torch.nn.Parameter(moved, requires_grad=False)
+                        if kind == "_parameters"
+                        else moved
+                    )
+    try:
+        yield
+    finally:
+        for owner, kind, name, tensor in saved:
+            getattr(owner, kind)[name] = tensor
+
+
+def compute_value(
+    run: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    module: torch.nn.Module | None = None,
+    allow_phantoms: bool = False,
+) -> ComputedValue:
+    """Run ``run(*args, **kwargs)`` following the three rules of this module's docstring."""
+    module_is_meta = module is not None and module_has_meta_state(module)
+    if not has_meta_tensor((args, kwargs)) and not module_is_meta:
+        real_args, real_kwargs = meta_devices_to_cpu((args, kwargs))
+        try:
+            return ComputedValue(run(*real_args, **real_kwargs), True, False)
+        except Exception as err:  # the caller decides what an unknown value means
+            return ComputedValue(None, False, False, err)
+    meta_args, meta_kwargs = to_meta((args, kwargs))
+    try:
+        if module is not None and not module_is_meta:
+            with meta_state(module):
+                return ComputedValue(run(*meta_args, **meta_kwargs), False, False)
+        return ComputedValue(run(*meta_args, **meta_kwargs), False, False)
+    except Exception as meta_error:
+        if not allow_phantoms:
+            return ComputedValue(None, False, False, meta_error)
+        phantom_args, phantom_kwargs = to_phantom((args, kwargs))
+        try:
+            if module is not None and module_is_meta:
+                with phantom_state(module):
+                    result = run(*phantom_args, **phantom_kwargs)
+            else:
+                result = run(*phantom_args, **phantom_kwargs)
+        except Exception:
+            return ComputedValue(None, False, False, meta_error)
+        return ComputedValue(to_meta(result), False, True)
