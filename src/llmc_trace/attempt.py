@@ -1,0 +1,237 @@
+"""``attempt_trace``: trace a model from its config, partition it, and prove the partition.
+
+The full-size model is traced on ``meta`` (so a 405B config costs no memory) to give the
+subgraphs and their memory figures; its tiny twin is traced the same way and replayed against
+its own eager forward. The report says where the two traces differ, because then the proof
+does not carry over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.errors import BadInputError, LlmcTraceError
+from llmc_trace.graph.partition import build_subgraphs, topological_partition
+from llmc_trace.graph.structure import compare_structure
+from llmc_trace.graph.subgraph import Subgraph
+from llmc_trace.graph.verify import Verification, verify_subgraphs
+from llmc_trace.models.build import build_meta_model, build_twin, load_pretrained
+from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
+from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.report import StructureCheck, SubgraphSummary, TraceReport
+from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_graph
+
+#: ``progress(stage, done, total)``: library code reports, only the CLI draws.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PartitionedTrace:
+    """A trace with its subgraphs (what the pipelines run)."""
+
+    trace: TraceResult
+    subgraphs: list[Subgraph]
+
+
+def partition_trace(trace: TraceResult, targets_per_subgraph: int = 1) -> PartitionedTrace:
+    partitions = topological_partition(trace.graph, trace.target_nodes, targets_per_subgraph)
+    return PartitionedTrace(trace, build_subgraphs(trace.graph, partitions, trace.leaves.targets))
+
+
+def trace_subgraphs(
+    model: torch.nn.Module,
+    sample_input: dict[str, Any],
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int = 1,
+) -> list[Subgraph]:
+    """Trace ``model`` on ``sample_input`` and cut it into subgraphs, one target group each.
+
+    Same contract as llm-compressor's ``trace_subgraphs``: executing the subgraphs in order is
+    equivalent to executing the model. ``ignore=None`` means llmc-trace's defaults.
+    """
+    if targets_per_subgraph < 1:
+        raise ValueError(f"targets_per_subgraph must be at least 1, got {targets_per_subgraph}")
+    trace = trace_graph(model, sample_input, sequential_targets, ignore)
+    return partition_trace(trace, targets_per_subgraph).subgraphs
+
+
+def value_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(value_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(value_bytes(v) for v in value)
+    return 0
+
+
+def summarize(model: torch.nn.Module, partitioned: PartitionedTrace) -> list[SubgraphSummary]:
+    values = {node.name: node.meta.get("val") for node in partitioned.trace.graph.nodes}
+    summaries = []
+    for subgraph in partitioned.subgraphs:
+        params = {id(p): p for m in subgraph.submodules(model) for p in m.parameters(recurse=False)}
+        summaries.append(
+            SubgraphSummary(
+                index=subgraph.index,
+                targets=subgraph.targets,
+                num_nodes=subgraph.num_nodes,
+                input_names=subgraph.input_names,
+                output_names=subgraph.output_names,
+                consumed_names=subgraph.consumed_names,
+                output_bytes=sum(value_bytes(values.get(n)) for n in subgraph.output_names),
+                parameter_bytes=sum(p.numel() * p.element_size() for p in params.values()),
+            )
+        )
+    return summaries
+
+
+def attempt_trace(
+    model: str | ModelSource,
+    *,
+    modality: str = "text",
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int = 1,
+    seq_len: int = 32,
+    image_size: int | None = None,
+    verify: bool = True,
+    real_weights: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> TraceReport:
+    """Trace, partition and verify ``model``; never raises for an untraceable model.
+
+    Bad input (unknown model, unsupported modality, targets that match nothing) raises
+    :class:`~llmc_trace.errors.BadInputError` before any tracing. An untraceable model gives a
+    report with ``failure`` set. ``real_weights`` verifies on the folder's weights instead of
+    the twin (the folder must hold safetensors).
+
+    >>> report = attempt_trace("meta-llama/Llama-3.1-8B-Instruct")   # doctest: +SKIP
+    >>> report.ok, len(report.subgraphs)                              # doctest: +SKIP
+    (True, 33)
+    """
+    if targets_per_subgraph < 1:
+        raise BadInputError(
+            f"targets_per_subgraph must be at least 1, got {targets_per_subgraph}.",
+            hint="Use 1 for one decoder layer per subgraph.", param="targets_per_subgraph",
+        )
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    if real_weights and not source.has_weights:
+        raise BadInputError(
+            f"{source.name} has no weights to verify on.",
+            hint="Drop --real-weights, or point --model at a folder with *.safetensors.",
+            param="real_weights",
+        )
+    report = _Attempt(source, modality, sequential_targets, ignore, targets_per_subgraph,
+                      SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed),
+                      progress or (lambda stage, done, total: None))
+    return report.run(verify, real_weights)
+
+
+class _Attempt:
+    """The steps of one attempt, sharing their inputs (kept out of the public API)."""
+
+    def __init__(self, source: ModelSource, modality: str, targets: list[str] | None,
+                 ignore: list[str] | None, tps: int, options: SampleOptions,
+                 progress: Progress) -> None:
+        self.source, self.modality, self.targets, self.ignore = source, modality, targets, ignore
+        self.tps, self.options, self.progress = tps, options, progress
+        self.timings: dict[str, float] = {}
+
+    def run(self, verify: bool, real_weights: bool) -> TraceReport:
+        config = self.source.config()
+        if self.modality not in supported_modalities(config):
+            make_sample(config, self.modality, self.options)  # raises the explanatory error
+        self.progress("build", 0, 4)
+        full = self._timed("build_s", lambda: build_meta_model(self.source))
+        sample = make_sample(full.config, self.modality, self.options)
+        self.progress("trace", 1, 4)
+        traced, failure = self._trace(full, sample, "trace_s")
+        if failure is not None or traced is None:
+            return self._report(full, None, failure=failure)
+        partitioned = self._timed("partition_s", lambda: partition_trace(traced, self.tps))
+        if not verify:
+            return self._report(full, partitioned)
+        self.progress("verify", 2, 4)
+        verification, structure, verified_on = self._verify(partitioned, real_weights)
+        self.progress("done", 4, 4)
+        return self._report(full, partitioned, verification, structure, verified_on)
+
+    def _timed(self, key: str, fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
+
+    def _trace(self, model: torch.nn.Module, sample: dict[str, Any], key: str
+               ) -> tuple[TraceResult | None, TraceFailure | None]:
+        start = time.perf_counter()
+        try:
+            return trace_graph(model, sample, self.targets, self.ignore), None
+        except LlmcTraceError:
+            raise
+        except Exception as err:  # every other exception is a finding about the model
+            return None, failure_from_exception(err)
+        finally:
+            self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
+
+    def _verify(self, full: PartitionedTrace, real_weights: bool
+                ) -> tuple[Verification, StructureCheck | None, str]:
+        if real_weights:
+            model = self._timed("load_s", lambda: load_pretrained(self.source))
+            verified_on = "real weights"
+        else:
+            model = self._timed("twin_s", lambda: build_twin(self.source, seed=self.options.seed))
+            verified_on = "tiny twin"
+        sample = make_sample(model.config, self.modality, self.options)
+        traced, failure = self._trace(model, sample, "twin_trace_s")
+        if traced is None:
+            reason = failure.exception if failure else "unknown"
+            problem = f"the {verified_on} did not trace although the full model did: {reason}"
+            return Verification(False, 0.0, [], [problem]), None, verified_on
+        partitioned = partition_trace(traced, self.tps)
+        self.progress("verify", 3, 4)
+        verification = self._timed("verify_s", lambda: verify_subgraphs(
+            model, partitioned.subgraphs, sample, traced.input_names, self.tps,
+            eager_kwargs=_eager_kwargs(model)))
+        structure = None if real_weights else compare_structure(full.subgraphs, partitioned.subgraphs)
+        return verification, structure, verified_on
+
+    def _report(self, model: torch.nn.Module, partitioned: PartitionedTrace | None,
+                verification: Verification | None = None, structure: StructureCheck | None = None,
+                verified_on: str = "", failure: TraceFailure | None = None) -> TraceReport:
+        trace = partitioned.trace if partitioned else None
+        leaves: dict[str, int] = {}
+        if trace is not None:
+            for reason in trace.leaf_reasons.values():
+                leaves[reason] = leaves.get(reason, 0) + 1
+        return TraceReport(
+            model=self.source.name,
+            architecture=type(model).__name__,
+            modality=self.modality,
+            sequential_targets=list(trace.leaves.targets) if trace else list(self.targets or []),
+            ignore=list(self.ignore or []),
+            targets_per_subgraph=self.tps,
+            traced=trace is not None,
+            subgraphs=summarize(model, partitioned) if partitioned else [],
+            timings_s=dict(self.timings),
+            verification=verification,
+            verified_on=verified_on,
+            structure=structure,
+            failure=failure,
+            guards=[g.describe() for g in trace.guards] if trace else [],
+            opaque_functions=sorted(n for n, where in (trace.opaque_functions if trace else {}).items() if where),
+            leaves=dict(sorted(leaves.items())),
+        )
+
+
+def _eager_kwargs(model: torch.nn.Module) -> dict[str, Any]:
+    return concrete_arguments(model, {})

@@ -1,0 +1,140 @@
+"""Turn any exception raised while tracing into a located, classified :class:`TraceFailure`.
+
+torch.fx's own message ("symbolically traced variables cannot be used as inputs to control
+flow") names no file, line or module. Ours names the innermost line of *model* code, the
+function around it, the module being traced (path and class) and the modules above it, and the
+origin of the offending value as the chain of graph nodes that produced it from a model input
+(``image_grid_thw -> getitem -> prod -> bool``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from llmc_trace.tracing.proxy import DataDependentQuestion
+from llmc_trace.tracing.source import SourceLocation, model_location_of_traceback
+
+#: Kinds of failure, each with the sentence that explains it.
+KINDS: dict[str, str] = {
+    "control_flow": "control flow (if/while/assert) on a value that depends on tensor data",
+    "iteration": "iteration over a traced value whose length depends on tensor data",
+    "len": "len() of a traced value whose size depends on tensor data",
+    "python_number": "int()/float()/index of a traced value that depends on tensor data",
+    "membership": "an `in` test on a traced value that depends on tensor data",
+    "tensor_to_python": ".item()/.tolist()/.cpu()/.numpy() result used as a Python value",
+    "data_dependent_shape": "a decision on a shape that depends on tensor data",
+    "unknown_on_meta": "a decision on a value the meta device cannot compute",
+    "constructor": "a tensor constructor (torch.tensor, torch.zeros, ...) fed a traced value",
+    "unsupported_argument": "a value the graph cannot hold passed to a traced operation",
+    "missing_source": "a forward whose source code cannot be read",
+    "error": "an exception raised by the model code while tracing",
+}
+_TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
+_QUESTION_KINDS = {
+    "bool": "control_flow", "iter": "iteration", "len": "len", "int": "python_number",
+    "index": "python_number", "float": "python_number", "contains": "membership",
+    "keys": "iteration",
+}
+
+
+@dataclass(frozen=True)
+class TraceFailure:
+    """Where and why tracing stopped; see the module docstring."""
+
+    kind: str
+    message: str
+    location: SourceLocation | None
+    module_path: str
+    module_class: str
+    module_stack: list[tuple[str, str]]
+    origin: list[str]
+    exception: str
+    raw_traceback: str = field(repr=False)
+
+    @property
+    def explanation(self) -> str:
+        return KINDS.get(self.kind, self.kind)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "explanation": self.explanation,
+            "message": self.message,
+            "location": self.location.to_json() if self.location else None,
+            "module_path": self.module_path,
+            "module_class": self.module_class,
+            "module_stack": [{"path": p, "class": c} for p, c in self.module_stack],
+            "origin": self.origin,
+            "exception": self.exception,
+        }
+
+
+def describe_node(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return str(node.target)
+    if node.op == "call_module":
+        return f"{node.target}"
+    if node.op == "get_attr":
+        return str(node.target)
+    target = node.target
+    if node.op == "call_function" and getattr(target, "__name__", "") == "getattr":
+        return str(node.args[1]) if len(node.args) > 1 else "getattr"
+    return getattr(target, "__name__", str(target))
+
+
+def origin_chain(node: fx.Node) -> list[str]:
+    """The graph nodes from a model input (or parameter) to ``node``, data-dependent path first."""
+    chain = [node]
+    current = node
+    while current.all_input_nodes:
+        inputs = current.all_input_nodes
+        dynamic = [n for n in inputs if not n.meta.get("value_static", False)]
+        current = (dynamic or inputs)[0]
+        chain.append(current)
+    return [describe_node(n) for n in reversed(chain)]
+
+
+def failure_from_exception(err: BaseException) -> TraceFailure:
+    """Classify ``err`` (raised by :func:`llmc_trace.tracing.trace.trace_graph`)."""
+    stack: list[tuple[str, str]] = list(getattr(err, "_llmc_module_stack", []))
+    module_path, module_class = stack[-1] if stack else ("", "")
+    location = model_location_of_traceback(err.__traceback__)
+    origin: list[str] = []
+    if isinstance(err, DataDependentQuestion):
+        origin = [*origin_chain(err.node), err.question]
+        kind = _QUESTION_KINDS.get(err.question, "control_flow")
+        if any(step in _TO_PYTHON for step in origin[:-1]):
+            kind = "tensor_to_python"
+        elif "meta device" in err.reason:
+            kind = "unknown_on_meta"
+        elif err.reason.startswith(("shape", "length")) and kind != "iteration":
+            kind = "data_dependent_shape"
+        message = f"{err.question}() needs a concrete value, but the {err.reason}"
+    else:
+        kind, message = _classify_other(err)
+    return TraceFailure(
+        kind=kind,
+        message=message,
+        location=location,
+        module_path=module_path,
+        module_class=module_class,
+        module_stack=stack,
+        origin=origin,
+        exception=f"{type(err).__name__}: {err}",
+        raw_traceback="".join(traceback.format_exception(err)),
+    )
+
+
+def _classify_other(err: BaseException) -> tuple[str, str]:
+    text = str(err)
+    if isinstance(err, NotImplementedError) and "argument of type" in text:
+        return "unsupported_argument", text
+    if isinstance(err, (OSError, TypeError)) and "source code" in text:
+        return "missing_source", text
+    if "Proxy" in text and any(word in text for word in ("tensor", "zeros", "ones", "full")):
+        return "constructor", text
+    return "error", f"{type(err).__name__}: {text}"

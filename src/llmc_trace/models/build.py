@@ -1,0 +1,106 @@
+"""Instantiate a model from its config: on ``meta`` for tracing, as a tiny twin for numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+import transformers
+from transformers import PretrainedConfig, PreTrainedModel
+
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.shrink import shrink_config
+from llmc_trace.models.source import ModelSource
+
+#: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
+AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForSeq2SeqLM",
+                "AutoModelForSpeechSeq2Seq", "AutoModel")
+
+
+def model_class(config: PretrainedConfig, name: str) -> type[PreTrainedModel]:
+    """The class named by ``architectures[0]``, else the first auto class that maps the config."""
+    for arch in config.architectures or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    for auto_name in AUTO_CLASSES:
+        auto = getattr(transformers, auto_name)
+        try:
+            return auto._model_mapping[type(config)]
+        except KeyError:
+            continue
+    raise BadInputError(
+        f"transformers has no model class for {name} (architectures={config.architectures}).",
+        hint="Upgrade transformers, or pass a folder whose config names a supported class.",
+        param="model",
+    )
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def prepare_config(config: PretrainedConfig) -> PretrainedConfig:
+    """Calibration never generates: caches off in every (sub-)config."""
+    config.use_cache = False
+    for sub in [config, *[v for v in vars(config).values() if isinstance(v, PretrainedConfig)]]:
+        sub.use_cache = False
+    return config
+
+
+def build_meta_model(
+    source: ModelSource, attn_implementation: str = "eager", dtype: torch.dtype | None = None
+) -> PreTrainedModel:
+    """The full-size model with every parameter on ``meta``: no memory, no initialisation."""
+    config = prepare_config(source.config())
+    cls = model_class(config, source.name)
+    with _quiet_transformers(), torch.device("meta"):
+        model = cls._from_config(
+            config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
+        )
+    return model.eval()
+
+
+def build_twin(
+    source: ModelSource, seed: int = 0, attn_implementation: str = "eager",
+    dtype: torch.dtype = torch.float32,
+) -> PreTrainedModel:
+    """The tiny twin: same architecture and code paths, small sizes, seeded random weights."""
+    config = prepare_config(shrink_config(source.config()))
+    cls = model_class(config, source.name)
+    with _quiet_transformers(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls._from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    return model.eval()
+
+
+def load_pretrained(source: ModelSource, attn_implementation: str = "eager") -> PreTrainedModel:
+    """The real model with its weights, for folders that have them (float32 on CPU)."""
+    assert source.folder is not None
+    cls = model_class(source.config(), source.name)
+    with _quiet_transformers():
+        model = cls.from_pretrained(
+            source.folder, attn_implementation=attn_implementation, dtype=torch.float32
+        )
+    prepare_config(model.config)
+    return model.eval()
+
+
+def _config_dtype(config: PretrainedConfig) -> torch.dtype:
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and hasattr(torch, value):
+        candidate = getattr(torch, value)
+        if isinstance(candidate, torch.dtype):
+            return candidate
+    return torch.bfloat16

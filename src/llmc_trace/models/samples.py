@@ -1,0 +1,223 @@
+"""Build the inputs a model's processor would produce, from the config alone.
+
+Tracing and verification need one realistic batch per modality: the right tensors, shapes and
+placeholder tokens (a Qwen2-VL image is ``pixel_values`` patches, an ``image_grid_thw`` row,
+and exactly ``t·h·w / merge²`` image tokens between the vision start and end tokens). With no
+processor files at hand, each builder derives them from the config; values are seeded random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from llmc_trace.errors import BadInputError
+
+MODALITIES = ("text", "image", "video", "audio")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """Sizes of a sample: sequence length of the text part, image side in pixels."""
+
+    seq_len: int = 32
+    image_size: int | None = None  # None: the smallest size the architecture accepts
+    batch_size: int = 1
+    seed: int = 0
+
+
+Builder = Callable[[PretrainedConfig, SampleOptions, torch.Generator], dict[str, Any]]
+_BUILDERS: dict[tuple[str, str], Builder] = {}
+
+
+def sample_builder(modality: str, *model_types: str) -> Callable[[Builder], Builder]:
+    """Register a builder of ``modality`` samples for the given ``model_type`` values."""
+
+    def register(fn: Builder) -> Builder:
+        for model_type in model_types:
+            _BUILDERS[(modality, model_type)] = fn
+        return fn
+
+    return register
+
+
+def supported_modalities(config: PretrainedConfig) -> list[str]:
+    """Modalities this architecture accepts (and llmc-trace can build samples for)."""
+    found = [m for m in MODALITIES if (m, config.model_type) in _BUILDERS]
+    if is_audio_model(config):
+        return [m for m in found if m == "audio"] or ["audio"]
+    return ["text", *[m for m in found if m != "text"]]
+
+
+def is_audio_model(config: PretrainedConfig) -> bool:
+    return hasattr(config, "num_mel_bins") and getattr(config, "is_encoder_decoder", False)
+
+
+def make_sample(config: PretrainedConfig, modality: str, options: SampleOptions) -> dict[str, Any]:
+    """One batch for ``modality``; raises :class:`BadInputError` for an unsupported one."""
+    supported = supported_modalities(config)
+    if modality not in supported:
+        raise BadInputError(
+            f"{config.model_type} models do not take {modality} inputs here.",
+            hint=f"Use --modality {' or '.join(supported)}.",
+            param="modality",
+        )
+    generator = torch.Generator().manual_seed(options.seed)
+    builder = _BUILDERS.get((modality, config.model_type))
+    if builder is None:
+        return text_sample(config, options, generator)
+    return builder(config, options, generator)
+
+
+# ---------------------------------------------------------------- text
+def text_config_of(config: PretrainedConfig) -> PretrainedConfig:
+    for key in ("text_config", "language_config", "llm_config"):
+        value = getattr(config, key, None)
+        if isinstance(value, PretrainedConfig):
+            return value
+    return config
+
+
+def special_token_ids(config: PretrainedConfig) -> set[int]:
+    ids: set[int] = set()
+    for sub in [config, text_config_of(config)]:
+        for key, value in vars(sub).items():
+            if key.endswith(("_token_id", "_token_index", "_token_ids")):
+                for token in value if isinstance(value, list) else [value]:
+                    if isinstance(token, int):
+                        ids.add(token)
+    return ids
+
+
+def random_tokens(config: PretrainedConfig, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Token ids below the vocabulary size that are not special tokens (those mean images)."""
+    vocab = text_config_of(config).vocab_size
+    tokens = torch.randint(0, vocab, shape, generator=generator)
+    special = special_token_ids(config)
+    if special:
+        mask = torch.isin(tokens, torch.tensor(sorted(special)))
+        replacement = next(i for i in range(vocab) if i not in special)
+        tokens[mask] = replacement
+    return tokens
+
+
+def text_sample(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    shape = (options.batch_size, options.seq_len)
+    sample: dict[str, Any] = {
+        "input_ids": random_tokens(config, shape, generator),
+        "attention_mask": torch.ones(shape, dtype=torch.long),
+    }
+    if getattr(config, "is_encoder_decoder", False):
+        decoder_len = max(2, options.seq_len // 2)
+        sample["decoder_input_ids"] = random_tokens(config, (options.batch_size, decoder_len), generator)
+    return sample
+
+
+def with_placeholders(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator,
+    middle: list[int],
+) -> dict[str, torch.Tensor]:
+    """Text of ``seq_len`` tokens around ``middle`` (placeholder tokens), batch of ``batch_size``."""
+    before = max(1, options.seq_len // 4)
+    after = max(1, options.seq_len - before)
+    rows = []
+    for _ in range(options.batch_size):
+        head = random_tokens(config, (before,), generator).tolist()
+        tail = random_tokens(config, (after,), generator).tolist()
+        rows.append(head + middle + tail)
+    ids = torch.tensor(rows, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def token_id(config: PretrainedConfig, *names: str) -> int:
+    for sub in [config, text_config_of(config)]:
+        for name in names:
+            value = getattr(sub, name, None)
+            if isinstance(value, int):
+                return value
+    raise BadInputError(
+        f"The {config.model_type} config names no {names[0]}.",
+        hint="Use a config saved by a recent transformers, or --modality text.",
+        param="modality",
+    )
+
+
+# ---------------------------------------------------------------- audio
+@sample_builder("audio", "whisper")
+def whisper_audio(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    frames = 2 * config.max_source_positions  # the encoder's two stride-2 convolutions halve it
+    features = torch.randn(options.batch_size, config.num_mel_bins, frames, generator=generator)
+    decoder_len = max(2, min(options.seq_len, config.max_target_positions))
+    return {
+        "input_features": features,
+        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+    }
+
+
+# ---------------------------------------------------------------- images: Qwen2-VL family
+def _qwen_vision_pixels(
+    config: PretrainedConfig, grid: tuple[int, int, int], batch: int, generator: torch.Generator
+) -> torch.Tensor:
+    vision = config.vision_config
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3)
+    patch = vision.patch_size
+    temporal = vision.temporal_patch_size
+    t, h, w = grid
+    return torch.randn(batch * t * h * w, channels * temporal * patch * patch, generator=generator)
+
+
+def _qwen_grid(config: PretrainedConfig, options: SampleOptions, frames: int) -> tuple[int, int, int]:
+    vision = config.vision_config
+    merge = vision.spatial_merge_size
+    side = options.image_size or merge * vision.patch_size * 2
+    patches = max(merge, (side // vision.patch_size) // merge * merge)
+    return frames, patches, patches
+
+
+@sample_builder("image", "qwen2_vl", "qwen2_5_vl")
+def qwen2_vl_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    grid = _qwen_grid(config, options, frames=1)
+    merge = config.vision_config.spatial_merge_size
+    count = grid[0] * grid[1] * grid[2] // (merge * merge)
+    middle = [token_id(config, "vision_start_token_id")] + [token_id(config, "image_token_id")] * count
+    middle.append(token_id(config, "vision_end_token_id"))
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
+    sample["image_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
+    return sample
+
+
+@sample_builder("video", "qwen2_vl", "qwen2_5_vl")
+def qwen2_vl_video(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    temporal = config.vision_config.temporal_patch_size
+    grid = _qwen_grid(config, options, frames=2)
+    merge = config.vision_config.spatial_merge_size
+    count = grid[0] * grid[1] * grid[2] // (merge * merge)
+    middle = [token_id(config, "vision_start_token_id")] + [token_id(config, "video_token_id")] * count
+    middle.append(token_id(config, "vision_end_token_id"))
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values_videos"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
+    sample["video_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
+    if config.model_type == "qwen2_5_vl":
+        sample["second_per_grid_ts"] = torch.full((options.batch_size,), float(temporal) / 2.0)
+    return sample
+
+
+# ---------------------------------------------------------------- images: LLaVA family
+@sample_builder("image", "llava")
+def llava_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    vision = config.vision_config
+    side = vision.image_size  # CLIP position embeddings fix the input size
+    patches = (side // vision.patch_size) ** 2
+    strategy = getattr(config, "vision_feature_select_strategy", "default")
+    count = patches + (1 if strategy == "full" else 0)
+    middle = [token_id(config, "image_token_id", "image_token_index")] * count
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, vision.num_channels, side, side, generator=generator
+    )
+    return sample

@@ -1,0 +1,221 @@
+"""Shrink a config into a *tiny twin*: the same architecture and code paths, small sizes.
+
+Verification runs real numbers, so it needs real (random) weights; a 70B config cannot
+provide them, its twin can. Widths are divided by one power-of-two factor per config, chosen
+so that the attention head count stays at least two; head dimensions, rope sections, patch
+sizes and every ratio the code relies on are kept, which is what keeps the twin on the same
+code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
+type (dense and MoE, sliding and full attention, attention and SSM). Vocabularies shrink too,
+with special token ids moved inside the smaller vocabulary.
+
+Fields of one sub-config that mirror another's width (a vision tower's output size equal to
+the text hidden size) follow that width, so projections still line up.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import PretrainedConfig
+
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
+             "decoder_attention_heads", "n_heads", "attention_heads")
+KV_HEAD_KEYS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width", "intermediate_size",
+              "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+              "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank", "n_inner",
+              "ffn_hidden_size", "mlp_dim", "mamba_n_heads", "decoder_hidden_size",
+              "projector_hidden_size", "out_hidden_size", "vision_output_dim", "hidden_dim",
+              "expert_intermediate_size", "intermediate_size_mlp", "text_hidden_size",
+              "mamba_expand_size", "attention_hidden_size", "lru_width")
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers",
+              "encoder_layers", "num_decoder_layers", "depth", "num_encoder_layers")
+LAYER_LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "layers_type",
+                   "hybrid_override_pattern")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "top_k", "moe_topk", "num_experts_per_token")
+VOCAB_LIMIT = 1024
+EXPERTS = 4
+MIN_LAYERS = 2
+
+
+def shrink_config(config: PretrainedConfig) -> PretrainedConfig:
+    """Return the tiny twin's config; ``config`` itself is left untouched."""
+    twin = copy.deepcopy(config)
+    renamed_widths: dict[int, int] = {}
+    text = _text_config(twin)
+    for sub in [text, *[c for c in _sub_configs(twin) if c is not text]]:
+        _shrink_one(sub, renamed_widths)
+    for sub in [twin, *_sub_configs(twin)]:
+        _follow_widths(sub, renamed_widths)
+    _shrink_vocab(twin)
+    return twin
+
+
+def _sub_configs(config: PretrainedConfig) -> list[PretrainedConfig]:
+    found = []
+    for value in vars(config).values():
+        if isinstance(value, PretrainedConfig):
+            found.append(value)
+            found.extend(_sub_configs(value))
+    return found
+
+
+def _text_config(config: PretrainedConfig) -> PretrainedConfig:
+    for key in ("text_config", "language_config", "llm_config", "decoder"):
+        value = getattr(config, key, None)
+        if isinstance(value, PretrainedConfig):
+            return value
+    return config
+
+
+def _get(config: PretrainedConfig, keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    for key in keys:
+        value = vars(config).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return key, value
+    return None
+
+
+def _width_factor(config: PretrainedConfig) -> int:
+    heads = _get(config, HEAD_KEYS)
+    hidden = _get(config, ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width"))
+    factor = 1
+    while True:
+        nxt = factor * 2
+        if heads is not None and (heads[1] % nxt or heads[1] // nxt < 2):
+            break
+        if hidden is None or hidden[1] % nxt or hidden[1] // nxt < 64:
+            break
+        factor = nxt
+    return factor
+
+
+def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
+    attrs = vars(config)
+    factor = _width_factor(config)
+    head_dim = attrs.get("head_dim")
+    heads = _get(config, HEAD_KEYS)
+    if heads and attrs.get("head_dim") is None and "hidden_size" in attrs and isinstance(
+        attrs["hidden_size"], int
+    ):
+        head_dim = attrs["hidden_size"] // heads[1]
+    if factor > 1:
+        for key in WIDTH_KEYS:
+            value = attrs.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= factor:
+                renamed.setdefault(value, value // factor)
+                setattr(config, key, value // factor)
+        for key in HEAD_KEYS:
+            if isinstance(attrs.get(key), int):
+                setattr(config, key, max(1, attrs[key] // factor))
+        for key in KV_HEAD_KEYS:
+            if isinstance(attrs.get(key), int):
+                setattr(config, key, max(1, attrs[key] // factor))
+        if "n_groups" in attrs and isinstance(attrs["n_groups"], int):
+            setattr(config, "n_groups", max(1, attrs["n_groups"] // factor))
+        if head_dim is not None and attrs.get("head_dim") is not None:
+            config.head_dim = head_dim
+    _shrink_layers(config)
+    _shrink_experts(config)
+
+
+def _shrink_layers(config: PretrainedConfig) -> None:
+    attrs = vars(config)
+    keep = MIN_LAYERS
+    for key in LAYER_LIST_KEYS:
+        pattern = attrs.get(key)
+        if isinstance(pattern, (list, str)) and len(pattern) > 0:
+            kinds = list(dict.fromkeys(pattern))
+            prefix = max(pattern.index(kind) for kind in kinds) + 1
+            keep = max(keep, prefix)
+    dense_first = attrs.get("first_k_dense_replace")
+    if isinstance(dense_first, int) and dense_first > 0:
+        config.first_k_dense_replace = 1
+        keep = max(keep, 2)
+    for key in ("attn_layer_period", "expert_layer_period", "full_attention_interval",
+                "sliding_window_pattern", "decoder_sparse_step", "interleave_moe_layer_step",
+                "cross_attention_layers_period"):
+        period = attrs.get(key)
+        if isinstance(period, int) and period > 1:
+            keep = max(keep, period + (attrs.get("attn_layer_offset", 0) or 0) % period + 1)
+    cross = attrs.get("cross_attention_layers")
+    if isinstance(cross, list) and cross:
+        config.cross_attention_layers = [1]
+        keep = max(keep, 3)
+    for key in LAYER_KEYS:
+        value = attrs.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > keep:
+            setattr(config, key, keep)
+    for key in LAYER_LIST_KEYS:
+        pattern = attrs.get(key)
+        if isinstance(pattern, (list, str)) and len(pattern) > keep:
+            setattr(config, key, pattern[:keep])
+    for key in ("mlp_only_layers", "attn_layer_indices", "full_attn_idxs"):
+        indices = attrs.get(key)
+        if isinstance(indices, list):
+            setattr(config, key, [i for i in indices if isinstance(i, int) and i < keep])
+
+
+def _shrink_experts(config: PretrainedConfig) -> None:
+    attrs = vars(config)
+    experts = _get(config, EXPERT_KEYS)
+    if experts is None or experts[1] <= EXPERTS:
+        return
+    setattr(config, experts[0], EXPERTS)
+    top_k = _get(config, TOP_K_KEYS)
+    if top_k is not None and top_k[1] > 2:
+        setattr(config, top_k[0], 2)
+    if isinstance(attrs.get("n_group"), int):
+        config.n_group = 1
+    if isinstance(attrs.get("topk_group"), int):
+        config.topk_group = 1
+
+
+def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
+    """Fields equal to a width that was divided elsewhere follow it (projection sizes)."""
+    for key in WIDTH_KEYS:
+        value = vars(config).get(key)
+        if isinstance(value, int) and value in renamed and renamed[value] != value:
+            setattr(config, key, renamed[value])
+
+
+def _is_token_field(key: str) -> bool:
+    return key.endswith(("_token_id", "_token_index", "_token_ids"))
+
+
+def _shrink_vocab(config: PretrainedConfig) -> None:
+    """Cap vocabularies at :data:`VOCAB_LIMIT`, moving special ids that fall outside inside it.
+
+    The move is applied to every (sub-)config, since a VLM keeps its image token id at the top
+    level while the vocabulary lives in the text config.
+    """
+    configs = [config, *_sub_configs(config)]
+    limit = None
+    for sub in configs:
+        vocab = vars(sub).get("vocab_size")
+        if isinstance(vocab, int) and vocab > VOCAB_LIMIT:
+            sub.vocab_size = VOCAB_LIMIT
+            limit = VOCAB_LIMIT
+    if limit is None:
+        return
+    moved: dict[int, int] = {}
+    for sub in configs:
+        for key in sorted(vars(sub)):
+            if not _is_token_field(key):
+                continue
+            value = vars(sub)[key]
+            tokens = value if isinstance(value, list) else [value]
+            for token in tokens:
+                if isinstance(token, int) and token >= limit and token not in moved:
+                    moved[token] = limit - 1 - len(moved)
+    for sub in configs:
+        for key in list(vars(sub)):
+            if not _is_token_field(key):
+                continue
+            value = vars(sub)[key]
+            if isinstance(value, list):
+                setattr(sub, key, [moved.get(t, t) if isinstance(t, int) else t for t in value])
+            elif isinstance(value, int):
+                setattr(sub, key, moved.get(value, value))

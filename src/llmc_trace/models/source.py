@@ -1,0 +1,141 @@
+"""Resolve a model name to its config: a built-in, a local folder, or a Hugging Face hub id.
+
+Weights are never needed: tracing runs on ``meta`` and verification on a tiny twin. Built-ins
+are the published ``config.json`` (and processor config) of real checkpoints, shipped in
+``models/builtin/<org>/<name>/`` with their origin recorded in ``SOURCES.json``, so the tool
+answers offline exactly as it would online.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+from llmc_trace.errors import BadInputError
+
+BUILTIN_PACKAGE = "llmc_trace.models"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's config came from and what else lies beside it."""
+
+    name: str
+    kind: str  # "builtin", "folder" or "hub"
+    folder: Path | None
+    config_dict: dict[str, Any]
+
+    @property
+    def has_weights(self) -> bool:
+        return self.folder is not None and any(self.folder.glob("*.safetensors"))
+
+    @property
+    def has_processor(self) -> bool:
+        return self.folder is not None and (
+            (self.folder / "preprocessor_config.json").exists()
+            or (self.folder / "processor_config.json").exists()
+        )
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.folder is not None and (self.folder / "tokenizer.json").exists()
+
+    def config(self) -> PretrainedConfig:
+        """A fresh config object (callers may change it)."""
+        data = dict(self.config_dict)
+        model_type = data.pop("model_type", None)
+        if model_type is None:
+            raise BadInputError(
+                f"The config of {self.name} has no 'model_type'.",
+                hint="Point --model at a folder whose config.json was saved by transformers.",
+                param="model",
+            )
+        try:
+            return AutoConfig.for_model(model_type, **data)
+        except (KeyError, ValueError) as err:
+            raise BadInputError(
+                f"transformers {__import__('transformers').__version__} does not know the "
+                f"model type {model_type!r} of {self.name}.",
+                hint="Upgrade transformers, or pick a built-in (`llmc-trace coverage` lists them).",
+                param="model",
+            ) from err
+
+    def preprocessor_config(self) -> dict[str, Any] | None:
+        if self.folder is None:
+            return None
+        path = self.folder / "preprocessor_config.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def builtin_root() -> Path:
+    return Path(str(resources.files(BUILTIN_PACKAGE) / "builtin"))
+
+
+def builtin_names() -> list[str]:
+    """Hub ids of every built-in config, sorted."""
+    root = builtin_root()
+    if not root.exists():
+        return []
+    return sorted(
+        str(path.parent.relative_to(root)).replace("\\", "/")
+        for path in root.glob("*/*/config.json")
+    )
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Find ``name`` among the built-ins, as a local folder, or on the Hub (config only)."""
+    folder = builtin_root() / name
+    if (folder / "config.json").exists():
+        return ModelSource(name, "builtin", folder, _read_config(folder / "config.json"))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise BadInputError(
+                f"The folder {name} has no config.json.",
+                hint="Point --model at a checkpoint folder (config.json beside the weights), "
+                "or use a hub id or a built-in name.",
+                param="model",
+            )
+        return ModelSource(name, "folder", path, _read_config(path / "config.json"))
+    if name.count("/") != 1:
+        raise BadInputError(
+            f"{name!r} is not a built-in model, a folder, or a hub id of the form org/name.",
+            hint=f"Built-ins include {', '.join(builtin_names()[:4])}; `llmc-trace coverage` "
+            "lists them all.",
+            param="model",
+        )
+    return _from_hub(name)
+
+
+def _from_hub(name: str) -> ModelSource:
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except OSError as err:
+        raise BadInputError(
+            f"Could not fetch the config of {name!r} from the Hugging Face Hub ({_short(err)}).",
+            hint="Without network access, use a built-in (e.g. "
+            f"{', '.join(builtin_names()[:3])}) or a local folder holding config.json.",
+            param="model",
+        ) from err
+    return ModelSource(name, "hub", None, config.to_dict())
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise BadInputError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}).",
+            hint="Restore the file from the checkpoint it came from.",
+            param="model",
+        ) from err
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:160]
