@@ -1,0 +1,100 @@
+"""Decide whether a calibration source names a local file or a Hugging Face Hub dataset.
+
+A source is one string, as a user types it on a command line, so the decision is a rule, not a
+guess made later by whoever fails first:
+
+* a `Path`, an existing path, or a string that starts like a path (`/`, `.`, `~`) is a local file;
+* a string whose suffix is a data-file suffix (`.jsonl`, `.csv`, `.npy`, ...) is a local file,
+  even when it does not exist, so that a typo reads "file not found" and not "Hub unreachable";
+* any other string that looks like a Hub id (`name` or `owner/name`) is a Hub dataset.
+
+Hub ids may contain dots (`owner/corpus-v1.2`), which is why only listed suffixes mean "file".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc_trace.data.errors import DataError
+
+TEXT_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet", ".txt")
+TOKEN_SUFFIXES: tuple[str, ...] = (".npy",)
+SUPPORTED_SUFFIXES: tuple[str, ...] = TEXT_SUFFIXES + TOKEN_SUFFIXES
+
+# Suffixes that mean "a file" although we cannot read them; naming them gives a precise error.
+_OTHER_FILE_SUFFIXES = frozenset(
+    {".csv", ".tsv", ".arrow", ".npz", ".pt", ".pth", ".pkl", ".pickle", ".bin", ".safetensors",
+     ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".md", ".html", ".xml", ".yaml", ".yml",
+     ".h5", ".hdf5", ".xlsx", ".ndjson"}
+)  # fmt: skip
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_SUPPORTED_HINT = (
+    "Name a .jsonl, .json, .parquet or .txt text file, a .npy token array, or a Hub dataset id."
+)
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """Where a calibration source lives.
+
+    `kind` is the file suffix without its dot (`"jsonl"`, `"npy"`, ...) or `"hub"`. `path` is set
+    for local files and `hub_id` for Hub datasets. `description` is the source as the user gave
+    it, for messages and reports (no absolute path is added, so reports stay reproducible).
+    """
+
+    kind: str
+    description: str
+    path: Path | None = None
+    hub_id: str | None = None
+
+    @property
+    def is_token_array(self) -> bool:
+        """Whether the source holds token ids already, so that no tokenizer is needed."""
+        return self.kind == "npy"
+
+
+def resolve_source(source: str | Path) -> ResolvedSource:
+    """Classify `source` as a readable local file or a Hub dataset id.
+
+    Raises `DataError` for a local file that is missing, a folder, or of an unsupported type,
+    so that these are reported before any loading starts.
+    """
+    description = str(source)
+    if not description.strip():
+        raise DataError("the calibration source is empty", hint=_SUPPORTED_HINT)
+    if not isinstance(source, Path) and not _is_local(description):
+        return ResolvedSource(kind="hub", description=description, hub_id=description)
+    path = Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        raise DataError(
+            f"calibration source {description} is a folder, not a file",
+            hint="Name one file inside it: " + _SUPPORTED_HINT,
+            source=description,
+        )
+    if not path.exists():
+        raise DataError(
+            f"calibration file {description} does not exist",
+            hint="Check the path (relative paths start from the current folder); a Hub "
+            "dataset id has no file suffix.",
+            source=description,
+        )
+    if suffix not in SUPPORTED_SUFFIXES:
+        found = f"'{suffix}'" if suffix else "no suffix"
+        raise DataError(
+            f"calibration file {description} has an unsupported type ({found})",
+            hint="Convert it to one of the supported formats. " + _SUPPORTED_HINT,
+            source=description,
+        )
+    return ResolvedSource(kind=suffix[1:], description=description, path=path)
+
+
+def _is_local(text: str) -> bool:
+    if text.startswith(("/", ".", "~")) or Path(text).exists():
+        return True
+    suffix = Path(text).suffix.lower()
+    if suffix in SUPPORTED_SUFFIXES or suffix in _OTHER_FILE_SUFFIXES:
+        return True
+    return _HUB_ID.fullmatch(text) is None

@@ -1,0 +1,129 @@
+"""Measure a causal language model's perplexity on token rows or a calibration set.
+
+Perplexity is computed as the refmodel's `train.py` does it, so that numbers are comparable with
+its README: each row runs independently (no state carried between rows), the logits of positions
+`0..T-2` are log-softmaxed in float32 and scored against the tokens at `1..T-1`, and perplexity
+is `exp(total NLL / scored tokens)`. Padding is never scored: a target counts only when it and
+the position predicting it both have attention mask 1, so right-padded batches of uneven texts
+give the same result as running each text alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from llmc_trace.data import CalibrationSet, DataError
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as `progress(done_rows, total_rows)` after each batch; the CLI draws the display."""
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Perplexity with what it was computed from.
+
+    `nll` is the mean negative log-likelihood per scored token, in nats, so
+    `perplexity == exp(nll)`; `num_tokens` counts the scored tokens (each row's first token is
+    context only and never scored).
+    """
+
+    perplexity: float
+    nll: float
+    num_tokens: int
+    elapsed_s: float
+
+
+@torch.no_grad()
+def perplexity(
+    model: torch.nn.Module,
+    data: np.ndarray | torch.Tensor | CalibrationSet,
+    batch_size: int = 8,
+    progress: ProgressCallback | None = None,
+) -> PerplexityResult:
+    """Compute the perplexity of `model` on `data`.
+
+    `model` is a causal language model called as `model(input_ids=..., attention_mask=...)`
+    that returns an object with `.logits` of shape `(B, T, vocab)`, as every Hugging Face
+    `*ForCausalLM` does. `data` is a 2-D array of token ids, one sample per row (batched by
+    `batch_size`), or a `CalibrationSet` (its own batches and masks are used; `batch_size` is
+    ignored). The model runs in eval mode and is put back in its previous mode afterwards.
+
+    Example::
+
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...                      num_hidden_layers=1, num_attention_heads=2)
+        >>> result = perplexity(LlamaForCausalLM(config), np.zeros((2, 5), dtype=np.int64))
+        >>> result.num_tokens
+        8
+    """
+    if batch_size < 1:
+        raise DataError(
+            f"batch_size must be at least 1, got {batch_size}",
+            hint="Pass 1 or more.",
+            param="batch_size",
+        )
+    batches, total_rows = _batches(data, batch_size)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    nll_sum, num_tokens, done_rows = 0.0, 0, 0
+    try:
+        for batch in batches:
+            input_ids = batch["input_ids"].to(device)  # (B, T)
+            attention_mask = batch["attention_mask"].to(device)  # (B, T)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, vocab)
+            target_log_probs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+            scored = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()  # (B, T-1)
+            # Sum in float64: 10^5 float32 terms of size ~4 would lose the third digit.
+            nll_sum -= target_log_probs[scored].double().sum().item()
+            num_tokens += int(scored.sum())
+            done_rows += input_ids.shape[0]
+            if progress is not None:
+                progress(done_rows, total_rows)
+    finally:
+        model.train(was_training)
+    if num_tokens == 0:
+        raise DataError(
+            "no token could be scored: every row has fewer than 2 real tokens",
+            hint="Evaluate on rows of at least 2 tokens.",
+        )
+    nll = nll_sum / num_tokens
+    return PerplexityResult(
+        perplexity=math.exp(nll),
+        nll=nll,
+        num_tokens=num_tokens,
+        elapsed_s=time.perf_counter() - start,
+    )
+
+
+def _batches(
+    data: np.ndarray | torch.Tensor | CalibrationSet, batch_size: int
+) -> tuple[list[dict[str, torch.Tensor]] | Iterator[dict[str, torch.Tensor]], int]:
+    """The batches to score and the number of rows in all of them."""
+    if isinstance(data, CalibrationSet):
+        return data.batches, data.num_samples
+    tokens = torch.as_tensor(data)
+    if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise DataError(
+            f"tokens must be a 2-D integer array (rows of token ids), got a {tokens.ndim}-D "
+            f"{tokens.dtype} array",
+            hint="Pass an array shaped (rows, seq_len), e.g. np.load('eval.npy'), or a "
+            "CalibrationSet.",
+        )
+    tokens = tokens.long()
+
+    def rows_in_batches() -> Iterator[dict[str, torch.Tensor]]:
+        for first in range(0, tokens.shape[0], batch_size):
+            input_ids = tokens[first : first + batch_size]
+            yield {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+    return rows_in_batches(), tokens.shape[0]
