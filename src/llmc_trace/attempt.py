@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
 from llmc_trace.errors import BadInputError, LlmcTraceError
-from llmc_trace.graph.partition import build_subgraphs, topological_partition
+from llmc_trace.graph.partition import PartitionedTrace, partition_trace
 from llmc_trace.graph.structure import compare_structure
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.graph.verify import Verification, verify_subgraphs
@@ -29,19 +28,6 @@ from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_grap
 
 #: ``progress(stage, done, total)``: library code reports, only the CLI draws.
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class PartitionedTrace:
-    """A trace with its subgraphs (what the pipelines run)."""
-
-    trace: TraceResult
-    subgraphs: list[Subgraph]
-
-
-def partition_trace(trace: TraceResult, targets_per_subgraph: int = 1) -> PartitionedTrace:
-    partitions = topological_partition(trace.graph, trace.target_nodes, targets_per_subgraph)
-    return PartitionedTrace(trace, build_subgraphs(trace.graph, partitions, trace.leaves.targets))
 
 
 def trace_subgraphs(
@@ -228,7 +214,7 @@ class _Attempt:
             structure=structure,
             failure=failure,
             guards=[g.describe() for g in trace.guards] if trace else [],
-            opaque_functions=sorted(n for n, where in (trace.opaque_functions if trace else {}).items() if where),
+            opaque_functions=list(trace.opaque_recorded) if trace else [],
             leaves=dict(sorted(leaves.items())),
         )
 

@@ -34,6 +34,7 @@ KINDS: dict[str, str] = {
     "error": "an exception raised by the model code while tracing",
 }
 _TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
+_SHAPE_OPS = {"size", "shape", "numel", "dim"}
 _QUESTION_KINDS = {
     "bool": "control_flow", "iter": "iteration", "len": "len", "int": "python_number",
     "index": "python_number", "float": "python_number", "contains": "membership",
@@ -111,7 +112,9 @@ def failure_from_exception(err: BaseException) -> TraceFailure:
             kind = "tensor_to_python"
         elif "meta device" in err.reason:
             kind = "unknown_on_meta"
-        elif err.reason.startswith(("shape", "length")) and kind != "iteration":
+        elif kind != "iteration" and (
+            err.reason.startswith(("shape", "length")) or any(step in _SHAPE_OPS for step in origin)
+        ):
             kind = "data_dependent_shape"
         message = f"{err.question}() needs a concrete value, but the {err.reason}"
     else:

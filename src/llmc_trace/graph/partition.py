@@ -26,7 +26,10 @@ from collections.abc import Collection
 import torch
 import torch.fx as fx
 
+from dataclasses import dataclass
+
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
+from llmc_trace.tracing.trace import TraceResult
 
 UNASSIGNED = -1
 
@@ -197,3 +200,17 @@ def _copy_partition(
     if not any(n.op == "output" for n in part):
         graph.output({name: by_name[name] for name in outputs})
     return graph
+
+
+@dataclass(frozen=True)
+class PartitionedTrace:
+    """A trace with its subgraphs (what the pipelines run)."""
+
+    trace: TraceResult
+    subgraphs: list[Subgraph]
+
+
+def partition_trace(trace: TraceResult, targets_per_subgraph: int = 1) -> PartitionedTrace:
+    """Partition a :class:`TraceResult` into executable subgraphs."""
+    partitions = topological_partition(trace.graph, trace.target_nodes, targets_per_subgraph)
+    return PartitionedTrace(trace, build_subgraphs(trace.graph, partitions, trace.leaves.targets))

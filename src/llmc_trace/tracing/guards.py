@@ -112,10 +112,10 @@ def _evaluate(node: fx.Node, root: torch.nn.Module, env: dict[str, Any], inputs:
 
 
 def ask(question: str, value: Any, *extra: Any) -> Any:
-    """Answer one question (``bool``, ``len``, ``int``, ``index``, ``float``, ``contains``)."""
+    """Answer one question (``bool``, ``len``, ``iter`` (a length), ``int``, ``index``, ``float``, ``contains``)."""
     if question == "bool":
         return bool(value)
-    if question == "len":
+    if question in ("len", "iter"):
         return len(value)
     if question in ("int", "index"):
         return int(value)

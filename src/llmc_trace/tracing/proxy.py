@@ -15,6 +15,7 @@ on tensor *data* cannot be answered once for all batches, so it raises
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +65,10 @@ class MetaProxy(fx.Proxy):
 
     def __contains__(self, item: object) -> bool:
         return self.tracer.answer(self, "contains", item)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        # torch.fx records no item assignment; without this, Python falls back to __index__
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
 
 class MetaAttribute(MetaProxy):

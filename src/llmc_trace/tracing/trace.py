@@ -30,7 +30,8 @@ class TraceResult:
     leaves: LeafPlan
     target_nodes: list[fx.Node]
     guards: list[Guard]
-    opaque_functions: dict[str, list[str]]
+    opaque_functions: dict[str, list[str]]  # name -> where it was patched
+    opaque_recorded: list[str]  # names that became graph nodes, in order
     leaf_reasons: dict[str, str]
     input_names: list[str]
     elapsed_s: float
@@ -91,6 +92,7 @@ def trace_graph(
         target_nodes=target_nodes,
         guards=tracer.state.guards,
         opaque_functions=tracer.state.opaque_matches,
+        opaque_recorded=tracer.state.opaque_recorded,
         leaf_reasons=tracer.state.leaf_calls,
         input_names=list(tensors),
         elapsed_s=time.perf_counter() - start,

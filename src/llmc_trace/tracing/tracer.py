@@ -65,6 +65,7 @@ class TraceState:
 
     guards: list[Guard] = field(default_factory=list)
     opaque_matches: dict[str, list[str]] = field(default_factory=dict)
+    opaque_recorded: list[str] = field(default_factory=list)  # names that became graph nodes
     leaf_calls: dict[str, str] = field(default_factory=dict)  # module path -> reason
 
 
@@ -108,6 +109,7 @@ class LlmcTracer(fx.Tracer):
         self.state = TraceState()
         self.module_stack: list[tuple[str, str]] = []  # (path, class name), outermost first
         self._constant_count = 0
+        self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
 
     # ----------------------------------------------------------------- entry point
     def trace_model(self, model: torch.nn.Module, inputs: dict[str, Any],
@@ -147,6 +149,9 @@ class LlmcTracer(fx.Tracer):
     def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      name: str | None = None, type_expr: Any = None,
                      proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> MetaProxy:
+        if kind == "call_module" or id(target) in self._opaque_targets:
+            args = tuple(self._shared_container(a) for a in args)
+            kwargs = {k: self._shared_container(v) for k, v in kwargs.items()}
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr)
         self._annotate(proxy.node, kind, target, args, kwargs)
         return proxy  # type: ignore[return-value]
@@ -185,6 +190,23 @@ class LlmcTracer(fx.Tracer):
         if computed.used_phantoms or computed.error is not None:
             node.meta["shape_static"] = False
 
+    def _shared_container(self, value: Any) -> Any:
+        """A dict or list handed to a leaf becomes one graph node, created once per forward.
+
+        Layers may share state by mutating such a container (one fills it, a later one reads
+        it). Baked into each call as a constant, every call would get its own copy and the
+        writes would be lost; as a node, all calls receive the same fresh object at run time.
+        """
+        if type(value) not in (dict, list):
+            return value
+        if id(value) not in self._containers:
+            node = self.create_node("call_function", new_container,
+                                    (type(value).__name__, self.create_arg(value)), {})
+            node.meta.update(val=value, value_static=False, shape_static=True, is_real=True,
+                             source=current_model_location(), module_path="", module_class="")
+            self._containers[id(value)] = (self.proxy(node), value)
+        return self._containers[id(value)][0]
+
     def _resolve_attr(self, target: str) -> Any:
         value: Any = self.root
         for atom in target.split("."):
@@ -196,7 +218,7 @@ class LlmcTracer(fx.Tracer):
         """Answer ``bool``/``len``/``int``/... of a proxy from its example, recording a guard."""
         node = proxy.node
         value = node.meta.get("val")
-        if question == "len" and isinstance(value, torch.Tensor):
+        if question in ("len", "iter") and isinstance(value, torch.Tensor):
             static = node.meta.get("shape_static", False)
             reason = "shape depends on tensor data"
         elif question in ("len", "iter") and isinstance(value, (tuple, list, dict)):
@@ -207,7 +229,7 @@ class LlmcTracer(fx.Tracer):
             reason = "value depends on tensor data"
         if not static:
             raise DataDependentQuestion(question, node, reason)
-        if isinstance(value, torch.Tensor) and value.is_meta and question != "len":
+        if isinstance(value, torch.Tensor) and value.is_meta and question not in ("len", "iter"):
             raise DataDependentQuestion(question, node, "value is unknown on the meta device")
         result = ask(question, value, *extra)
         argument = extra[0] if question == "contains" else None
@@ -223,7 +245,7 @@ class LlmcTracer(fx.Tracer):
         if isinstance(value, dict):
             keys = list(value.keys())
             return iter(keys)
-        count = self.answer(obj, "len")
+        count = self.answer(obj, "iter")
         return (obj[index] for index in range(count))
 
     def keys(self, obj: fx.Proxy) -> Any:
@@ -302,12 +324,22 @@ class LlmcTracer(fx.Tracer):
     def _record_function(self, fn: Callable[..., Any], args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> Any:
         self._opaque_targets.add(id(fn))
+        if fn.__name__ not in self.state.opaque_recorded:
+            self.state.opaque_recorded.append(fn.__name__)
         return self.create_proxy("call_function", fn, args, kwargs)
 
     def _record_method(self, module: torch.nn.Module, name: str, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
         self._opaque_targets.add(id(call_module_method))
+        qualified = f"{type(module).__name__}.{name}"
+        if qualified not in self.state.opaque_recorded:
+            self.state.opaque_recorded.append(qualified)
         return self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
+
+
+def new_container(kind: str, items: Any) -> Any:
+    """Graph target: a fresh ``dict`` or ``list`` holding ``items`` (see ``_shared_container``)."""
+    return dict(items) if kind == "dict" else list(items)
 
 
 def _is_model_output(value: Any) -> bool:
@@ -347,9 +379,8 @@ def _static_flags(kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[
     if kind == "call_function" and target is getattr:
         name = args[1]
     if name in METADATA_OPS or (kind == "call_function" and target in (torch.numel,)):
-        tensor_nodes = [n for n in arg_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-        static = all(n.meta.get("shape_static", False) for n in tensor_nodes)
-        return static, True
+        subject = arg_nodes[0] if arg_nodes else None  # the tensor asked about
+        return subject is not None and subject.meta.get("shape_static", False), True
     values_static = all(n.meta.get("value_static", False) for n in arg_nodes)
     non_tensor_static = all(
         n.meta.get("value_static", False)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -39,6 +38,28 @@ class ComputedValue:
     is_real: bool
     used_phantoms: bool
     error: BaseException | None = None
+
+
+def map_leaves(fn: Callable[[Any], Any], value: Any) -> Any:
+    """Apply ``fn`` to every leaf, rebuilding only the containers whose contents changed.
+
+    Unlike ``tree_map``, an untouched dict or list comes back as the *same object*: layers
+    may share state through one (see the tracer's ``_shared_container``), and a copy would
+    swallow their writes.
+    """
+    if isinstance(value, dict):
+        mapped = {key: map_leaves(fn, item) for key, item in value.items()}
+        if all(mapped[key] is item for key, item in value.items()):
+            return value
+        return type(value)(**mapped) if type(value) is not dict else mapped
+    if isinstance(value, (list, tuple)):
+        items = [map_leaves(fn, item) for item in value]
+        if all(new is old for new, old in zip(items, value)):
+            return value
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*items)
+        return type(value)(items)
+    return fn(value)
 
 
 def is_meta_tensor(value: Any) -> bool:
@@ -55,7 +76,7 @@ def contains_meta(value: Any) -> bool:
             found = True
         return leaf
 
-    tree_map(visit, value)
+    map_leaves(visit, value)
     return found
 
 
@@ -67,7 +88,7 @@ def has_meta_tensor(value: Any) -> bool:
         found = found or is_meta_tensor(leaf)
         return leaf
 
-    tree_map(visit, value)
+    map_leaves(visit, value)
     return found
 
 
@@ -81,7 +102,7 @@ def to_meta(value: Any) -> Any:
             return META
         return leaf
 
-    return tree_map(convert, value)
+    return map_leaves(convert, value)
 
 
 def meta_devices_to_cpu(value: Any) -> Any:
@@ -92,7 +113,7 @@ def meta_devices_to_cpu(value: Any) -> Any:
             return CPU
         return leaf
 
-    return tree_map(convert, value)
+    return map_leaves(convert, value)
 
 
 def to_phantom(value: Any) -> Any:
@@ -105,7 +126,7 @@ def to_phantom(value: Any) -> Any:
             return CPU
         return leaf
 
-    return tree_map(convert, value)
+    return map_leaves(convert, value)
 
 
 def module_has_meta_state(module: torch.nn.Module) -> bool:

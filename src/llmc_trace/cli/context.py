@@ -1,0 +1,68 @@
+"""State shared by every command: consoles, quiet/debug flags, and error handling."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from llmc_trace.errors import BadInputError, LlmcTraceError
+
+
+@dataclass
+class CliContext:
+    """Consoles and flags; people read stdout, progress and logs go to stderr."""
+
+    quiet: bool = False
+    debug: bool = False
+    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+
+    def print_json(self, document: dict[str, Any]) -> None:
+        click.echo(json.dumps(document, sort_keys=True, indent=2, default=str))
+
+    @contextlib.contextmanager
+    def progress(self, description: str) -> Iterator[Callable[[str, int, int], None]]:
+        """A progress callback ``(stage, done, total)`` drawn on stderr unless quiet."""
+        if self.quiet:
+            yield lambda stage, done, total: None
+            return
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(), console=self.err,
+                       transient=True)
+        with bar:
+            task = bar.add_task(description, total=None)
+
+            def report(stage: str, done: int, total: int) -> None:
+                bar.update(task, description=f"{description} · {stage}", completed=done, total=total)
+
+            yield report
+
+
+pass_cli = click.make_pass_decorator(CliContext, ensure=True)
+
+
+@contextlib.contextmanager
+def handle_errors(ctx: CliContext) -> Iterator[None]:
+    """Bad input exits 2 naming the parameter; other project errors exit 1 with their hint."""
+    try:
+        yield
+    except BadInputError as err:
+        if ctx.debug:
+            raise
+        raise click.BadParameter(f"{err.message} {err.hint}".strip(),
+                                 param_hint=f"--{err.param.replace('_', '-')}" if err.param else None) from err
+    except LlmcTraceError as err:
+        if ctx.debug:
+            raise
+        ctx.err.print(f"[bold red]Error:[/] {err.message}")
+        if err.hint:
+            ctx.err.print(f"[dim]Hint:[/] {err.hint}")
+        sys.exit(1)

@@ -1,0 +1,89 @@
+"""Rich views of reports: tables and panels for people (the JSON view is ``to_json``)."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.report import TraceReport
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def _compress_targets(targets: list[str]) -> str:
+    if len(targets) <= 2:
+        return ", ".join(targets) or "—"
+    return f"{targets[0]} … {targets[-1]} ({len(targets)})"
+
+
+def subgraph_table(report: TraceReport, max_rows: int = 12) -> Table:
+    table = Table(title=f"{len(report.subgraphs)} subgraphs", title_justify="left")
+    for column, justify in (("#", "right"), ("targets", "left"), ("nodes", "right"),
+                            ("inputs", "right"), ("consumed", "right"),
+                            ("intermediates out", "right"), ("parameters", "right")):
+        table.add_column(column, justify=justify, no_wrap=column == "targets")  # type: ignore[arg-type]
+    rows = report.subgraphs
+    shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + rows[-max_rows // 2 :]
+    for i, sub in enumerate(shown):
+        if len(rows) > max_rows and i == max_rows // 2:
+            table.add_row("…", f"{len(rows) - max_rows} more like these", "", "", "", "", "")
+        table.add_row(str(sub.index), _compress_targets(sub.targets), str(sub.num_nodes),
+                      str(len(sub.input_names)), str(len(sub.consumed_names)),
+                      human_bytes(sub.output_bytes), human_bytes(sub.parameter_bytes))
+    return table
+
+
+def failure_panel(failure: TraceFailure) -> Panel:
+    parts: list[object] = [Text(f"{failure.explanation}", style="bold")]
+    where = failure.location
+    if where is not None:
+        parts.append(Text(f"{where.file}:{where.line} in {where.function}"))
+        try:
+            parts.append(Syntax.from_path(where.abs_file, line_range=(where.line - 2, where.line + 2),
+                                          highlight_lines={where.line}, line_numbers=True,
+                                          theme="ansi_dark"))
+        except OSError:
+            parts.append(Text(f"  {where.code}"))
+    if failure.module_path or failure.module_class:
+        parts.append(Text(f"module: {failure.module_path or '<root>'} ({failure.module_class})"))
+    if failure.origin:
+        parts.append(Text("origin: " + " -> ".join(failure.origin)))
+    parts.append(Text(failure.message, style="dim"))
+    return Panel(Group(*parts), title=f"not traceable: {failure.kind}", border_style="red",
+                 title_align="left")
+
+
+def show_report(console: Console, report: TraceReport) -> None:
+    status = "[bold green]traced and verified[/]" if report.ok else (
+        "[bold red]not traceable[/]" if not report.traced else "[bold yellow]traced, not verified[/]"
+    )
+    console.print(f"{report.model} ({report.architecture}, {report.modality}): {status}")
+    if report.failure is not None:
+        console.print(failure_panel(report.failure))
+    if report.subgraphs:
+        console.print(subgraph_table(report))
+    if report.verification is not None:
+        v = report.verification
+        verdict = "[green]matches[/]" if v.ok else "[red]differs[/]"
+        console.print(f"replay vs eager on the {report.verified_on}: {verdict} "
+                      f"(max abs diff {v.max_abs_diff:.3g}, tolerance {v.tolerance:.0e})")
+        for problem in v.problems:
+            console.print(f"  [red]•[/] {problem}")
+    if report.structure is not None and not report.structure.matches:
+        console.print("[yellow]The twin's trace differs from the full model's:[/]")
+        for difference in report.structure.differences:
+            console.print(f"  • {difference}")
+    if report.applied_fix is not None:
+        console.print(f"fix applied: {report.applied_fix.description}")
+    timing = ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in report.timings_s.items())
+    console.print(f"[dim]{timing}[/]")

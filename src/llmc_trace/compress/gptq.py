@@ -1,0 +1,107 @@
+"""GPTQ: quantize a linear layer's weight column by column, compensating each rounding error.
+
+Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training Quantization for Generative
+Pre-trained Transformers", 2022, https://arxiv.org/abs/2210.17323 (Algorithm 1, section 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.compress.grid import SweepGrid
+from llmc_trace.compress.hessian import inverse_factor
+from llmc_trace.compress.quantize import QuantizedWeight
+from llmc_trace.compress.scheme import QuantizationArgs
+
+
+@dataclass(frozen=True)
+class GPTQResult:
+    """What `gptq` produced: the quantized weight, its predicted loss, and the damping used."""
+
+    quantized: QuantizedWeight
+    loss: float
+    """Sum over columns of err^2 / 2, the paper's objective: equal to
+    ||(W - Q) X^T||^2 / n_tokens + (damp / 2) ||W - Q||^2 for the inputs X that built H."""
+    percdamp: float
+    """Damping that made H factorisable (the requested one unless it had to be raised)."""
+
+
+def gptq(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    args: QuantizationArgs,
+    *,
+    blocksize: int = 128,
+    percdamp: float = 0.01,
+    static_groups: bool = True,
+) -> GPTQResult:
+    """Quantize `W` (out, in) to `args`' grid, minimising the layer's output error under `H`.
+
+    `H` (in, in) is the mean of 2 x x^T over the layer's inputs (`HessianAccumulator.H`). The
+    maths runs in float32 on `W`'s device; the result's scales and dequantized weight are in
+    `W`'s dtype. Columns are visited in blocks of `blocksize`; within a block each column is
+    rounded and its error spread over the block's remaining columns at once, while later blocks
+    receive the block's accumulated error in one matmul (the paper's lazy batch updates).
+
+    `args.actorder` chooses the sweep order:
+
+    * `None`: input order.
+    * `"static"`: descending diag(H), so columns with the largest inputs are fixed first while
+      the most columns remain to absorb their error. Groups stay the input-order runs of
+      `group_size` columns (no `g_idx` in the checkpoint), so their scales are fitted up front.
+    * `"group"`: the same order, and groups are runs of `group_size` columns *in that order*,
+      fitted when the sweep reaches them; the result carries `g_idx` mapping each input column to
+      its group. compressed-tensors >= 0.20 and vLLM no longer load such checkpoints.
+
+    `static_groups` (the default) fits every group's scale up front from the original weights,
+    as llm-compressor and AutoGPTQ's `static_groups` do; `False` fits each group from the
+    error-updated weights when the sweep reaches its first column, as the original GPTQ does.
+    Up front is the default because it gave the lower output error for symmetric grids on every
+    setting measured (random correlated inputs and the 42 layers of the reference model, 2 to 4
+    bits, `tests/compress/test_gptq.py`): error compensation pushes the remaining weights beyond
+    their original range, and a symmetric range refitted to them is coarser, while clipping to
+    the original range is itself compensated by later columns. Asymmetric grids, which can shift
+    their zero point with the drift, measured slightly better fitted in the sweep. With
+    `actorder="static"` groups are always fitted up front.
+
+    >>> torch.manual_seed(0)
+    >>> W, X = torch.randn(8, 256), torch.randn(512, 256)
+    >>> result = gptq(W, 2 * X.T @ X / 512, QuantizationArgs(num_bits=4))
+    >>> err = ((W - result.quantized.weight) @ X.T).pow(2).sum() / 512
+    >>> abs(result.loss / err.item() - 1) < 0.05
+    True
+    """
+    dtype = W.dtype
+    W = W.float().clone()  # (out, in)
+    H = H.to(W.device)
+    perm = torch.argsort(torch.diag(H), descending=True) if args.actorder else None
+    if perm is not None:
+        W, H = W[:, perm], H[perm][:, perm]
+    factor = inverse_factor(H, percdamp)
+    W[:, factor.dead] = 0
+    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
+    grid = SweepGrid(W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype)
+    blocksize = grid.aligned(blocksize)
+
+    columns = W.shape[1]
+    loss = torch.zeros((), device=W.device)
+    for i1 in range(0, columns, blocksize):
+        i2 = min(i1 + blocksize, columns)
+        W1 = W[:, i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = H_inv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            w = W1[:, i]
+            d = Hinv1[i, i]
+            if grid.starts_group(i1 + i):
+                grid.fit(i1 + i, W1[:, i : i + grid.group_size])
+            q = grid.quantize(i1 + i, w)
+            loss += (w - q).pow(2).sum() / d**2 / 2
+            err = (w - q) / d
+            W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
+
+    return GPTQResult(grid.result(perm, dtype), loss.item(), factor.percdamp)

@@ -1,0 +1,126 @@
+"""Round weight columns to their quantization grid, one at a time, during an OBS column sweep.
+
+GPTQ, and SparseGPT when it also quantizes, visit the columns of W one by one (in input order,
+or permuted by act-order) and round each before spreading its error over the columns not yet
+visited. `SweepGrid` holds what that rounding needs: which group (and so which scale and zero
+point) each visited column belongs to, when each group's scale is fitted, and the integers
+chosen so far.
+
+When scales are fitted:
+
+* per tensor or per channel: once, up front, from the whole weight;
+* group-wise in input order (`actorder=None`) or in sweep order (`actorder="group"`): when the
+  sweep reaches the group's first column, from the group's weights as updated by the error of
+  every column before it (the original GPTQ); or up front from the original weights when
+  `static_groups` is set (AutoGPTQ's `static_groups`, llm-compressor's behaviour);
+* group-wise with `actorder="static"`: always up front, from the original weights. Groups keep
+  their input-order columns while the sweep visits columns by act-order, so a group's columns
+  are spread over the whole sweep and there is no point at which all of them are up to date.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from llmc_trace.compress.quantize import (
+    QuantizedWeight,
+    channel_args,
+    compute_qparams,
+    dequantize,
+    num_groups,
+    round_to_grid,
+)
+from llmc_trace.compress.scheme import QuantizationArgs
+
+
+class SweepGrid:
+    """The grid of every column of a weight, for a sweep that visits columns in `perm` order.
+
+    `W` (out, in) is float32 and already in sweep order (`W_original[:, perm]`), with dead
+    columns zeroed; `perm` is None when the sweep follows input order. Scales are rounded to
+    `scale_dtype` (the checkpoint's dtype) before any integer is chosen with them.
+    """
+
+    def __init__(
+        self,
+        W: torch.Tensor,
+        args: QuantizationArgs,
+        *,
+        perm: torch.Tensor | None,
+        static_groups: bool,
+        scale_dtype: torch.dtype,
+    ) -> None:
+        out_features, in_features = W.shape
+        self.args = args
+        self.scale_dtype = scale_dtype
+        self.group_size = args.group_size if args.group_size is not None else in_features
+        self.fits_in_sweep = (
+            args.strategy == "group" and args.actorder != "static" and not static_groups
+        )
+        position = torch.arange(in_features, device=W.device)
+        if args.strategy != "group":
+            group_of = torch.zeros_like(position)
+        elif args.actorder == "static":
+            assert perm is not None  # act-order always permutes
+            group_of = perm // self.group_size
+        else:
+            group_of = position // self.group_size
+        self.group_of: list[int] = group_of.tolist()  # group of each sweep position
+
+        if self.fits_in_sweep:
+            rows, groups = out_features, num_groups(in_features, args)
+            self.scale = torch.empty(rows, groups, dtype=scale_dtype, device=W.device)
+            self.zero_point = torch.zeros(rows, groups, dtype=torch.int8, device=W.device)
+        else:
+            if args.actorder == "static" and perm is not None:
+                W = W[:, torch.argsort(perm)]  # groups are input-order columns
+            scale, zero_point = compute_qparams(W, args, scale_dtype=scale_dtype)
+            self.scale = scale.reshape(scale.shape[0], -1)  # (rows, groups); (1, 1) per tensor
+            self.zero_point = zero_point.reshape(self.scale.shape)
+        self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
+
+    def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
+        """A block size near `blocksize` that no group fitted in the sweep (nor any run of
+        `multiple_of` columns) straddles: a group fitted at its first column then sees all its
+        columns up to date, and an N:M run lies in one block."""
+        unit = math.lcm(self.group_size if self.fits_in_sweep else 1, multiple_of)
+        return max(blocksize // unit, 1) * unit
+
+    def starts_group(self, column: int) -> bool:
+        """Whether the sweep must fit a scale at this sweep position before rounding it."""
+        return self.fits_in_sweep and column % self.group_size == 0
+
+    def fit(self, column: int, W_group: torch.Tensor) -> None:
+        """Fit the scale and zero point of the group starting at `column` to `W_group`."""
+        group = self.group_of[column]
+        scale, zero_point = compute_qparams(
+            W_group, channel_args(self.args), scale_dtype=self.scale_dtype
+        )
+        self.scale[:, group] = scale[:, 0]
+        self.zero_point[:, group] = zero_point[:, 0]
+
+    def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
+        """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
+        group = self.group_of[column]
+        s = self.scale[:, group].float()
+        z = self.zero_point[:, group].float()
+        q = round_to_grid(w, s, z, self.args)
+        self.int_weight[:, column] = q.to(torch.int8)
+        return (q - z) * s
+
+    def result(self, perm: torch.Tensor | None, dtype: torch.dtype) -> QuantizedWeight:
+        """The integers chosen, back in input order, with their scales, as a `QuantizedWeight`."""
+        int_weight, g_idx = self.int_weight, None
+        if perm is not None:
+            inverse = torch.argsort(perm)
+            int_weight = int_weight[:, inverse]
+            if self.args.actorder == "group":
+                group_of = torch.tensor(self.group_of, device=perm.device)
+                g_idx = group_of[inverse].to(torch.int32)
+        scale, zero_point = self.scale, self.zero_point
+        if self.args.strategy == "tensor":
+            scale, zero_point = scale.reshape(1), zero_point.reshape(1)
+        weight = dequantize(int_weight, scale, zero_point, self.args, g_idx, dtype)
+        return QuantizedWeight(weight, int_weight, scale, zero_point, self.args, g_idx)

@@ -1,0 +1,126 @@
+"""Accumulate a layer's Hessian from its inputs and factor its damped inverse, for GPTQ and SparseGPT.
+
+Both methods minimise ||W X - W' X||^2 over a layer's calibration inputs X; the second
+derivative of that loss is H = 2 X^T X, which is all they need to know about the data. This
+module holds the one implementation of the two steps they share: the streamed H, and the upper
+Cholesky factor of the damped inverse that their column sweeps read from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.compress.errors import HessianError
+
+logger = logging.getLogger(__name__)
+
+
+class HessianAccumulator:
+    """The running mean H = 2 X^T X / n of a linear layer's inputs, n counting tokens.
+
+    A running mean instead of a sum keeps memory at one (in, in) matrix whatever the number of
+    samples, and keeps H's magnitude independent of n, so the relative damping in
+    `inverse_factor` means the same for 16 samples as for 16,000. H is kept in float32 whatever
+    the activation dtype: a bf16 sum over millions of tokens would stop growing once the terms
+    fall below its 8-bit mantissa, and the Cholesky factorisation of a nearly singular H needs
+    at least float32 to succeed.
+
+    Counting tokens rather than sequences weighs every real token equally, so a batch of short,
+    padded sequences counts for less than a batch of long ones; padding tokens, masked out, do
+    not count at all.
+
+    >>> acc = HessianAccumulator(4)
+    >>> x = torch.randn(2, 3, 4)  # (batch, seq, in_features)
+    >>> acc.add(x, mask=torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    >>> acc.num_tokens
+    4
+    >>> rows = torch.cat([x[0], x[1, :1]])
+    >>> torch.testing.assert_close(acc.H, 2 * rows.T @ rows / 4)
+    """
+
+    def __init__(self, in_features: int, device: torch.device | str = "cpu") -> None:
+        self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self.num_tokens = 0
+
+    def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Fold the inputs `x` (..., in_features) into H.
+
+        `mask` has `x`'s leading shape (e.g. the tokenizer's `attention_mask`, (batch, seq));
+        tokens where it is 0 or False are left out.
+        """
+        in_features = self.H.shape[0]
+        if x.shape[-1] != in_features:
+            raise ValueError(f"expected inputs with {in_features} features, got {tuple(x.shape)}")
+        if mask is not None:
+            x = x[mask.to(device=x.device, dtype=torch.bool)]
+        x = x.reshape(-1, in_features).to(device=self.H.device, dtype=torch.float32)
+        new_tokens = x.shape[0]
+        if new_tokens == 0:
+            return
+        self.H *= self.num_tokens / (self.num_tokens + new_tokens)
+        self.num_tokens += new_tokens
+        x = math.sqrt(2 / self.num_tokens) * x
+        self.H += x.T @ x
+
+
+@dataclass(frozen=True)
+class InverseFactor:
+    """The upper Cholesky factor of (H + damp I)^-1, with the fixes made to get it.
+
+    GPTQ and SparseGPT read row i of `H_inv` when they fix column i: its diagonal entry is the
+    scale of column i's error and the rest of the row spreads that error over later columns.
+    """
+
+    H_inv: torch.Tensor  # (in, in) upper triangular, float32
+    dead: torch.Tensor  # (in,) bool: columns whose inputs were always zero
+    percdamp: float  # damping actually used, as a fraction of mean(diag(H))
+
+
+def inverse_factor(
+    H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4
+) -> InverseFactor:
+    """Factor the damped inverse of `H` (in, in) as in GPTQ's `fasterquant`; `H` is not modified.
+
+    Dead columns (diag(H) == 0: the input was always 0) get H_ii = 1 so that H is invertible;
+    the caller must zero those columns of W, which cannot affect the output. Damping adds
+    `percdamp * mean(diag(H))` to the diagonal, then H^-1 = cholesky_inverse(cholesky(H)) and its
+    upper Cholesky factor is taken. If a factorisation fails (H numerically not positive
+    definite), it is retried with ten times the damping, up to `max_attempts` in all; the
+    damping that worked is returned and logged as a warning.
+    """
+    if not torch.isfinite(H).all():
+        raise HessianError(
+            "the Hessian contains NaN or inf.",
+            hint="check the layer's calibration inputs; a diverged forward pass produces them.",
+        )
+    H = H.float().clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    mean_diag = torch.mean(torch.diag(H)).item()
+    diagonal = torch.arange(H.shape[0], device=H.device)
+    for attempt in range(max_attempts):
+        damp = percdamp * 10**attempt
+        H_damped = H.clone()
+        H_damped[diagonal, diagonal] += damp * mean_diag
+        L, info = torch.linalg.cholesky_ex(H_damped)
+        if info.item() != 0:
+            continue
+        H_inv, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(L), upper=True)
+        if info.item() != 0:
+            continue
+        if attempt:
+            logger.warning(
+                "Hessian not positive definite with percdamp=%g; used percdamp=%g",
+                percdamp,
+                damp,
+            )
+        return InverseFactor(H_inv=H_inv, dead=dead, percdamp=damp)
+    raise HessianError(
+        f"the Hessian could not be factorised even with "
+        f"percdamp={percdamp * 10 ** (max_attempts - 1):g}.",
+        hint="calibrate with more samples: the layer's inputs span too few directions.",
+    )

@@ -1,0 +1,208 @@
+"""Map weights to an integer grid and back, with compressed-tensors' exact arithmetic.
+
+The maths is the one compressed-tensors applies when it reads a checkpoint
+(`calculate_qparams`, `quantize`, `dequantize`): the clipping range always contains 0 (min
+clamped to <= 0, max to >= 0); symmetric scale = absmax / ((qmax - qmin) / 2), so 4 bits use
+absmax / 7.5 and the grid [-8, 7]; asymmetric scale = (max - min) / (qmax - qmin) with zero
+point round(qmin - min / scale) clamped to the grid; a zero scale becomes the scale dtype's eps;
+q = clamp(round(w / scale + zp), qmin, qmax) with round half to even; w = (q - zp) * scale.
+
+Everything is computed in float32 and the scale is rounded to the dtype it will be stored in
+*before* any integer is chosen, so the stored integers and scales reproduce our dequantized
+weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.compress.errors import SchemeError
+from llmc_trace.compress.scheme import QuantizationArgs
+
+MSE_GRID = 100
+MSE_MAXSHRINK = 0.2
+MSE_NORM = 2.4
+"""MSE observer search: shrink the range by 1 - i/MSE_GRID for i < MSE_MAXSHRINK * MSE_GRID and
+keep, per row, the range with the smallest sum |w - q|^MSE_NORM. These are the constants of
+GPTQ's `quant.py` and llm-compressor's MSE observer; unlike the latter there is no early stop
+(patience), so all 20 shrink factors are tried and the result does not depend on the order."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight on its integer grid, with everything needed to store it or to reproduce it.
+
+    Invariant: `weight == dequantize(int_weight, scale, zero_point, args, g_idx, weight.dtype)`
+    exactly, so a checkpoint holding `int_weight`, `scale` and `zero_point` loads as `weight`.
+    """
+
+    weight: torch.Tensor  # (out, in) dequantized, in the dtype of the weight it came from
+    int_weight: torch.Tensor  # (out, in) int8 in [args.qmin, args.qmax]
+    scale: torch.Tensor  # (out, groups), (out, 1) for channel, (1,) for tensor; weight dtype
+    zero_point: torch.Tensor  # int8, same shape as scale; all zeros when symmetric
+    args: QuantizationArgs
+    g_idx: torch.Tensor | None = None  # (in,) int32 group of each input column; actorder "group"
+
+
+def compute_qparams(
+    W: torch.Tensor, args: QuantizationArgs, *, scale_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return `(scale, zero_point)` for `W` (out, in), shaped as compressed-tensors stores them.
+
+    `scale` is in `scale_dtype` (default: `W.dtype`, the checkpoint's dtype) and `zero_point`
+    is int8. Group-wise scales need `in_features` to be a multiple of `group_size`.
+    """
+    out_features, in_features = W.shape
+    if args.strategy == "tensor":
+        rows = W.reshape(1, -1)
+    elif args.strategy == "channel":
+        rows = W
+    else:
+        rows = W.reshape(out_features * num_groups(in_features, args), -1)
+    scale, zero_point = _row_qparams(rows.float(), args, scale_dtype or W.dtype)
+    if args.strategy == "tensor":
+        return scale.reshape(1), zero_point.reshape(1)
+    return scale.reshape(out_features, -1), zero_point.reshape(out_features, -1)
+
+
+def num_groups(in_features: int, args: QuantizationArgs) -> int:
+    """Number of scales per row: in_features / group_size for groups, else 1."""
+    if args.group_size is None:
+        return 1
+    if in_features % args.group_size:
+        raise SchemeError(
+            f"in_features={in_features} is not a multiple of group_size={args.group_size}.",
+            hint="ignore this module, or choose a group size that divides its input width.",
+        )
+    return in_features // args.group_size
+
+
+def _row_qparams(
+    rows: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point per row of `rows` (R, C), by min-max or by the MSE search."""
+    xmin = rows.amin(dim=1).clamp(max=0)
+    xmax = rows.amax(dim=1).clamp(min=0)
+    scale, zero_point = _qparams_from_range(xmin, xmax, args, scale_dtype)
+    if args.observer == "minmax":
+        return scale, zero_point
+    best_err = torch.full_like(xmin, torch.inf)
+    for i in range(int(MSE_MAXSHRINK * MSE_GRID)):
+        shrink = 1 - i / MSE_GRID
+        candidate_scale, candidate_zp = _qparams_from_range(
+            shrink * xmin, shrink * xmax, args, scale_dtype
+        )
+        s, z = candidate_scale.float()[:, None], candidate_zp.float()[:, None]
+        err = ((round_to_grid(rows, s, z, args) - z) * s - rows).abs().pow(MSE_NORM).sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        scale = torch.where(better, candidate_scale, scale)
+        zero_point = torch.where(better, candidate_zp, zero_point)
+    return scale, zero_point
+
+
+def _qparams_from_range(
+    xmin: torch.Tensor, xmax: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """compressed-tensors' `calculate_qparams` for a range that already contains 0."""
+    if args.symmetric:
+        scale = torch.maximum(-xmin, xmax) / ((args.qmax - args.qmin) / 2)
+    else:
+        scale = (xmax - xmin) / (args.qmax - args.qmin)
+    scale = scale.to(scale_dtype)
+    scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale)
+    if args.symmetric:
+        return scale, torch.zeros_like(scale, dtype=torch.int8)
+    # The zero point is derived from the rounded scale: the pair that is stored.
+    zero_point = torch.round(args.qmin - xmin / scale.float()).clamp(args.qmin, args.qmax)
+    return scale, zero_point.to(torch.int8)
+
+
+def round_to_grid(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, args: QuantizationArgs
+) -> torch.Tensor:
+    """Integer grid values clamp(round(x / scale + zero_point)), as float32; broadcasts."""
+    return torch.clamp(
+        torch.round(x.float() / scale.float() + zero_point.float()), args.qmin, args.qmax
+    )
+
+
+def _per_column(
+    qparam: torch.Tensor, args: QuantizationArgs, in_features: int, g_idx: torch.Tensor | None
+) -> torch.Tensor:
+    """Spread a scale or zero point to broadcast against a weight (out, in)."""
+    if args.strategy == "tensor":
+        return qparam.reshape(1, 1)
+    if args.strategy == "channel":
+        return qparam
+    assert args.group_size is not None  # guaranteed by QuantizationArgs
+    if g_idx is None:
+        g_idx = torch.arange(in_features, device=qparam.device) // args.group_size
+    return qparam[:, g_idx.long()]
+
+
+def quantize_to_int(
+    W: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    args: QuantizationArgs,
+    g_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Integer values (int8, same shape as `W`) of `W` on the grid given by `scale`/`zero_point`.
+
+    `g_idx` maps each input column to its group when groups are not consecutive columns.
+    """
+    in_features = W.shape[1]
+    s = _per_column(scale, args, in_features, g_idx)
+    z = _per_column(zero_point, args, in_features, g_idx)
+    return round_to_grid(W, s, z, args).to(torch.int8)
+
+
+def dequantize(
+    int_weight: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    args: QuantizationArgs,
+    g_idx: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """(q - zero_point) * scale, in `dtype` (default: the scale's dtype).
+
+    The product is exact in float32 for up to 8-bit integers and bf16/fp16/fp32 scales, so the
+    single rounding to `dtype` gives the same bits as compressed-tensors' `dequantize`.
+    """
+    in_features = int_weight.shape[1]
+    s = _per_column(scale, args, in_features, g_idx).float()
+    z = _per_column(zero_point, args, in_features, g_idx).float()
+    return ((int_weight.float() - z) * s).to(dtype or scale.dtype)
+
+
+def fake_quantize(
+    W: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    args: QuantizationArgs,
+    g_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`W` rounded to its grid and mapped back, in `W`'s dtype."""
+    int_weight = quantize_to_int(W, scale, zero_point, args, g_idx)
+    return dequantize(int_weight, scale, zero_point, args, g_idx, W.dtype)
+
+
+def rtn(W: torch.Tensor, args: QuantizationArgs) -> QuantizedWeight:
+    """Round-to-nearest: each weight to the nearest grid point, no error compensation.
+
+    The baseline GPTQ has to beat. `args.actorder` is irrelevant here (nothing is ordered).
+    """
+    scale, zero_point = compute_qparams(W, args)
+    int_weight = quantize_to_int(W, scale, zero_point, args)
+    weight = dequantize(int_weight, scale, zero_point, args, dtype=W.dtype)
+    return QuantizedWeight(weight, int_weight, scale, zero_point, args)
+
+
+def channel_args(args: QuantizationArgs) -> QuantizationArgs:
+    """`args` with one scale per row: used to fit a single group's columns at a time."""
+    return dataclasses.replace(args, strategy="channel", group_size=None, actorder=None)

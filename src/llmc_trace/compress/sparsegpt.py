@@ -1,0 +1,173 @@
+"""SparseGPT: prune a linear layer's weight, compensating each pruned weight on the others.
+
+Frantar, Alistarh, "SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot",
+2023, https://arxiv.org/abs/2301.00774 (Algorithm 1, section 3). Also `magnitude_prune`, the
+baseline it is measured against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.compress.errors import SchemeError
+from llmc_trace.compress.grid import SweepGrid
+from llmc_trace.compress.hessian import inverse_factor
+from llmc_trace.compress.quantize import QuantizedWeight
+from llmc_trace.compress.scheme import QuantizationArgs
+
+Sparsity = float | tuple[int, int]
+"""A fraction of weights to prune (unstructured, e.g. 0.5), or (N, M): at most N non-zero
+weights in every M consecutive inputs of a row (NVIDIA's convention; (2, 4) is 2:4)."""
+
+
+@dataclass(frozen=True)
+class SparseGPTResult:
+    """What `sparsegpt` produced. Pruned entries of `weight` are exactly zero."""
+
+    weight: torch.Tensor  # (out, in) pruned, and quantized when asked, in W's dtype
+    pruned: torch.Tensor  # (out, in) bool, True where a weight was pruned
+    quantized: QuantizedWeight | None  # the integers behind `weight` when quantized
+    loss: float  # sum of err^2 / 2, as GPTQResult.loss
+    percdamp: float  # damping that made H factorisable
+
+
+def sparsegpt(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    sparsity: Sparsity = 0.5,
+    *,
+    quantize: QuantizationArgs | None = None,
+    blocksize: int = 128,
+    percdamp: float = 0.01,
+) -> SparseGPTResult:
+    """Prune `W` (out, in) to `sparsity`, updating the kept weights to preserve the output under `H`.
+
+    The sweep is GPTQ's (same `H`, same damped inverse factor, same lazy block updates); only
+    the per-column decision differs: a pruned weight is set to zero and its error spread over
+    the columns not yet visited. The mask is chosen as the sweep goes, from the weights already
+    updated by earlier errors (the paper's adaptive mask selection), by the OBS score
+    w^2 / [H^-1]_ii^2, the loss increase of removing w:
+
+    * unstructured: at the start of each block of `blocksize` columns, the lowest scores of the
+      whole block (all rows together, as the reference implementation does), so that sparsity
+      may vary between rows where that costs less. Each block prunes its share of
+      round(sparsity * out * in), so the layer's sparsity is exactly that count.
+    * N:M: every M columns, each row prunes its M - N lowest-scoring weights among them.
+
+    With `quantize`, kept weights are also rounded to that grid in the same sweep (SparseGPT's
+    joint sparsification and quantization) and the rounding error is compensated too. Pruned
+    weights stay exactly zero: 0 is always on the grid. A group's scale is fitted when the
+    sweep reaches its first column, on its current weights with the entries pruned so far
+    zeroed (for N:M only the first M columns' choice is known then).
+    """
+    if quantize is not None and quantize.actorder is not None:
+        raise SchemeError(
+            f"SparseGPT sweeps columns in input order, but actorder={quantize.actorder!r}.",
+            hint="pass the quantization args with actorder=None (the mask, not the order, "
+            "decides what SparseGPT keeps).",
+        )
+    dtype = W.dtype
+    W = W.float().clone()  # (out, in)
+    rows, columns = W.shape
+    nm = _check_sparsity(sparsity, columns)
+    factor = inverse_factor(H.to(W.device), percdamp)
+    W[:, factor.dead] = 0
+    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
+    grid = None
+    if quantize is not None:
+        grid = SweepGrid(W, quantize, perm=None, static_groups=False, scale_dtype=dtype)
+        blocksize = grid.aligned(blocksize, nm[1] if nm else 1)
+    elif nm is not None:
+        blocksize = max(blocksize // nm[1], 1) * nm[1]
+
+    Q = torch.zeros_like(W)
+    pruned = torch.zeros_like(W, dtype=torch.bool)
+    loss = torch.zeros((), device=W.device)
+    for i1 in range(0, columns, blocksize):
+        i2 = min(i1 + blocksize, columns)
+        W1 = W[:, i1:i2].clone()
+        Q1 = torch.zeros_like(W1)
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = H_inv[i1:i2, i1:i2]
+        mask1 = torch.zeros_like(W1, dtype=torch.bool)
+        if nm is None:
+            assert not isinstance(sparsity, tuple)
+            count = round(sparsity * rows * i2) - round(sparsity * rows * i1)
+            mask1 = _lowest(W1**2 / torch.diag(Hinv1).reshape(1, -1) ** 2, count)
+        for i in range(i2 - i1):
+            w = W1[:, i]
+            d = Hinv1[i, i]
+            if nm is not None and i % nm[1] == 0:
+                scores = W1[:, i : i + nm[1]] ** 2 / torch.diag(Hinv1)[i : i + nm[1]] ** 2
+                mask1[:, i : i + nm[1]] = _n_m_mask(scores, *nm)
+            q = w.clone()
+            q[mask1[:, i]] = 0
+            if grid is not None:
+                if grid.starts_group(i1 + i):
+                    group = slice(i, i + grid.group_size)
+                    grid.fit(i1 + i, W1[:, group].masked_fill(mask1[:, group], 0))
+                q = grid.quantize(i1 + i, q)
+            Q1[:, i] = q
+            loss += (w - q).pow(2).sum() / d**2 / 2
+            err = (w - q) / d
+            W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
+            Err1[:, i] = err
+        Q[:, i1:i2] = Q1
+        pruned[:, i1:i2] = mask1
+        W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
+
+    quantized = grid.result(None, dtype) if grid is not None else None
+    weight = quantized.weight if quantized is not None else Q.to(dtype)
+    return SparseGPTResult(weight, pruned, quantized, loss.item(), factor.percdamp)
+
+
+def magnitude_prune(W: torch.Tensor, sparsity: Sparsity = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero the smallest-magnitude weights of `W`; return `(weight, pruned)`.
+
+    The baseline: no data, no update of the kept weights. Unstructured sparsity prunes exactly
+    round(sparsity * numel) weights over the whole layer; N:M prunes the M - N smallest of
+    every M consecutive inputs of each row.
+    """
+    nm = _check_sparsity(sparsity, W.shape[1])
+    if nm is None:
+        assert not isinstance(sparsity, tuple)
+        pruned = _lowest(W.abs(), round(sparsity * W.numel()))
+    else:
+        pruned = _n_m_mask(W.abs(), *nm)
+    return W.masked_fill(pruned, 0), pruned
+
+
+def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Mask of the `count` lowest entries of `scores` (ties broken by position)."""
+    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    mask[torch.argsort(scores.flatten(), stable=True)[:count]] = True
+    return mask.reshape(scores.shape)
+
+
+def _n_m_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """Mask pruning the m - n lowest of every m consecutive entries of each row of `scores`."""
+    runs = scores.reshape(scores.shape[0], -1, m)  # (rows, in / m, m)
+    lowest = torch.topk(runs, m - n, dim=-1, largest=False).indices
+    mask = torch.zeros_like(runs, dtype=torch.bool).scatter_(-1, lowest, True)
+    return mask.reshape(scores.shape)
+
+
+def _check_sparsity(sparsity: Sparsity, columns: int) -> tuple[int, int] | None:
+    """Validate `sparsity` for a weight with `columns` inputs; return (N, M) or None."""
+    if isinstance(sparsity, tuple):
+        n, m = sparsity
+        if not 0 < n < m or columns % m:
+            raise SchemeError(
+                f"N:M sparsity {n}:{m} needs 0 < N < M and M dividing the {columns} inputs.",
+                hint="use (2, 4) for 2:4, or ignore this module.",
+            )
+        return n, m
+    if not 0 <= sparsity < 1:
+        raise SchemeError(
+            f"sparsity={sparsity} is not a fraction in [0, 1).",
+            hint="pass e.g. 0.5 to prune half of the weights, or (2, 4) for 2:4.",
+        )
+    return None
+

@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny seeded models built from configs, and the reference model's folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+REPO = Path(__file__).resolve().parents[1]
+REFMODEL = REPO.parent / "shared" / "refmodel"
+
+
+def tiny_llama(layers: int = 3, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+
+
+def token_batch(batch: int = 2, seq: int = 16, vocab: int = 128, seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=generator)
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[1, : seq // 4] = 0  # left padding: the causal mask and the padding both matter
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture
+def llama() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def refmodel_path() -> Path:
+    if not (REFMODEL / "config.json").exists():
+        pytest.skip(f"the reference model is not at {REFMODEL}")
+    return REFMODEL

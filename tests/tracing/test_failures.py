@@ -1,0 +1,59 @@
+"""Each untraceable pattern is reported at its own line, module path, kind and origin."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from llmc_trace.diagnose.failure import failure_from_exception
+from llmc_trace.tracing.trace import trace_graph
+from tests.patterns import untraceable as patterns
+
+
+def line_of(cls: type, text: str) -> int:
+    """Line number (in the pattern file) of the first line of ``cls`` containing ``text``."""
+    lines, start = inspect.getsourcelines(cls)
+    body = next(i for i, line in enumerate(lines) if "def prepare" in line)
+    return start + next(i for i, line in enumerate(lines) if i > body and text in line)
+
+
+def fail(cls: type) -> object:
+    model = patterns.Wrapper(cls()).eval()
+    sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}
+    with pytest.raises(Exception) as info:
+        trace_graph(model, sample, sequential_targets=["Block"])
+    return failure_from_exception(info.value)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kind", "text", "origin"),
+    [
+        (patterns.ValueBranch, "control_flow", "if grid.prod()", ["grid", "prod", "gt", "bool"]),
+        (patterns.ItemToPython, "tensor_to_python", "int(grid.max()", ["grid", "max", "item", "int"]),
+        (patterns.LoopOverTensor, "tensor_to_python", "for t, h, w", ["grid", "tolist", "iter"]),
+        (patterns.DataShape, "data_dependent_shape", "if selected.shape",
+         ["x", "getitem", "size", "getitem", "gt", "bool"]),
+    ],
+)
+def test_failure_is_located_and_classified(cls: type, kind: str, text: str, origin: list[str]) -> None:
+    failure = fail(cls)
+    assert failure.kind == kind
+    assert failure.location is not None
+    assert failure.location.abs_file == inspect.getsourcefile(cls)
+    assert failure.location.line == line_of(cls, text)
+    assert failure.location.function == f"{cls.__name__}.prepare"
+    assert (failure.module_path, failure.module_class) == ("model", cls.__name__)
+    assert failure.module_stack == [("model", cls.__name__)]
+    assert failure.origin == origin
+
+
+def test_shape_branch_traces_and_records_a_guard() -> None:
+    model = patterns.Wrapper(patterns.ShapeBranch()).eval()
+    sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}
+    trace = trace_graph(model, sample, sequential_targets=["Block"])
+    [guard] = trace.guards
+    assert guard.question == "bool" and guard.expected is True
+    assert guard.location is not None
+    assert guard.location.line == line_of(patterns.ShapeBranch, "if x.shape[1] > 4")
