@@ -38,14 +38,18 @@ class SubgraphCache:
         if signature in self.entries:
             return self.entries[signature]
         tensors, _ = split_sample(batch)
-        for entry in self.entries.values():
+        broken: list[GuardViolation] = []
+        unique = {id(entry): entry for entry in self.entries.values()}
+        for entry in unique.values():
             if set(entry.trace.input_names) != set(tensors):
                 continue
             violations = check_guards(entry.trace.graph, self.model, entry.trace.guards, tensors)
             if not violations:
                 self.entries[signature] = entry
                 return entry
-            self.retraces.append((signature, violations))
+            broken.extend(violations)
+        if broken:
+            self.retraces.append((signature, broken))
         trace = trace_graph(self.model, batch, self.sequential_targets, self.ignore)
         entry = partition_trace(trace, self.targets_per_subgraph)
         self.entries[signature] = entry

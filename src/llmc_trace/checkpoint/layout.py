@@ -1,0 +1,163 @@
+"""Translate quantized modules and schemes into compressed-tensors' tensors and `quantization_config`.
+
+Tensors per quantized Linear `P` (as compressed-tensors writes them, and vLLM reads them):
+
+| format | tensor | dtype | shape |
+|---|---|---|---|
+| `pack-quantized` (weight-only, 2-8 bits) | `P.weight_packed` | int32 | (out, ceil(in * b / 32)) |
+| | `P.weight_scale` | model dtype | (out, in / group), (out, 1) per channel, (1,) per tensor |
+| | `P.weight_shape` | int64 | (2,) = (out, in) |
+| | `P.weight_zero_point`, asymmetric only | int32 | (ceil(out * b / 32), groups), packed along dim 0 |
+| `int-quantized` (with dynamic int8 activations) | `P.weight` | int8 | (out, in) |
+| | `P.weight_scale` | model dtype | (out, 1) |
+| | `P.weight_zero_point`, asymmetric only | int8 | (out, 1) |
+
+Symmetric schemes store no zero point: vLLM does not load one for them. The config entries are
+built with compressed-tensors' own pydantic models, so their keys and defaults are exactly those
+of the installed version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import compressed_tensors
+import torch
+from compressed_tensors.config import DenseSparsityConfig
+from compressed_tensors.quantization import QuantizationArgs as CtQuantizationArgs
+from compressed_tensors.quantization import QuantizationConfig as CtQuantizationConfig
+from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
+
+from llmc_trace.checkpoint.pack import pack_to_int32
+from llmc_trace.compress.quantize import QuantizedWeight
+from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme, matches
+from llmc_trace.compress.sparsegpt import Sparsity
+
+_CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
+"""Our observers under llm-compressor's names: both compute the range from the weight alone."""
+
+
+def format_of(scheme: QuantizationScheme) -> str:
+    """The compressed-tensors format a scheme is stored in.
+
+    Integer weights with quantized input activations are `int-quantized` (int8 weights, so
+    vLLM can run an int8 x int8 matmul); weight-only schemes are `pack-quantized`.
+    """
+    return "int-quantized" if scheme.input_activations is not None else "pack-quantized"
+
+
+def module_tensors(
+    prefix: str, quantized: QuantizedWeight, scheme: QuantizationScheme
+) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors replacing `{prefix}.weight` for one quantized module."""
+    args = quantized.args
+    tensors = {f"{prefix}.weight_scale": quantized.scale}
+    if format_of(scheme) == "int-quantized":
+        tensors[f"{prefix}.weight"] = quantized.int_weight
+        if not args.symmetric:
+            tensors[f"{prefix}.weight_zero_point"] = quantized.zero_point
+    else:
+        tensors[f"{prefix}.weight_packed"] = pack_to_int32(quantized.int_weight, args.num_bits)
+        tensors[f"{prefix}.weight_shape"] = torch.tensor(quantized.int_weight.shape)
+        if not args.symmetric:
+            zero_point = quantized.zero_point.reshape(quantized.int_weight.shape[0], -1)
+            tensors[f"{prefix}.weight_zero_point"] = pack_to_int32(
+                zero_point, args.num_bits, packed_dim=0
+            )
+    return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+def _ct_weight_args(args: QuantizationArgs) -> CtQuantizationArgs:
+    """Our weight arguments as compressed-tensors' `QuantizationArgs`."""
+    return CtQuantizationArgs(
+        num_bits=args.num_bits,
+        type="int",
+        symmetric=args.symmetric,
+        strategy=args.strategy,
+        group_size=args.group_size,
+        dynamic=False,
+        actorder=args.actorder,
+        observer=_CT_OBSERVER[args.observer],
+        **({} if args.symmetric else {"zp_dtype": torch.int8}),
+    )
+
+
+def _ct_scheme(scheme: QuantizationScheme) -> CtQuantizationScheme:
+    """Our scheme as compressed-tensors' `QuantizationScheme` (a config group)."""
+    activations = scheme.input_activations
+    return CtQuantizationScheme(
+        targets=list(scheme.targets),
+        weights=_ct_weight_args(scheme.weights),
+        input_activations=None
+        if activations is None
+        else CtQuantizationArgs(
+            num_bits=activations.num_bits,
+            type="int",
+            symmetric=activations.symmetric,
+            strategy="token",
+            dynamic=True,
+        ),
+        format=format_of(scheme),
+    )
+
+
+def sparsity_structure(sparsity: Sparsity) -> str:
+    """compressed-tensors' name for a sparsity structure: "2:4", or "unstructured"."""
+    return f"{sparsity[0]}:{sparsity[1]}" if isinstance(sparsity, tuple) else "unstructured"
+
+
+def quantization_config(
+    schemes: Sequence[QuantizationScheme],
+    ignore: Sequence[str],
+    sparsity: tuple[Sparsity, float] | None,
+) -> dict[str, Any]:
+    """The `quantization_config` entry of config.json, as compressed-tensors' `update_config`
+    writes it: one config group per scheme used, `ignore` listing every targeted module left in
+    full precision, `quantization_status` "compressed", and the installed version.
+
+    `sparsity` is (structure, measured global sparsity) when weights were pruned. It is stated in
+    a `dense` sparsity config whose `targets` are deliberately null: the weights are stored
+    dense, because neither compressed-tensors (> 0.14) nor vLLM load a sparse format any more
+    (vLLM PR #36799 removed 2:4 kernels), and vLLM 0.22 to 0.26 refuse any sparsity config with
+    non-empty targets, dense or not (vLLM issue #51188). A 2:4 model therefore runs in vLLM
+    today as a dense model: its zeros save neither memory nor time.
+    """
+    formats = sorted({format_of(scheme) for scheme in schemes})
+    config = CtQuantizationConfig(
+        config_groups={f"group_{i}": _ct_scheme(scheme) for i, scheme in enumerate(schemes)},
+        format=formats[0] if len(formats) == 1 else "mixed-precision" if formats else "dense",
+        quantization_status="compressed",
+        ignore=list(ignore),
+    )
+    sparsity_config: dict[str, Any] = {}
+    if sparsity is not None:
+        structure, global_sparsity = sparsity
+        sparsity_config = DenseSparsityConfig(
+            global_sparsity=global_sparsity, sparsity_structure=sparsity_structure(structure)
+        ).model_dump()
+    return {
+        **config.model_dump(exclude={"quant_method"}),
+        "quant_method": "compressed-tensors",
+        "sparsity_config": sparsity_config,
+        "transform_config": {},
+        "version": compressed_tensors.__version__,
+    }
+
+
+def ignored_modules(
+    model: torch.nn.Module,
+    schemes: Sequence[QuantizationScheme],
+    quantized: Mapping[str, QuantizedWeight],
+) -> list[str]:
+    """Modules a config group targets that were not quantized, in model order.
+
+    compressed-tensors and vLLM quantize every module a group's `targets` match unless it is in
+    `ignore`, so every such module left in full precision must be named there.
+    """
+    return [
+        name
+        for name, module in model.named_modules()
+        if name not in quantized
+        and any(matches(name, module, scheme.targets) for scheme in schemes)
+    ]
