@@ -20,7 +20,6 @@ not-yet-written tensor.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Collection
 
 import torch
@@ -28,22 +27,11 @@ import torch.fx as fx
 
 from dataclasses import dataclass
 
+from llmc_trace.graph.mutation import is_mutation
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.tracing.trace import TraceResult
 
 UNASSIGNED = -1
-
-
-def is_mutation(node: fx.Node) -> bool:
-    """True for operations that write into their first argument."""
-    if node.op == "call_method":
-        name = str(node.target)
-        return name.endswith("_") and not name.endswith("__")
-    if node.op == "call_function":
-        if node.target in (operator.setitem, torch.Tensor.__setitem__):
-            return True
-        return "out" in node.kwargs
-    return False
 
 
 def mutation_edges(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from llmc_trace.graph.mutation import is_mutation
+
 #: Key under which the last subgraph returns the model's own output.
 MODEL_OUTPUT = "output"
 
@@ -56,6 +58,15 @@ class Subgraph:
             for module in model.get_submodule(path).modules():
                 seen.setdefault(id(module), module)
         return list(seen.values())
+
+    def mutated_inputs(self) -> frozenset[str]:
+        """Inputs this subgraph writes into in place (a cache must hand it copies)."""
+        names = set()
+        for node in self.graph.nodes:
+            if is_mutation(node) and node.args and isinstance(node.args[0], fx.Node):
+                if node.args[0].op == "placeholder":
+                    names.add(node.args[0].name)
+        return frozenset(names)
 
     def module_paths(self) -> list[str]:
         return [str(node.target) for node in self.graph.nodes if node.op == "call_module"]

@@ -1,0 +1,53 @@
+"""The small interface where pipelines meet compressors.
+
+Pipelines know nothing of GPTQ; compressors know nothing of tracing. A pipeline tells its
+callbacks which modules are about to run (``on_subgraph_start``: register hooks, they will see
+every calibration sample), that calibration of those modules is complete (``on_calibrated``:
+compress now; return whether any weight changed, so the pipeline knows whether the outputs
+must be recomputed), and that it moved on (``on_subgraph_end``: remove hooks, free state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+NamedModules = Sequence[tuple[str, torch.nn.Module]]
+
+
+class Callbacks(Protocol):
+    """What a pipeline calls; every method has a do-nothing meaning in :class:`NoCallbacks`."""
+
+    def wants(self, modules: NamedModules) -> bool:
+        """Whether any of ``modules`` needs calibration data (else the pipeline runs them once)."""
+        ...
+
+    def on_subgraph_start(self, index: int, modules: NamedModules) -> None: ...
+
+    def on_calibrated(self, index: int, modules: NamedModules) -> bool: ...
+
+    def on_subgraph_end(self, index: int, modules: NamedModules) -> None: ...
+
+
+class NoCallbacks:
+    """Calibration with nobody listening: pipelines still run (useful to measure them)."""
+
+    def wants(self, modules: NamedModules) -> bool:
+        return False
+
+    def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
+        return None
+
+    def on_calibrated(self, index: int, modules: NamedModules) -> bool:
+        return False
+
+    def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
+        return None
+
+
+def named_submodules(model: torch.nn.Module, modules: Sequence[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
+    """Pair modules with their paths in ``model``, in module order."""
+    wanted = {id(m) for m in modules}
+    return [(name, module) for name, module in model.named_modules() if id(module) in wanted]

@@ -1,0 +1,113 @@
+"""The three data pipelines show every target the same inputs; only sequential propagates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmc_trace import trace_subgraphs
+from llmc_trace.pipelines.basic import run_basic
+from llmc_trace.pipelines.cache import IntermediatesCache
+from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_layer_sequential
+from llmc_trace.pipelines.sequential import run_sequential
+from tests.conftest import tiny_llama, token_batch
+
+
+class Recorder:
+    """Records the hidden states each target receives; optionally perturbs it after calibration."""
+
+    def __init__(self, targets: list[torch.nn.Module], perturb: bool = False) -> None:
+        self.targets = {id(t): i for i, t in enumerate(targets)}
+        self.seen: dict[int, list[torch.Tensor]] = {}
+        self.perturb = perturb
+        self.handles: list = []
+
+    def wants(self, modules) -> bool:
+        return any(id(m) in self.targets for _, m in modules)
+
+    def on_subgraph_start(self, index, modules) -> None:
+        for _, module in modules:
+            if id(module) in self.targets:
+                key = self.targets[id(module)]
+                hook = lambda m, args, kwargs, key=key: self.seen.setdefault(key, []).append(args[0].clone())  # noqa: E731
+                self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def on_calibrated(self, index, modules) -> bool:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if not self.perturb:
+            return False
+        changed = False
+        for _, module in modules:
+            if id(module) in self.targets:
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p.mul_(1.5)
+                changed = True
+        return changed
+
+    def on_subgraph_end(self, index, modules) -> None:
+        return None
+
+
+def setup(seed: int = 0):
+    model = tiny_llama(layers=4, seed=seed)
+    batches = [token_batch(2, 12, seed=s) for s in range(3)]
+    targets = list(model.model.layers)
+    return model, batches, targets
+
+
+def run(kind: str, perturb: bool = False, propagate: bool = True) -> dict[int, list[torch.Tensor]]:
+    model, batches, targets = setup()
+    recorder = Recorder(targets, perturb)
+    if kind == "basic":
+        run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
+    elif kind == "layer_sequential":
+        run_layer_sequential(model, targets, batches, recorder, propagate_error=propagate,
+                             forward_kwargs={"use_cache": False})
+    else:
+        subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
+        run_sequential(model, subgraphs, batches, recorder, propagate_error=propagate)
+    return recorder.seen
+
+
+def test_all_pipelines_feed_identical_inputs() -> None:
+    reference = run("basic")
+    for kind in ("layer_sequential", "sequential"):
+        seen = run(kind, propagate=False)
+        assert sorted(seen) == sorted(reference) == [0, 1, 2, 3]
+        for key in reference:
+            for got, want in zip(seen[key], reference[key], strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "layer_sequential"])
+def test_propagation_carries_perturbed_outputs(kind: str) -> None:
+    clean = run("basic")
+    basic_perturbed = run("basic", perturb=True)
+    propagated = run(kind, perturb=True)
+    not_propagated = run(kind, perturb=True, propagate=False)
+    torch.testing.assert_close(basic_perturbed[3][0], clean[3][0])  # basic never propagates
+    torch.testing.assert_close(not_propagated[3][0], clean[3][0])
+    assert not torch.allclose(propagated[3][0], clean[3][0])
+    torch.testing.assert_close(propagated[0][0], clean[0][0])  # the first target sees raw inputs
+
+
+def test_cache_drops_consumed_names_and_shares_invariant_values() -> None:
+    model, batches, _ = setup()
+    subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
+    same_shape = [token_batch(2, 12, seed=s) for s in range(3)]
+    for b in same_shape:
+        b["attention_mask"] = torch.ones_like(b["attention_mask"])
+    stats = run_sequential(model, subgraphs, same_shape, Recorder([]))
+    assert "model_rotary_emb" in stats.shared_names and "create_causal_mask" in stats.shared_names
+    assert "model_embed_tokens" not in stats.shared_names
+    cache = IntermediatesCache.from_batches([dict(b) for b in same_shape], torch.device("cpu"))
+    cache.delete(["input_ids"])
+    assert "input_ids" not in cache.names()
+
+
+def test_layer_sequential_check_accepts_llama() -> None:
+    model, batches, targets = setup()
+    assert check_layer_sequential(model, targets, batches[0], {"use_cache": False}) == []
