@@ -90,5 +90,14 @@ def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tupl
     sys.exit(0 if (report.ok or (no_verify and report.traced)) else 1)
 
 
+def _register() -> None:
+    from llmc_trace.cli.plan_cmd import plan
+
+    cli.add_command(plan)
+
+
+_register()
+
+
 def main() -> None:
     cli(prog_name="llmc-trace")
