@@ -38,7 +38,10 @@ def render_recipe(
     Values are written as JSON scalars and flow sequences, which YAML reads unchanged, so the
     file needs no YAML library to write and any YAML library to read.
     """
-    lines = ["# How this checkpoint was made (written by llmc-trace).", f"method: {_v(recipe.method)}"]
+    lines = [
+        "# How this checkpoint was made (written by llmc-trace).",
+        f"method: {_v(recipe.method)}",
+    ]
     lines.append("schemes:" if schemes else "schemes: []")
     for scheme in schemes:
         lines.append(f"  - name: {_v(scheme.name)}")

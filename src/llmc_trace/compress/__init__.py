@@ -1,0 +1,69 @@
+"""Compression algorithms on plain tensors: quantization grids, RTN, GPTQ, SparseGPT.
+
+Nothing here knows about hooks, tracing, files or consoles: functions take a weight, a Hessian
+and a scheme, and return tensors. Feed `HessianAccumulator.add` with a layer's inputs, then call
+`gptq` or `sparsegpt` with its weight and `H`.
+"""
+
+from llmc_trace.compress.errors import CheckpointError, CompressionError, HessianError, SchemeError
+from llmc_trace.compress.gptq import GPTQResult, gptq
+from llmc_trace.compress.hessian import HessianAccumulator, InverseFactor, inverse_factor
+from llmc_trace.compress.quantize import (
+    QuantizedWeight,
+    compute_qparams,
+    dequantize,
+    fake_quantize,
+    quantize_to_int,
+    rtn,
+)
+from llmc_trace.compress.scheme import (
+    DEFAULT_IGNORE,
+    DEFAULT_SCHEME,
+    DEFAULT_TARGETS,
+    PRESET_SCHEMES,
+    W4A16,
+    W4A16_ASYM,
+    W8A8,
+    W8A16,
+    DynamicActivationArgs,
+    QuantizationArgs,
+    QuantizationScheme,
+    matches,
+    resolve_scheme,
+)
+from llmc_trace.compress.sparsegpt import SparseGPTResult, Sparsity, magnitude_prune, sparsegpt
+
+__all__ = [
+    "DEFAULT_IGNORE",
+    "DEFAULT_SCHEME",
+    "DEFAULT_TARGETS",
+    "PRESET_SCHEMES",
+    "W4A16",
+    "W4A16_ASYM",
+    "W8A8",
+    "W8A16",
+    "CheckpointError",
+    "CompressionError",
+    "DynamicActivationArgs",
+    "GPTQResult",
+    "HessianAccumulator",
+    "HessianError",
+    "InverseFactor",
+    "QuantizationArgs",
+    "QuantizationScheme",
+    "QuantizedWeight",
+    "SchemeError",
+    "SparseGPTResult",
+    "Sparsity",
+    "compute_qparams",
+    "dequantize",
+    "fake_quantize",
+    "gptq",
+    "inverse_factor",
+    "magnitude_prune",
+    "matches",
+    "quantize_to_int",
+    "resolve_scheme",
+    "rtn",
+    "sparsegpt",
+]

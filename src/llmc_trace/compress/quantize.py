@@ -113,12 +113,15 @@ def _qparams_from_range(
     else:
         scale = (xmax - xmin) / (args.qmax - args.qmin)
     scale = scale.to(scale_dtype)
-    scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale)
     if args.symmetric:
-        return scale, torch.zeros_like(scale, dtype=torch.int8)
-    # The zero point is derived from the rounded scale: the pair that is stored.
-    zero_point = torch.round(args.qmin - xmin / scale.float()).clamp(args.qmin, args.qmax)
-    return scale, zero_point.to(torch.int8)
+        zero_point = torch.zeros_like(scale, dtype=torch.int8)
+    else:
+        # The zero point is derived from the rounded scale: the pair that is stored. An all-zero
+        # range gives 0/0 in compressed-tensors, which stores 0; we store 0 without the NaN.
+        zero_point = torch.round(args.qmin - xmin / scale.float()).clamp(args.qmin, args.qmax)
+        zero_point = torch.where(scale == 0, 0, zero_point).to(torch.int8)
+    scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale)
+    return scale, zero_point
 
 
 def round_to_grid(

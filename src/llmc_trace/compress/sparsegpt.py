@@ -170,4 +170,3 @@ def _check_sparsity(sparsity: Sparsity, columns: int) -> tuple[int, int] | None:
             hint="pass e.g. 0.5 to prune half of the weights, or (2, 4) for 2:4.",
         )
     return None
-

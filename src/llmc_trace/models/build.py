@@ -64,6 +64,8 @@ def build_meta_model(
     config = prepare_config(source.config())
     cls = model_class(config, source.name)
     with _quiet_transformers(), torch.device("meta"):
+        # the model's own experts implementation: on meta, fused kernels avoid data-dependent
+        # routing loops that would need phantom execution
         model = cls._from_config(
             config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
         )
@@ -79,7 +81,7 @@ def build_twin(
     cls = model_class(config, source.name)
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls._from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+        model = _instantiate(cls, config, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()
 
 
@@ -93,6 +95,18 @@ def load_pretrained(source: ModelSource, attn_implementation: str = "eager") -> 
         )
     prepare_config(model.config)
     return model.eval()
+
+
+def _instantiate(cls: type[PreTrainedModel], config: PretrainedConfig, **kwargs: object) -> PreTrainedModel:
+    """``cls._from_config`` with eager MoE experts where the model lets us choose.
+
+    Fused grouped-matmul experts demand aligned strides that tiny twins do not have, and
+    eager experts are plain loops over ``nn.Linear``-like weights that hooks can observe.
+    """
+    try:
+        return cls._from_config(config, experts_implementation="eager", **kwargs)
+    except (ValueError, TypeError):
+        return cls._from_config(config, **kwargs)
 
 
 def _config_dtype(config: PretrainedConfig) -> torch.dtype:

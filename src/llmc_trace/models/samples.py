@@ -146,6 +146,18 @@ def token_id(config: PretrainedConfig, *names: str) -> int:
     )
 
 
+def mm_token_type_ids(config: PretrainedConfig, input_ids: torch.Tensor) -> torch.Tensor:
+    """Per-token modality ids as transformers processors return them (0 text, 1 image, 2 video)."""
+    types = torch.zeros_like(input_ids)
+    for kind, names in ((1, ("image_token_id", "image_token_index")), (2, ("video_token_id",))):
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int):
+                types[input_ids == value] = kind
+                break
+    return types
+
+
 # ---------------------------------------------------------------- audio
 @sample_builder("audio", "whisper")
 def whisper_audio(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
@@ -188,6 +200,7 @@ def qwen2_vl_image(config: PretrainedConfig, options: SampleOptions, generator: 
     sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
     sample["pixel_values"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
     sample["image_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
+    sample["mm_token_type_ids"] = mm_token_type_ids(config, sample["input_ids"])
     return sample
 
 
@@ -202,6 +215,7 @@ def qwen2_vl_video(config: PretrainedConfig, options: SampleOptions, generator: 
     sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
     sample["pixel_values_videos"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
     sample["video_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
+    sample["mm_token_type_ids"] = mm_token_type_ids(config, sample["input_ids"])
     if config.model_type == "qwen2_5_vl":
         sample["second_per_grid_ts"] = torch.full((options.batch_size,), float(temporal) / 2.0)
     return sample

@@ -15,6 +15,7 @@ the text hidden size) follow that width, so projections still line up.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -173,12 +174,23 @@ def _shrink_experts(config: PretrainedConfig) -> None:
         config.topk_group = 1
 
 
+_SIZE_NAME = re.compile(r"(dim|size|hidden|width)")
+_NOT_A_WIDTH = re.compile(r"(vocab|position|max_|window|patch|image|chunk|kernel|conv|state|"
+                          r"bucket|rope|sliding|token|length|group_size|num_)")
+
+
 def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
-    """Fields equal to a width that was divided elsewhere follow it (projection sizes)."""
-    for key in WIDTH_KEYS:
-        value = vars(config).get(key)
-        if isinstance(value, int) and value in renamed and renamed[value] != value:
-            setattr(config, key, renamed[value])
+    """Size fields equal to a width divided elsewhere follow it (projections, embedding dims).
+
+    OPT's ``word_embed_proj_dim`` equal to ``hidden_size`` means "no projection"; left at the
+    old width, the twin would grow a projection the real model does not have.
+    """
+    for key, value in list(vars(config).items()):
+        if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
+            continue
+        if key in WIDTH_KEYS or (_SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key)):
+            if renamed[value] != value:
+                setattr(config, key, renamed[value])
 
 
 def _is_token_field(key: str) -> bool:

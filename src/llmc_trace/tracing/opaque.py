@@ -28,6 +28,9 @@ import torch
 
 #: transformers module whose mask builders are opaque by default.
 MASKING_MODULE = "transformers.masking_utils"
+#: Validation helpers recorded as calls, so their checks run on real data at calibration time
+#: instead of failing on a proxy while tracing.
+CHECK_FUNCTIONS = ("torch_compilable_check",)
 
 
 def call_module_method(module: torch.nn.Module, method_name: str, *args: Any, **kwargs: Any) -> Any:
@@ -53,7 +56,7 @@ def default_opaque_functions() -> list[str]:
             and (name.startswith("create_") or name.endswith("_mask"))
         ):
             names.append(name)
-    return sorted(names)
+    return sorted(names) + list(CHECK_FUNCTIONS)
 
 
 def _module_files(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import UserDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,10 +124,15 @@ class LlmcTracer(fx.Tracer):
         self._object_paths = self._collect_object_paths(model)
         traced = [(path, module) for path, module in model.named_modules()
                   if self._is_leaf(path, module) is None]
-        with patch_opaque(self._opaque_names, traced, self._record_function, self._record_method,
-                          self.has_proxy) as matches:
-            self.state.opaque_matches = matches
-            return self.trace(model)
+        attributes = {(id(m), key): value for _, m in traced for key, value in vars(m).items()
+                      if not key.startswith("_")}
+        try:
+            with patch_opaque(self._opaque_names, traced, self._record_function,
+                              self._record_method, self.has_proxy) as matches:
+                self.state.opaque_matches = matches
+                return self.trace(model)
+        finally:
+            _restore_proxy_attributes(traced, attributes)
 
     def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
                              concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
@@ -197,11 +203,13 @@ class LlmcTracer(fx.Tracer):
         it). Baked into each call as a constant, every call would get its own copy and the
         writes would be lost; as a node, all calls receive the same fresh object at run time.
         """
-        if type(value) not in (dict, list):
+        if not _is_shared_container(value):
             return value
         if id(value) not in self._containers:
+            cls = type(value)
+            items = dict(value) if isinstance(value, (dict, UserDict)) else list(value)
             node = self.create_node("call_function", new_container,
-                                    (type(value).__name__, self.create_arg(value)), {})
+                                    (f"{cls.__module__}.{cls.__qualname__}", self.create_arg(items)), {})
             node.meta.update(val=value, value_static=False, shape_static=True, is_real=True,
                              source=current_model_location(), module_path="", module_class="")
             self._containers[id(value)] = (self.proxy(node), value)
@@ -337,9 +345,21 @@ class LlmcTracer(fx.Tracer):
         return self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
 
 
-def new_container(kind: str, items: Any) -> Any:
-    """Graph target: a fresh ``dict`` or ``list`` holding ``items`` (see ``_shared_container``)."""
-    return dict(items) if kind == "dict" else list(items)
+def new_container(class_path: str, items: Any) -> Any:
+    """Graph target: a fresh container of class ``class_path`` holding ``items``.
+
+    See ``LlmcTracer._shared_container`` for why shared containers are graph nodes.
+    """
+    module_name, _, class_name = class_path.rpartition(".")
+    cls = getattr(__import__(module_name, fromlist=[class_name]), class_name)
+    return cls(items)
+
+
+def _is_shared_container(value: Any) -> bool:
+    """Plain and user-defined dicts and lists; ModelOutputs and tuples are values, not state."""
+    if isinstance(value, UserDict):
+        return True
+    return isinstance(value, (dict, list)) and not _is_model_output(value)
 
 
 def _is_model_output(value: Any) -> bool:
@@ -359,6 +379,33 @@ def _map_proxies(fn: Callable[[fx.Proxy], Any], value: Any) -> Any:
         return slice(_map_proxies(fn, value.start), _map_proxies(fn, value.stop),
                      _map_proxies(fn, value.step))
     return value
+
+
+def _restore_proxy_attributes(modules: list[tuple[str, torch.nn.Module]],
+                              before: dict[tuple[int, str], Any]) -> None:
+    """Undo ``self.x = <proxy>`` assignments made by model code while tracing.
+
+    Qwen2-VL stores ``self.rope_deltas`` during forward; a proxy left there would break the
+    next eager call. Only attributes holding proxies are touched.
+    """
+    for _, module in modules:
+        for key, value in list(vars(module).items()):
+            if isinstance(value, fx.Proxy):
+                if (id(module), key) in before:
+                    setattr(module, key, before[(id(module), key)])
+                else:
+                    delattr(module, key)
+
+
+def _holds_tensors(value: Any) -> bool:
+    """Tensors and containers of tensors: their *shapes*, not values, decide output shapes."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
 
 
 def _runner(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
@@ -383,9 +430,7 @@ def _static_flags(kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[
         return subject is not None and subject.meta.get("shape_static", False), True
     values_static = all(n.meta.get("value_static", False) for n in arg_nodes)
     non_tensor_static = all(
-        n.meta.get("value_static", False)
-        for n in arg_nodes
-        if not isinstance(n.meta.get("val"), torch.Tensor)
+        n.meta.get("value_static", False) for n in arg_nodes if not _holds_tensors(n.meta.get("val"))
     )
     shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
     shape_static = shapes_static and non_tensor_static and name not in DATA_DEPENDENT_SHAPE_OPS
