@@ -8,6 +8,7 @@ does not carry over.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.diagnose.fixes import Fix, candidate_fixes
 from llmc_trace.errors import BadInputError, LlmcTraceError
 from llmc_trace.graph.partition import PartitionedTrace, partition_trace
 from llmc_trace.graph.structure import compare_structure
@@ -23,11 +25,14 @@ from llmc_trace.graph.verify import Verification, verify_subgraphs
 from llmc_trace.models.build import build_meta_model, build_twin, load_pretrained
 from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
 from llmc_trace.models.source import ModelSource, resolve_model
-from llmc_trace.report import StructureCheck, SubgraphSummary, TraceReport
+from llmc_trace.report import FixAttempt, StructureCheck, SubgraphSummary, TraceReport
+from llmc_trace.tracing.targets import LeafPlan, plan_leaves, split_ignore
 from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_graph
 
 #: ``progress(stage, done, total)``: library code reports, only the CLI draws.
 Progress = Callable[[str, int, int], None]
+#: Fixes applied one after another before giving up (each round fixes one failure).
+MAX_FIX_ROUNDS = 4
 
 
 def trace_subgraphs(
@@ -89,6 +94,7 @@ def attempt_trace(
     image_size: int | None = None,
     verify: bool = True,
     real_weights: bool = False,
+    fix: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> TraceReport:
@@ -97,7 +103,9 @@ def attempt_trace(
     Bad input (unknown model, unsupported modality, targets that match nothing) raises
     :class:`~llmc_trace.errors.BadInputError` before any tracing. An untraceable model gives a
     report with ``failure`` set. ``real_weights`` verifies on the folder's weights instead of
-    the twin (the folder must hold safetensors).
+    the twin (the folder must hold safetensors). ``fix`` searches for fixes when tracing
+    fails (see :mod:`~llmc_trace.diagnose.fixes`); the report lists every fix tried and
+    ``applied_fix`` holds the working configuration.
 
     >>> report = attempt_trace("meta-llama/Llama-3.1-8B-Instruct")   # doctest: +SKIP
     >>> report.ok, len(report.subgraphs)                              # doctest: +SKIP
@@ -115,10 +123,50 @@ def attempt_trace(
             hint="Drop --real-weights, or point --model at a folder with *.safetensors.",
             param="real_weights",
         )
-    report = _Attempt(source, modality, sequential_targets, ignore, targets_per_subgraph,
-                      SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed),
-                      progress or (lambda stage, done, total: None))
-    return report.run(verify, real_weights)
+    options = SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed)
+    report_progress = progress or (lambda stage, done, total: None)
+
+    def run(extra_ignore: list[str]) -> tuple[TraceReport, _Attempt]:
+        step = _Attempt(source, modality, sequential_targets, [*(ignore or []), *extra_ignore],
+                        targets_per_subgraph, options, report_progress)
+        return step.run(verify, real_weights), step
+
+    report, step = run([])
+    if fix and not report.ok and report.failure is not None:
+        report = search_fixes(report, step, run)
+    return report
+
+
+def search_fixes(report: TraceReport, step: _Attempt,
+                 run: Callable[[list[str]], tuple[TraceReport, _Attempt]]) -> TraceReport:
+    """Try fixes round by round; keep a fix that verifies or moves the failure further on."""
+    applied: list[Fix] = []
+    tried: list[FixAttempt] = []
+    for _ in range(MAX_FIX_ROUNDS):
+        failure = report.failure
+        if report.ok or failure is None or step.leaves is None:
+            break
+        accepted = False
+        for fix in candidate_fixes(failure, step.model, step.leaves):
+            names = [n for f in applied for n in f.ignore] + list(fix.ignore)
+            trial, trial_step = run(names)
+            moved_on = trial.failure is not None and trial.failure.location != failure.location
+            outcome = ("verified" if trial.ok else "fails further on" if moved_on
+                       else "still fails" if trial.failure else "verification failed")
+            tried.append(FixAttempt(fix.description, list(fix.ignore), outcome, fix.cost,
+                                    trial.failure.exception if trial.failure else ""))
+            if trial.ok or moved_on:
+                applied.append(fix)
+                report, step, accepted = trial, trial_step, True
+                break
+        if not accepted:
+            break
+    combined = None
+    if applied and report.ok:
+        combined = FixAttempt("; ".join(f.description for f in applied),
+                              [n for f in applied for n in f.ignore], "verified",
+                              "; ".join(f.cost for f in applied if f.cost))
+    return dataclasses.replace(report, fixes=tried, applied_fix=combined)
 
 
 class _Attempt:
@@ -130,6 +178,8 @@ class _Attempt:
         self.source, self.modality, self.targets, self.ignore = source, modality, targets, ignore
         self.tps, self.options, self.progress = tps, options, progress
         self.timings: dict[str, float] = {}
+        self.model: torch.nn.Module | None = None
+        self.leaves: LeafPlan | None = None
 
     def run(self, verify: bool, real_weights: bool) -> TraceReport:
         config = self.source.config()
@@ -137,6 +187,8 @@ class _Attempt:
             make_sample(config, self.modality, self.options)  # raises the explanatory error
         self.progress("build", 0, 4)
         full = self._timed("build_s", lambda: build_meta_model(self.source))
+        self.model = full
+        self.leaves = plan_leaves(full, self.targets, split_ignore(full, list(self.ignore or []))[0])
         sample = make_sample(full.config, self.modality, self.options)
         self.progress("trace", 1, 4)
         traced, failure = self._trace(full, sample, "trace_s")

@@ -47,6 +47,9 @@ class Recorder:
                 changed = True
         return changed
 
+    def on_batch(self, batch) -> None:
+        return None
+
     def on_subgraph_end(self, index, modules) -> None:
         return None
 

@@ -63,6 +63,24 @@ def failure_panel(failure: TraceFailure) -> Panel:
                  title_align="left")
 
 
+def fix_snippet(report: TraceReport) -> str:
+    """Python and recipe text that reproduce the fixed trace (paste either)."""
+    assert report.applied_fix is not None
+    ignore = sorted(set(report.ignore) | set(report.applied_fix.ignore))
+    quoted = ", ".join(repr(name) for name in ignore)
+    return (
+        "# Python\n"
+        "from llmc_trace import attempt_trace\n"
+        f"attempt_trace({report.model!r}, modality={report.modality!r}, ignore=[{quoted}])\n\n"
+        "# recipe.yaml\n"
+        "tracing:\n"
+        f"  ignore: [{quoted}]\n"
+        "\n# command line\n"
+        f"llmc-trace attempt --model {report.model} --modality {report.modality} "
+        + " ".join(f"--ignore '{name}'" for name in ignore)
+    )
+
+
 def show_report(console: Console, report: TraceReport) -> None:
     status = "[bold green]traced and verified[/]" if report.ok else (
         "[bold red]not traceable[/]" if not report.traced else "[bold yellow]traced, not verified[/]"
@@ -83,7 +101,15 @@ def show_report(console: Console, report: TraceReport) -> None:
         console.print("[yellow]The twin's trace differs from the full model's:[/]")
         for difference in report.structure.differences:
             console.print(f"  • {difference}")
+    if report.fixes:
+        table = Table(title="fixes tried", title_justify="left")
+        for column in ("fix", "outcome", "cost"):
+            table.add_column(column)
+        for fix in report.fixes:
+            table.add_row(fix.description, fix.outcome, fix.cost)
+        console.print(table)
     if report.applied_fix is not None:
-        console.print(f"fix applied: {report.applied_fix.description}")
+        console.print(Panel(fix_snippet(report), title="working configuration", title_align="left",
+                            border_style="green"))
     timing = ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in report.timings_s.items())
     console.print(f"[dim]{timing}[/]")

@@ -29,6 +29,10 @@ def split_list(values: tuple[str, ...]) -> list[str] | None:
 @click.pass_context
 def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     """Make large models traceable for memory-efficient compression, and compress them."""
+    import transformers
+
+    # transformers' advice about optional kernels is noise here; our own messages are enough
+    transformers.logging.set_verbosity_error()
     click_ctx.obj = CliContext(quiet=quiet, debug=debug)
 
 
@@ -63,11 +67,14 @@ def model_options(fn):  # type: ignore[no-untyped-def]
 @click.option("--no-verify", is_flag=True, help="Trace and partition only; skip the replay check.")
 @click.option("--real-weights", is_flag=True,
               help="Verify on the folder's own weights instead of the tiny twin.")
+@click.option("--fix", is_flag=True,
+              help="When tracing fails, search for fixes (ignore, opaque calls) and verify them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout only.")
 @pass_cli
 def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tuple[str, ...],
             ignore: tuple[str, ...], targets_per_subgraph: int, seq_len: int,
-            image_size: int | None, no_verify: bool, real_weights: bool, as_json: bool) -> None:
+            image_size: int | None, no_verify: bool, real_weights: bool, fix: bool,
+            as_json: bool) -> None:
     """Trace MODEL from its config, cut it into subgraphs, and prove replay equals the model.
 
     Exit code 0: traced and verified; 1: not traceable or not verified; 2: bad input.
@@ -79,7 +86,7 @@ def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tupl
             model, modality=modality, sequential_targets=split_list(sequential_targets),
             ignore=split_list(ignore), targets_per_subgraph=targets_per_subgraph,
             seq_len=seq_len, image_size=image_size, verify=not no_verify,
-            real_weights=real_weights, progress=progress,
+            real_weights=real_weights, fix=fix, progress=progress,
         )
     if as_json:
         ctx.print_json(report.to_json())
@@ -91,9 +98,11 @@ def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tupl
 
 
 def _register() -> None:
+    from llmc_trace.cli.coverage_cmd import coverage
     from llmc_trace.cli.plan_cmd import plan
 
     cli.add_command(plan)
+    cli.add_command(coverage)
 
 
 _register()

@@ -16,7 +16,7 @@ from typing import Any
 import torch.fx as fx
 
 from llmc_trace.tracing.proxy import DataDependentQuestion
-from llmc_trace.tracing.source import SourceLocation, model_location_of_traceback
+from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback
 
 #: Kinds of failure, each with the sentence that explains it.
 KINDS: dict[str, str] = {
@@ -54,7 +54,8 @@ class TraceFailure:
     module_stack: list[tuple[str, str]]
     origin: list[str]
     exception: str
-    raw_traceback: str = field(repr=False)
+    call_stack: list[SourceLocation] = field(default_factory=list)  # model frames, outermost first
+    raw_traceback: str = field(default="", repr=False)
 
     @property
     def explanation(self) -> str:
@@ -71,6 +72,7 @@ class TraceFailure:
             "module_stack": [{"path": p, "class": c} for p, c in self.module_stack],
             "origin": self.origin,
             "exception": self.exception,
+            "call_stack": [frame.to_json() for frame in self.call_stack],
         }
 
 
@@ -103,7 +105,8 @@ def failure_from_exception(err: BaseException) -> TraceFailure:
     """Classify ``err`` (raised by :func:`llmc_trace.tracing.trace.trace_graph`)."""
     stack: list[tuple[str, str]] = list(getattr(err, "_llmc_module_stack", []))
     module_path, module_class = stack[-1] if stack else ("", "")
-    location = model_location_of_traceback(err.__traceback__)
+    frames = model_frames_of_traceback(err.__traceback__)
+    location = frames[-1] if frames else None
     origin: list[str] = []
     if isinstance(err, DataDependentQuestion):
         origin = [*origin_chain(err.node), err.question]
@@ -128,6 +131,7 @@ def failure_from_exception(err: BaseException) -> TraceFailure:
         module_stack=stack,
         origin=origin,
         exception=f"{type(err).__name__}: {err}",
+        call_stack=frames,
         raw_traceback="".join(traceback.format_exception(err)),
     )
 

@@ -93,9 +93,24 @@ def special_token_ids(config: PretrainedConfig) -> set[int]:
     return ids
 
 
+def vocab_size_of(config: PretrainedConfig) -> int:
+    """The text vocabulary size, from the text config, the config, or any sub-config."""
+    candidates = [text_config_of(config), config]
+    candidates += [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
+    for candidate in candidates:
+        value = vars(candidate).get("vocab_size")
+        if isinstance(value, int) and value > 0:
+            return value
+    raise BadInputError(
+        f"The {config.model_type} config names no vocabulary size, so no text sample can be built.",
+        hint="Pass a model whose config (or text_config) has vocab_size.",
+        param="modality",
+    )
+
+
 def random_tokens(config: PretrainedConfig, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Token ids below the vocabulary size that are not special tokens (those mean images)."""
-    vocab = text_config_of(config).vocab_size
+    vocab = vocab_size_of(config)
     tokens = torch.randint(0, vocab, shape, generator=generator)
     special = special_token_ids(config)
     if special:

@@ -2,7 +2,7 @@
 
 Verification runs real numbers, so it needs real (random) weights; a 70B config cannot
 provide them, its twin can. Widths are divided by one power-of-two factor per config, chosen
-so that the attention head count stays at least two; head dimensions, rope sections, patch
+so that at least four attention heads remain; head dimensions, rope sections, patch
 sizes and every ratio the code relies on are kept, which is what keeps the twin on the same
 code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
 type (dense and MoE, sliding and full attention, attention and SSM). Vocabularies shrink too,
@@ -39,6 +39,8 @@ TOP_K_KEYS = ("num_experts_per_tok", "top_k", "moe_topk", "num_experts_per_token
 VOCAB_LIMIT = 1024
 EXPERTS = 4
 MIN_LAYERS = 2
+#: Heads kept per attention block: some models split heads four ways (CodeGen's ``mp_num``).
+MIN_HEADS = 4
 
 
 def shrink_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -85,7 +87,7 @@ def _width_factor(config: PretrainedConfig) -> int:
     factor = 1
     while True:
         nxt = factor * 2
-        if heads is not None and (heads[1] % nxt or heads[1] // nxt < 2):
+        if heads is not None and (heads[1] % nxt or heads[1] // nxt < MIN_HEADS):
             break
         if hidden is None or hidden[1] % nxt or hidden[1] // nxt < 64:
             break
@@ -105,8 +107,12 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
     if factor > 1:
         for key in WIDTH_KEYS:
             value = attrs.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= factor:
-                renamed.setdefault(value, value // factor)
+            if not isinstance(value, int) or isinstance(value, bool) or value < factor:
+                continue
+            if value in renamed:  # mirrors a width already shrunk (a tower's output = text width)
+                setattr(config, key, renamed[value])
+            else:
+                renamed[value] = value // factor
                 setattr(config, key, value // factor)
         for key in HEAD_KEYS:
             if isinstance(attrs.get(key), int):

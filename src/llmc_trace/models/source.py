@@ -8,6 +8,7 @@ answers offline exactly as it would online.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -116,10 +117,12 @@ def _from_hub(name: str) -> ModelSource:
     try:
         config = AutoConfig.from_pretrained(name)
     except OSError as err:
+        close = difflib.get_close_matches(name, builtin_names(), n=3, cutoff=0.6)
+        suggestion = ", ".join(close) if close else ", ".join(builtin_names()[:3])
         raise BadInputError(
             f"Could not fetch the config of {name!r} from the Hugging Face Hub ({_short(err)}).",
-            hint="Without network access, use a built-in (e.g. "
-            f"{', '.join(builtin_names()[:3])}) or a local folder holding config.json.",
+            hint=f"Without network access, use a built-in (closest: {suggestion}; "
+            "`llmc-trace coverage` lists all) or a local folder holding config.json.",
             param="model",
         ) from err
     return ModelSource(name, "hub", None, config.to_dict())

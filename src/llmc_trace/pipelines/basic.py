@@ -35,6 +35,7 @@ def run_basic(
     with torch.no_grad():
         for index, batch in enumerate(batches):
             report("whole model", index, len(batches))
+            callbacks.on_batch(batch)
             model(**move(batch, device), **(forward_kwargs or {}))
     report("whole model", len(batches), len(batches))
     callbacks.on_calibrated(0, named)

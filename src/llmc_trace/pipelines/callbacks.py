@@ -26,6 +26,10 @@ class Callbacks(Protocol):
 
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None: ...
 
+    def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
+        """The model inputs of the batch about to run (compressors read its attention mask)."""
+        ...
+
     def on_calibrated(self, index: int, modules: NamedModules) -> bool: ...
 
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None: ...
@@ -38,6 +42,9 @@ class NoCallbacks:
         return False
 
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
+        return None
+
+    def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
         return None
 
     def on_calibrated(self, index: int, modules: NamedModules) -> bool:

@@ -110,7 +110,7 @@ def run_layer_sequential(
         label = f"target {position + 1}/{len(targets)}"
         named = named_submodules(model, list(target.modules()))
         callbacks.on_subgraph_start(position, named)
-        outputs = _run_target(target, calls, label, report)
+        outputs = _run_target(target, calls, label, report, batches, callbacks)
         changed = callbacks.on_calibrated(position, named)
         callbacks.on_subgraph_end(position, named)
         passes = 1
@@ -122,10 +122,14 @@ def run_layer_sequential(
     return stats
 
 
-def _run_target(target: torch.nn.Module, calls: list[TargetCall], label: str, report: Progress) -> list[Any]:
+def _run_target(target: torch.nn.Module, calls: list[TargetCall], label: str, report: Progress,
+                batches: list[dict[str, Any]] | None = None,
+                callbacks: Callbacks | None = None) -> list[Any]:
     outputs = []
     with torch.no_grad():
         for index, call in enumerate(calls):
             report(label, index, len(calls))
+            if callbacks is not None and batches is not None:
+                callbacks.on_batch(batches[index])
             outputs.append(target(*call.args, **call.kwargs))
     return outputs

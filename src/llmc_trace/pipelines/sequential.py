@@ -71,7 +71,8 @@ def run_sequential(
         passes = 1
         if listening:
             callbacks.on_subgraph_start(subgraph.index, named)
-        outputs = _run_all(model, subgraph, cache, device, label, report)
+        outputs = _run_all(model, subgraph, cache, device, label, report,
+                           batches if listening else None, callbacks)
         if listening:
             changed = callbacks.on_calibrated(subgraph.index, named)
             callbacks.on_subgraph_end(subgraph.index, named)
@@ -98,12 +99,17 @@ def _graph_inputs(subgraphs: list[Subgraph]) -> set[str]:
 
 
 def _run_all(model: torch.nn.Module, subgraph: Subgraph, cache: IntermediatesCache,
-             device: torch.device, label: str, report: Progress) -> list[dict[str, Any]]:
+             device: torch.device, label: str, report: Progress,
+             batches: list[dict[str, Any]] | None = None,
+             callbacks: Callbacks | None = None) -> list[dict[str, Any]]:
+    """Run ``subgraph`` on every cached batch; with ``callbacks``, announce each batch first."""
     outputs = []
     private = subgraph.mutated_inputs()
     with torch.no_grad():
         for index in range(len(cache)):
             report(label, index, len(cache))
+            if callbacks is not None and batches is not None:
+                callbacks.on_batch(batches[index])
             values = cache.fetch(index, subgraph.input_names, device, private)
             result = subgraph.forward(model, **values)
             outputs.append({k: move(v, cache.offload_device) for k, v in result.items()})

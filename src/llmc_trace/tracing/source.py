@@ -84,11 +84,11 @@ def current_model_location() -> SourceLocation | None:
     return None
 
 
-def model_location_of_traceback(tb: types.TracebackType | None) -> SourceLocation | None:
-    """The innermost frame of model code in an exception's traceback."""
-    found: SourceLocation | None = None
+def model_frames_of_traceback(tb: types.TracebackType | None) -> list[SourceLocation]:
+    """Every frame of model code in an exception's traceback, outermost first."""
+    frames: list[SourceLocation] = []
     while tb is not None:
         if not is_library_frame(tb.tb_frame.f_code.co_filename):
-            found = location_of_frame(tb.tb_frame, tb.tb_lineno)
+            frames.append(location_of_frame(tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
-    return found
+    return frames

@@ -1,0 +1,118 @@
+"""``llmc-trace render``: draw a model's trace as an SVG picture or an interactive HTML page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+from llmc_trace.cli.main import SHOW_DEFAULT, model_options, split_list
+
+#: Kept in step with ``llmc_trace.render.VIEWS``; importing the renderer here would make
+#: ``llmc-trace --help`` import torch.
+VIEWS = ("overview", "detail", "modules", "failure")
+_INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_subgraphs(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> list[int] | None:
+    """``"3,4,10-12"`` -> ``[3, 4, 10, 11, 12]``; nothing given -> ``None`` (all)."""
+    if value is None:
+        return None
+    indices: list[int] = []
+    for item in (part.strip() for part in value.split(",")):
+        match = _INDEX_RANGE.match(item)
+        if match is None or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise click.BadParameter(
+                f"{item!r} is not a subgraph number or range. Use e.g. 3,4 or 1-3.", ctx, param
+            )
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        indices.extend(i for i in range(first, last + 1) if i not in indices)
+    return indices
+
+
+def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    if value.suffix.lower() not in (".svg", ".html"):
+        raise click.BadParameter(
+            f"{value.name!r} has no .svg or .html extension. Name the file *.svg for the "
+            "picture or *.html for the interactive page.",
+            ctx,
+            param,
+        )
+    return value
+
+
+@click.command()
+@model_options
+@click.option(
+    "--out",
+    "-o",
+    required=True,
+    callback=check_out,
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="File to write: *.svg (picture) or *.html (self-contained page with pan, "
+    "zoom, search and a details panel).",
+)
+@click.option(
+    "--view",
+    "-v",
+    default="overview",
+    type=click.Choice(VIEWS),
+    **SHOW_DEFAULT,
+    help="overview: subgraphs and the values between them; detail: operations of "
+    "chosen subgraphs; modules: module tree by tracing role; failure: the graph up "
+    "to the point where tracing stopped.",
+)
+@click.option(
+    "--subgraphs",
+    "-s",
+    callback=parse_subgraphs,
+    help="Subgraphs the detail view draws, e.g. 3,4 or 1-3.  [default: all]",
+)
+@click.option(
+    "--collapse",
+    is_flag=True,
+    help="Draw each run of identical subgraphs (or numbered sibling modules) once.",
+)
+@pass_cli
+def render(
+    ctx: CliContext,
+    model: str,
+    modality: str,
+    sequential_targets: tuple[str, ...],
+    ignore: tuple[str, ...],
+    targets_per_subgraph: int,
+    seq_len: int,
+    image_size: int | None,
+    out: Path,
+    view: str,
+    subgraphs: list[int] | None,
+    collapse: bool,
+) -> None:
+    """Draw MODEL's trace with Graphviz into an SVG picture or an interactive HTML page.
+
+    Exit code 0: written; 1: the model is not traceable (see it with --view failure);
+    2: bad input.
+    """
+    from llmc_trace.render import render as render_model
+
+    with handle_errors(ctx), ctx.progress(f"render {model}") as progress:
+        result = render_model(
+            model,
+            out,
+            view=view,
+            subgraphs=subgraphs,
+            collapse=collapse,
+            modality=modality,
+            sequential_targets=split_list(sequential_targets),
+            ignore=split_list(ignore),
+            targets_per_subgraph=targets_per_subgraph,
+            seq_len=seq_len,
+            image_size=image_size,
+            progress=progress,
+        )
+    nodes = f"{result.num_nodes} node{'s' if result.num_nodes != 1 else ''}"
+    ctx.out.print(f"Wrote {out} ({view} view, {nodes}).")

@@ -1,0 +1,170 @@
+"""``LayerCompressor``: the callbacks that turn what a pipeline shows into compressed weights.
+
+During calibration a forward hook on every targeted ``Linear`` folds its inputs into a Hessian
+(:class:`~llmc_trace.compress.hessian.HessianAccumulator`; padding tokens masked out, ``n``
+counting tokens). Layers that read the *same input tensor* (q/k/v, gate/up) share one Hessian
+instead of keeping identical copies: the first hook of a forward adds the input, the others see
+the very same tensor object and only join. When the pipeline reports the subgraph calibrated,
+each layer is compressed (GPTQ, SparseGPT, round-to-nearest or magnitude pruning) and its
+weight replaced by the result, so error propagation sees compressed outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmc_trace.compress.gptq import gptq
+from llmc_trace.compress.hessian import HessianAccumulator
+from llmc_trace.compress.quantize import QuantizedWeight, rtn
+from llmc_trace.compress.scheme import QuantizationScheme
+from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune, sparsegpt
+from llmc_trace.pipelines.callbacks import NamedModules
+
+logger = logging.getLogger(__name__)
+
+#: Methods that need calibration data (a Hessian); the others work from weights alone.
+DATA_METHODS = frozenset({"gptq", "sparsegpt"})
+METHODS = ("gptq", "rtn", "sparsegpt", "magnitude")
+
+
+@dataclass
+class _SharedHessian:
+    accumulator: HessianAccumulator
+    last_input: weakref.ref[torch.Tensor] | None = None
+
+
+@dataclass
+class LayerResult:
+    """One compressed layer: the method's loss (GPTQ/SparseGPT objective) and seconds taken."""
+
+    name: str
+    loss: float
+    seconds: float
+    shares_hessian_with: str | None = None
+
+
+@dataclass
+class LayerCompressor:
+    """Pipeline callbacks compressing every targeted layer of a subgraph (see module docstring).
+
+    ``scheme`` is ``None`` for pruning without quantization; ``sparsity`` is ``None`` for
+    quantization without pruning.
+    """
+
+    method: str
+    scheme: QuantizationScheme | None
+    sparsity: Sparsity | None = None
+    blocksize: int = 128
+    percdamp: float = 0.01
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    pruned: list[str] = field(default_factory=list)
+    results: list[LayerResult] = field(default_factory=list)
+    _hessians: dict[str, _SharedHessian] = field(default_factory=dict)
+    _handles: list[Any] = field(default_factory=list)
+    _mask: torch.Tensor | None = None
+
+    def is_target(self, name: str, module: torch.nn.Module) -> bool:
+        if not isinstance(module, torch.nn.Linear):
+            return False
+        if self.scheme is not None:
+            return self.scheme.is_target(name, module)
+        return not name.endswith("lm_head")
+
+    def targets(self, modules: NamedModules) -> list[tuple[str, torch.nn.Linear]]:
+        return [(n, m) for n, m in modules if self.is_target(n, m)]  # type: ignore[misc]
+
+    def wants(self, modules: NamedModules) -> bool:
+        return bool(self.targets(modules))
+
+    def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
+        if self.method not in DATA_METHODS:
+            return
+        shared: list[_SharedHessian] = []
+        for name, module in self.targets(modules):
+            self._handles.append(module.register_forward_pre_hook(self._hook(name, module, shared)))
+
+    def _hook(self, name: str, module: torch.nn.Linear, shared: list[_SharedHessian]):  # type: ignore[no-untyped-def]
+        def observe(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            entry = self._hessians.get(name)
+            if entry is None:
+                entry = next((s for s in shared if s.last_input is not None
+                              and s.last_input() is x), None)
+                if entry is None:
+                    entry = _SharedHessian(HessianAccumulator(module.in_features, x.device))
+                    shared.append(entry)
+                self._hessians[name] = entry
+            if entry.last_input is not None and entry.last_input() is x:
+                return  # a sibling already added this very input
+            mask = self._mask if self._mask is not None and self._mask.shape == x.shape[:-1] else None
+            entry.accumulator.add(x.detach(), mask)
+            entry.last_input = weakref.ref(x)
+
+        return observe
+
+    def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
+        self._mask = batch.get("attention_mask")
+
+    def on_calibrated(self, index: int, modules: NamedModules) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        leaders: dict[int, str] = {}
+        changed = False
+        for name, module in self.targets(modules):
+            start = time.perf_counter()
+            entry = self._hessians.get(name)
+            shared_with = leaders.setdefault(id(entry), name) if entry is not None else None
+            loss = self._compress(name, module, entry.accumulator.H if entry else None)
+            self.results.append(LayerResult(name, loss, time.perf_counter() - start,
+                                            None if shared_with == name else shared_with))
+            changed = True
+        return changed
+
+    def _compress(self, name: str, module: torch.nn.Linear, H: torch.Tensor | None) -> float:
+        W = module.weight.data
+        args = self.scheme.weights if self.scheme is not None else None
+        if self.method in DATA_METHODS and H is None:
+            raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
+        if self.method == "gptq":
+            assert args is not None and H is not None
+            result = gptq(W, H, args, blocksize=self.blocksize, percdamp=self.percdamp)
+            self._store(name, module, result.quantized)
+            return result.loss
+        if self.method == "rtn":
+            assert args is not None
+            self._store(name, module, rtn(W, args))
+            return 0.0
+        if self.method == "sparsegpt":
+            assert H is not None and self.sparsity is not None
+            pruned = sparsegpt(W, H, self.sparsity, quantize=args, blocksize=self.blocksize,
+                               percdamp=self.percdamp)
+            module.weight.data = pruned.weight.to(W.dtype)
+            self.pruned.append(name)
+            if pruned.quantized is not None:
+                self.quantized[name] = pruned.quantized
+            return pruned.loss
+        if self.method == "magnitude":
+            assert self.sparsity is not None
+            weight, _ = magnitude_prune(W, self.sparsity)
+            if args is not None:
+                quantized = rtn(weight, args)
+                weight = quantized.weight * (weight != 0)
+            module.weight.data = weight.to(W.dtype)
+            self.pruned.append(name)
+            return 0.0
+        raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
+
+    def _store(self, name: str, module: torch.nn.Linear, quantized: QuantizedWeight) -> None:
+        module.weight.data = quantized.weight.to(module.weight.dtype)
+        self.quantized[name] = quantized
+
+    def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
+        for name, _ in modules:
+            self._hessians.pop(name, None)

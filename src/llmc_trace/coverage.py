@@ -1,0 +1,73 @@
+"""Run ``attempt_trace`` over built-in models and modalities: the supported-architectures table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmc_trace.attempt import attempt_trace
+from llmc_trace.errors import LlmcTraceError
+from llmc_trace.models.samples import supported_modalities
+from llmc_trace.models.source import builtin_names, resolve_model
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    """One model and modality: traced without help, after fixes, or not at all."""
+
+    model: str
+    model_type: str
+    modality: str
+    traced: bool
+    verified: bool
+    subgraphs: int
+    fix: str
+    seconds: float
+    problem: str
+
+
+def coverage_rows(
+    names: list[str] | None = None,
+    modalities: list[str] | None = None,
+    fix: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[CoverageRow]:
+    """Attempt every (model, modality); with ``fix``, failures are retried with the fix search."""
+    report_progress = progress or (lambda description, done, total: None)
+    jobs = []
+    for name in names or builtin_names():
+        config = resolve_model(name).config()
+        for modality in supported_modalities(config):
+            if modalities is None or modality in modalities:
+                jobs.append((name, config.model_type, modality))
+    rows = []
+    for index, (name, model_type, modality) in enumerate(jobs):
+        report_progress(f"{name} · {modality}", index, len(jobs))
+        start = time.perf_counter()
+        try:
+            report = attempt_trace(name, modality=modality, fix=fix)
+        except LlmcTraceError as err:
+            rows.append(CoverageRow(name, model_type, modality, False, False, 0, "",
+                                    time.perf_counter() - start, err.message))
+            continue
+        except Exception as err:  # one architecture's crash must not hide the others' results
+            rows.append(CoverageRow(name, model_type, modality, False, False, 0, "",
+                                    time.perf_counter() - start,
+                                    f"{type(err).__name__}: {str(err)[:160]}"))
+            continue
+        problem = ""
+        if report.failure is not None:
+            where = report.failure.location
+            problem = f"{report.failure.kind} at {where.file}:{where.line}" if where else report.failure.kind
+        elif report.verification is not None and not report.verification.ok:
+            problem = "; ".join(report.verification.problems)[:200]
+        elif report.structure is not None and not report.structure.matches:
+            problem = "; ".join(report.structure.differences)[:200]
+        rows.append(CoverageRow(
+            name, model_type, modality, report.traced, report.ok, len(report.subgraphs),
+            ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
+            time.perf_counter() - start, problem,
+        ))
+    report_progress("done", len(jobs), len(jobs))
+    return rows

@@ -1,0 +1,76 @@
+"""``llmc-trace attempt``: exit codes, the human view, and the JSON view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmc_trace.cli.main import cli
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+QWEN_VL = "Qwen/Qwen2-VL-2B-Instruct"
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--quiet", *args], env={"COLUMNS": "120", "NO_COLOR": "1"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_attempt_traces_and_verifies_a_builtin() -> None:
+    code, out, _ = invoke("attempt", "--model", LLAMA)
+    assert code == 0, out
+    assert "traced and verified" in out and "33 subgraphs" in out
+
+
+def test_attempt_json_is_one_document_with_the_same_facts() -> None:
+    code, out, _ = invoke("attempt", "--model", LLAMA, "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["ok"] is True and report["num_subgraphs"] == 33
+    assert report["subgraphs"][1]["targets"] == ["model.layers.0"]
+    assert report["verification"]["max_abs_diff"] <= 1e-5
+
+
+def test_untraceable_model_exits_1_with_location_and_json_diagnosis() -> None:
+    code, out, _ = invoke("attempt", "--model", QWEN_VL, "--modality", "image")
+    assert code == 1
+    assert "not traceable" in out and "modeling_qwen2_vl.py" in out
+    code, out, _ = invoke("attempt", "--model", QWEN_VL, "--modality", "image", "--json")
+    assert code == 1
+    failure = json.loads(out)["failure"]
+    assert failure["location"]["file"].endswith("modeling_qwen2_vl.py")
+    assert failure["location"]["function"] == "Qwen2VLModel.get_rope_index"
+    assert failure["module_path"] == "model"
+
+
+def test_fix_finds_a_verified_configuration() -> None:
+    code, out, _ = invoke("attempt", "--model", QWEN_VL, "--modality", "image", "--fix", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["applied_fix"]["ignore"] == ["Qwen2VLModel.get_rope_index"]
+    assert report["sequential_targets"][0] == "model.language_model.layers.0"
+
+
+@pytest.mark.parametrize(
+    ("args", "param"),
+    [
+        (["--model", "no-such-model"], "--model"),
+        (["--model", LLAMA, "--sequential-targets", "NoSuchLayer"], "--sequential-targets"),
+        (["--model", LLAMA, "--sequential-targets", "re:nothing\\.matches"], "--sequential-targets"),
+        (["--model", LLAMA, "--modality", "audio"], "--modality"),
+        (["--model", LLAMA, "--targets-per-subgraph", "0"], "--targets-per-subgraph"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_parameter(args: list[str], param: str) -> None:
+    code, _, err = invoke("attempt", *args)
+    assert code == 2
+    assert param in err and "Traceback" not in err
+
+
+def test_folder_without_config_exits_2(tmp_path: Path) -> None:
+    code, _, err = invoke("attempt", "--model", str(tmp_path))
+    assert code == 2 and "config.json" in err
