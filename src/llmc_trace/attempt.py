@@ -114,7 +114,8 @@ def attempt_trace(
     if targets_per_subgraph < 1:
         raise BadInputError(
             f"targets_per_subgraph must be at least 1, got {targets_per_subgraph}.",
-            hint="Use 1 for one decoder layer per subgraph.", param="targets_per_subgraph",
+            hint="Use 1 for one decoder layer per subgraph.",
+            param="targets_per_subgraph",
         )
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     if real_weights and not source.has_weights:
@@ -127,8 +128,15 @@ def attempt_trace(
     report_progress = progress or (lambda stage, done, total: None)
 
     def run(extra_ignore: list[str]) -> tuple[TraceReport, _Attempt]:
-        step = _Attempt(source, modality, sequential_targets, [*(ignore or []), *extra_ignore],
-                        targets_per_subgraph, options, report_progress)
+        step = _Attempt(
+            source,
+            modality,
+            sequential_targets,
+            [*(ignore or []), *extra_ignore],
+            targets_per_subgraph,
+            options,
+            report_progress,
+        )
         return step.run(verify, real_weights), step
 
     report, step = run([])
@@ -137,8 +145,9 @@ def attempt_trace(
     return report
 
 
-def search_fixes(report: TraceReport, step: _Attempt,
-                 run: Callable[[list[str]], tuple[TraceReport, _Attempt]]) -> TraceReport:
+def search_fixes(
+    report: TraceReport, step: _Attempt, run: Callable[[list[str]], tuple[TraceReport, _Attempt]]
+) -> TraceReport:
     """Try fixes round by round; keep a fix that verifies or moves the failure further on."""
     applied: list[Fix] = []
     tried: list[FixAttempt] = []
@@ -151,10 +160,24 @@ def search_fixes(report: TraceReport, step: _Attempt,
             names = [n for f in applied for n in f.ignore] + list(fix.ignore)
             trial, trial_step = run(names)
             moved_on = trial.failure is not None and trial.failure.location != failure.location
-            outcome = ("verified" if trial.ok else "fails further on" if moved_on
-                       else "still fails" if trial.failure else "verification failed")
-            tried.append(FixAttempt(fix.description, list(fix.ignore), outcome, fix.cost,
-                                    trial.failure.exception if trial.failure else ""))
+            outcome = (
+                "verified"
+                if trial.ok
+                else "fails further on"
+                if moved_on
+                else "still fails"
+                if trial.failure
+                else "verification failed"
+            )
+            tried.append(
+                FixAttempt(
+                    fix.description,
+                    list(fix.ignore),
+                    outcome,
+                    fix.cost,
+                    trial.failure.exception if trial.failure else "",
+                )
+            )
             if trial.ok or moved_on:
                 applied.append(fix)
                 report, step, accepted = trial, trial_step, True
@@ -163,18 +186,28 @@ def search_fixes(report: TraceReport, step: _Attempt,
             break
     combined = None
     if applied and report.ok:
-        combined = FixAttempt("; ".join(f.description for f in applied),
-                              [n for f in applied for n in f.ignore], "verified",
-                              "; ".join(f.cost for f in applied if f.cost))
+        combined = FixAttempt(
+            "; ".join(f.description for f in applied),
+            [n for f in applied for n in f.ignore],
+            "verified",
+            "; ".join(f.cost for f in applied if f.cost),
+        )
     return dataclasses.replace(report, fixes=tried, applied_fix=combined)
 
 
 class _Attempt:
     """The steps of one attempt, sharing their inputs (kept out of the public API)."""
 
-    def __init__(self, source: ModelSource, modality: str, targets: list[str] | None,
-                 ignore: list[str] | None, tps: int, options: SampleOptions,
-                 progress: Progress) -> None:
+    def __init__(
+        self,
+        source: ModelSource,
+        modality: str,
+        targets: list[str] | None,
+        ignore: list[str] | None,
+        tps: int,
+        options: SampleOptions,
+        progress: Progress,
+    ) -> None:
         self.source, self.modality, self.targets, self.ignore = source, modality, targets, ignore
         self.tps, self.options, self.progress = tps, options, progress
         self.timings: dict[str, float] = {}
@@ -188,7 +221,9 @@ class _Attempt:
         self.progress("build", 0, 4)
         full = self._timed("build_s", lambda: build_meta_model(self.source))
         self.model = full
-        self.leaves = plan_leaves(full, self.targets, split_ignore(full, list(self.ignore or []))[0])
+        self.leaves = plan_leaves(
+            full, self.targets, split_ignore(full, list(self.ignore or []))[0]
+        )
         sample = make_sample(full.config, self.modality, self.options)
         self.progress("trace", 1, 4)
         traced, failure = self._trace(full, sample, "trace_s")
@@ -209,8 +244,9 @@ class _Attempt:
         finally:
             self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
 
-    def _trace(self, model: torch.nn.Module, sample: dict[str, Any], key: str
-               ) -> tuple[TraceResult | None, TraceFailure | None]:
+    def _trace(
+        self, model: torch.nn.Module, sample: dict[str, Any], key: str
+    ) -> tuple[TraceResult | None, TraceFailure | None]:
         start = time.perf_counter()
         try:
             return trace_graph(model, sample, self.targets, self.ignore), None
@@ -221,8 +257,9 @@ class _Attempt:
         finally:
             self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
 
-    def _verify(self, full: PartitionedTrace, real_weights: bool
-                ) -> tuple[Verification, StructureCheck | None, str]:
+    def _verify(
+        self, full: PartitionedTrace, real_weights: bool
+    ) -> tuple[Verification, StructureCheck | None, str]:
         if real_weights:
             model = self._timed("load_s", lambda: load_pretrained(self.source))
             verified_on = "real weights"
@@ -237,15 +274,31 @@ class _Attempt:
             return Verification(False, 0.0, [], [problem]), None, verified_on
         partitioned = partition_trace(traced, self.tps)
         self.progress("verify", 3, 4)
-        verification = self._timed("verify_s", lambda: verify_subgraphs(
-            model, partitioned.subgraphs, sample, traced.input_names, self.tps,
-            eager_kwargs=_eager_kwargs(model)))
-        structure = None if real_weights else compare_structure(full.subgraphs, partitioned.subgraphs)
+        verification = self._timed(
+            "verify_s",
+            lambda: verify_subgraphs(
+                model,
+                partitioned.subgraphs,
+                sample,
+                traced.input_names,
+                self.tps,
+                eager_kwargs=_eager_kwargs(model),
+            ),
+        )
+        structure = (
+            None if real_weights else compare_structure(full.subgraphs, partitioned.subgraphs)
+        )
         return verification, structure, verified_on
 
-    def _report(self, model: torch.nn.Module, partitioned: PartitionedTrace | None,
-                verification: Verification | None = None, structure: StructureCheck | None = None,
-                verified_on: str = "", failure: TraceFailure | None = None) -> TraceReport:
+    def _report(
+        self,
+        model: torch.nn.Module,
+        partitioned: PartitionedTrace | None,
+        verification: Verification | None = None,
+        structure: StructureCheck | None = None,
+        verified_on: str = "",
+        failure: TraceFailure | None = None,
+    ) -> TraceReport:
         trace = partitioned.trace if partitioned else None
         leaves: dict[str, int] = {}
         if trace is not None:

@@ -94,15 +94,18 @@ class LayerCompressor:
             x = args[0]
             entry = self._hessians.get(name)
             if entry is None:
-                entry = next((s for s in shared if s.last_input is not None
-                              and s.last_input() is x), None)
+                entry = next(
+                    (s for s in shared if s.last_input is not None and s.last_input() is x), None
+                )
                 if entry is None:
                     entry = _SharedHessian(HessianAccumulator(module.in_features, x.device))
                     shared.append(entry)
                 self._hessians[name] = entry
             if entry.last_input is not None and entry.last_input() is x:
                 return  # a sibling already added this very input
-            mask = self._mask if self._mask is not None and self._mask.shape == x.shape[:-1] else None
+            mask = (
+                self._mask if self._mask is not None and self._mask.shape == x.shape[:-1] else None
+            )
             entry.accumulator.add(x.detach(), mask)
             entry.last_input = weakref.ref(x)
 
@@ -122,8 +125,14 @@ class LayerCompressor:
             entry = self._hessians.get(name)
             shared_with = leaders.setdefault(id(entry), name) if entry is not None else None
             loss = self._compress(name, module, entry.accumulator.H if entry else None)
-            self.results.append(LayerResult(name, loss, time.perf_counter() - start,
-                                            None if shared_with == name else shared_with))
+            self.results.append(
+                LayerResult(
+                    name,
+                    loss,
+                    time.perf_counter() - start,
+                    None if shared_with == name else shared_with,
+                )
+            )
             changed = True
         return changed
 
@@ -143,8 +152,9 @@ class LayerCompressor:
             return 0.0
         if self.method == "sparsegpt":
             assert H is not None and self.sparsity is not None
-            pruned = sparsegpt(W, H, self.sparsity, quantize=args, blocksize=self.blocksize,
-                               percdamp=self.percdamp)
+            pruned = sparsegpt(
+                W, H, self.sparsity, quantize=args, blocksize=self.blocksize, percdamp=self.percdamp
+            )
             module.weight.data = pruned.weight.to(W.dtype)
             self.pruned.append(name)
             if pruned.quantized is not None:

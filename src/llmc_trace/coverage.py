@@ -48,26 +48,59 @@ def coverage_rows(
         try:
             report = attempt_trace(name, modality=modality, fix=fix)
         except LlmcTraceError as err:
-            rows.append(CoverageRow(name, model_type, modality, False, False, 0, "",
-                                    time.perf_counter() - start, err.message))
+            rows.append(
+                CoverageRow(
+                    name,
+                    model_type,
+                    modality,
+                    False,
+                    False,
+                    0,
+                    "",
+                    time.perf_counter() - start,
+                    err.message,
+                )
+            )
             continue
         except Exception as err:  # one architecture's crash must not hide the others' results
-            rows.append(CoverageRow(name, model_type, modality, False, False, 0, "",
-                                    time.perf_counter() - start,
-                                    f"{type(err).__name__}: {str(err)[:160]}"))
+            rows.append(
+                CoverageRow(
+                    name,
+                    model_type,
+                    modality,
+                    False,
+                    False,
+                    0,
+                    "",
+                    time.perf_counter() - start,
+                    f"{type(err).__name__}: {str(err)[:160]}",
+                )
+            )
             continue
         problem = ""
         if report.failure is not None:
             where = report.failure.location
-            problem = f"{report.failure.kind} at {where.file}:{where.line}" if where else report.failure.kind
+            problem = (
+                f"{report.failure.kind} at {where.file}:{where.line}"
+                if where
+                else report.failure.kind
+            )
         elif report.verification is not None and not report.verification.ok:
             problem = "; ".join(report.verification.problems)[:200]
         elif report.structure is not None and not report.structure.matches:
             problem = "; ".join(report.structure.differences)[:200]
-        rows.append(CoverageRow(
-            name, model_type, modality, report.traced, report.ok, len(report.subgraphs),
-            ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
-            time.perf_counter() - start, problem,
-        ))
+        rows.append(
+            CoverageRow(
+                name,
+                model_type,
+                modality,
+                report.traced,
+                report.ok,
+                len(report.subgraphs),
+                ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
+                time.perf_counter() - start,
+                problem,
+            )
+        )
     report_progress("done", len(jobs), len(jobs))
     return rows

@@ -61,41 +61,68 @@ def parse_sparsity(text: str | float | None) -> Sparsity | None:
     if isinstance(text, str) and ":" in text:
         n_text, _, m_text = text.partition(":")
         if not (n_text.isdigit() and m_text.isdigit()) or not 0 < int(n_text) < int(m_text):
-            raise BadInputError(f"sparsity {text!r} is not an N:M pattern with 0 < N < M.",
-                                hint="Use e.g. 2:4, or a fraction such as 0.5.", param="sparsity")
+            raise BadInputError(
+                f"sparsity {text!r} is not an N:M pattern with 0 < N < M.",
+                hint="Use e.g. 2:4, or a fraction such as 0.5.",
+                param="sparsity",
+            )
         return (int(n_text), int(m_text))
     try:
         value = float(text)
     except ValueError:
-        raise BadInputError(f"sparsity {text!r} is neither a fraction nor N:M.",
-                            hint="Use e.g. 0.5 or 2:4.", param="sparsity") from None
+        raise BadInputError(
+            f"sparsity {text!r} is neither a fraction nor N:M.",
+            hint="Use e.g. 0.5 or 2:4.",
+            param="sparsity",
+        ) from None
     if not 0.0 < value < 1.0:
-        raise BadInputError(f"sparsity {value} is outside (0, 1).",
-                            hint="Use a fraction such as 0.5, or N:M such as 2:4.", param="sparsity")
+        raise BadInputError(
+            f"sparsity {value} is outside (0, 1).",
+            hint="Use a fraction such as 0.5, or N:M such as 2:4.",
+            param="sparsity",
+        )
     return value
 
 
-def _check_inputs(source: ModelSource, method: str, out_dir: Path | None, overwrite: bool,
-                  pipeline: str, scheme: QuantizationScheme | None, sparsity: Sparsity | None) -> None:
+def _check_inputs(
+    source: ModelSource,
+    method: str,
+    out_dir: Path | None,
+    overwrite: bool,
+    pipeline: str,
+    scheme: QuantizationScheme | None,
+    sparsity: Sparsity | None,
+) -> None:
     if method not in METHODS:
-        raise BadInputError(f"unknown method {method!r}.", hint=f"Use one of {', '.join(METHODS)}.",
-                            param="method")
+        raise BadInputError(
+            f"unknown method {method!r}.", hint=f"Use one of {', '.join(METHODS)}.", param="method"
+        )
     if pipeline not in PIPELINES:
-        raise BadInputError(f"unknown pipeline {pipeline!r}.",
-                            hint=f"Use one of {', '.join(PIPELINES)}.", param="pipeline")
+        raise BadInputError(
+            f"unknown pipeline {pipeline!r}.",
+            hint=f"Use one of {', '.join(PIPELINES)}.",
+            param="pipeline",
+        )
     if method in ("sparsegpt", "magnitude") and sparsity is None:
-        raise BadInputError(f"{method} needs a sparsity.", hint="Pass --sparsity 0.5 or 2:4.",
-                            param="sparsity")
+        raise BadInputError(
+            f"{method} needs a sparsity.", hint="Pass --sparsity 0.5 or 2:4.", param="sparsity"
+        )
     if method in ("gptq", "rtn") and scheme is None:
-        raise BadInputError(f"{method} needs a quantization scheme.", hint="Pass --scheme W4A16.",
-                            param="scheme")
+        raise BadInputError(
+            f"{method} needs a quantization scheme.", hint="Pass --scheme W4A16.", param="scheme"
+        )
     if not source.has_weights:
         raise BadInputError(
             f"{source.name} has no weights (*.safetensors) to compress.",
-            hint="Point --model at a checkpoint folder; built-ins hold configs only.", param="model")
+            hint="Point --model at a checkpoint folder; built-ins hold configs only.",
+            param="model",
+        )
     if out_dir is not None and out_dir.exists() and not overwrite:
-        raise BadInputError(f"the output folder {out_dir} already exists.",
-                            hint="Choose another --out, or pass --overwrite.", param="out")
+        raise BadInputError(
+            f"the output folder {out_dir} already exists.",
+            hint="Choose another --out, or pass --overwrite.",
+            param="out",
+        )
 
 
 def compress(
@@ -129,7 +156,9 @@ def compress(
     resolved_scheme = resolve_scheme(scheme) if scheme else None
     resolved_sparsity = parse_sparsity(sparsity)
     target_dir = Path(out_dir) if out_dir is not None else None
-    _check_inputs(source, method, target_dir, overwrite, pipeline, resolved_scheme, resolved_sparsity)
+    _check_inputs(
+        source, method, target_dir, overwrite, pipeline, resolved_scheme, resolved_sparsity
+    )
     validate_source(dataset, samples=samples, seq_len=seq_len)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -138,34 +167,70 @@ def compress(
     if dtype is not None:
         loaded.to(dtype)
     tokenizer = _tokenizer(source)
-    calibration = load_calibration(dataset, tokenizer, samples=samples, seq_len=seq_len,
-                                   seed=seed, batch_size=batch_size)
+    calibration = load_calibration(
+        dataset, tokenizer, samples=samples, seq_len=seq_len, seed=seed, batch_size=batch_size
+    )
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
     if not any(compressor.is_target(n, m) for n, m in loaded.named_modules()):
-        raise BadInputError(f"no layer of {source.name} is targeted by the scheme.",
-                            hint="Check the scheme's targets and ignore patterns.", param="scheme")
+        raise BadInputError(
+            f"no layer of {source.name} is targeted by the scheme.",
+            hint="Check the scheme's targets and ignore patterns.",
+            param="scheme",
+        )
     needs_data = method in DATA_METHODS
     ignore = _working_ignore(source) if needs_data else []
-    settings = RunSettings(samples, seq_len, batch_size,
-                           dtype_bytes=next(loaded.parameters()).element_size(), needs_data=needs_data)
+    settings = RunSettings(
+        samples,
+        seq_len,
+        batch_size,
+        dtype_bytes=next(loaded.parameters()).element_size(),
+        needs_data=needs_data,
+    )
     plan = plan_memory(source, settings, ignore=ignore or None)
     chosen = plan.chosen if pipeline == "auto" else pipeline
-    stats, used, fallbacks = _run(loaded, calibration.batches, compressor, chosen, plan, ignore,
-                                  device, propagate_error, report)
+    stats, used, fallbacks = _run(
+        loaded,
+        calibration.batches,
+        compressor,
+        chosen,
+        plan,
+        ignore,
+        device,
+        propagate_error,
+        report,
+    )
     if target_dir is not None:
-        recipe = Recipe(method, calibration.num_samples if needs_data else None,
-                        seq_len if needs_data else None, used, seed,
-                        compressor.percdamp if needs_data else None,
-                        compressor.blocksize if needs_data else None)
+        recipe = Recipe(
+            method,
+            calibration.num_samples if needs_data else None,
+            seq_len if needs_data else None,
+            used,
+            seed,
+            compressor.percdamp if needs_data else None,
+            compressor.blocksize if needs_data else None,
+        )
         save_compressed(
-            loaded, target_dir, compressor.quantized,
+            loaded,
+            target_dir,
+            compressor.quantized,
             [resolved_scheme] if resolved_scheme else [],
             sparsity=SparsityInfo(resolved_sparsity, tuple(compressor.pruned))
-            if resolved_sparsity is not None else None,
-            recipe=recipe, tokenizer_dir=source.folder, overwrite=overwrite,
+            if resolved_sparsity is not None
+            else None,
+            recipe=recipe,
+            tokenizer_dir=source.folder,
+            overwrite=overwrite,
         )
-    return CompressionResult(target_dir, used, plan, stats, compressor.results, ignore,
-                             time.perf_counter() - start, fallbacks)
+    return CompressionResult(
+        target_dir,
+        used,
+        plan,
+        stats,
+        compressor.results,
+        ignore,
+        time.perf_counter() - start,
+        fallbacks,
+    )
 
 
 def _tokenizer(source: ModelSource) -> Any:
@@ -182,11 +247,23 @@ def _working_ignore(source: ModelSource) -> list[str]:
     return list(report.applied_fix.ignore) if report.applied_fix else []
 
 
-def _run(model: torch.nn.Module, batches: list[dict[str, Any]], compressor: LayerCompressor,
-         chosen: str, plan: MemoryPlan, ignore: list[str], device: torch.device,
-         propagate_error: bool, report: Progress) -> tuple[PipelineStats, str, list[str]]:
+def _run(
+    model: torch.nn.Module,
+    batches: list[dict[str, Any]],
+    compressor: LayerCompressor,
+    chosen: str,
+    plan: MemoryPlan,
+    ignore: list[str],
+    device: torch.device,
+    propagate_error: bool,
+    report: Progress,
+) -> tuple[PipelineStats, str, list[str]]:
     """Run ``chosen``; on a failure other than running out of memory, fall back in plan order."""
-    order = [chosen] + [p for p in plan.fallbacks() if p != chosen] if chosen != "data_free" else [chosen]
+    order = (
+        [chosen] + [p for p in plan.fallbacks() if p != chosen]
+        if chosen != "data_free"
+        else [chosen]
+    )
     fallbacks: list[str] = []
     forward_kwargs = concrete_arguments(model, batches[0])
     targets = None
@@ -199,20 +276,55 @@ def _run(model: torch.nn.Module, batches: list[dict[str, Any]], compressor: Laye
             targets = [model.get_submodule(p) for p in trace.leaves.targets]
             if name == "sequential":
                 subgraphs = partition_trace(trace).subgraphs
-                return run_sequential(model, subgraphs, batches, compressor, device=device,
-                                      propagate_error=propagate_error, progress=report), name, fallbacks
+                return (
+                    run_sequential(
+                        model,
+                        subgraphs,
+                        batches,
+                        compressor,
+                        device=device,
+                        propagate_error=propagate_error,
+                        progress=report,
+                    ),
+                    name,
+                    fallbacks,
+                )
             if name == "layer_sequential":
                 problems = check_layer_sequential(model, targets, batches[0], forward_kwargs)
                 if problems:
                     raise RuntimeError("layer_sequential is not exact here: " + "; ".join(problems))
-                return run_layer_sequential(model, targets, batches, compressor, device=device,
-                                            propagate_error=propagate_error, progress=report,
-                                            forward_kwargs=forward_kwargs), name, fallbacks
-            return run_basic(model, targets, batches, compressor, device=device, progress=report,
-                             forward_kwargs=forward_kwargs), name, fallbacks
+                return (
+                    run_layer_sequential(
+                        model,
+                        targets,
+                        batches,
+                        compressor,
+                        device=device,
+                        propagate_error=propagate_error,
+                        progress=report,
+                        forward_kwargs=forward_kwargs,
+                    ),
+                    name,
+                    fallbacks,
+                )
+            return (
+                run_basic(
+                    model,
+                    targets,
+                    batches,
+                    compressor,
+                    device=device,
+                    progress=report,
+                    forward_kwargs=forward_kwargs,
+                ),
+                name,
+                fallbacks,
+            )
         except torch.OutOfMemoryError:
             raise
         except Exception as err:  # fall back, saying why; never on out-of-memory
-            logger.warning("pipeline %s failed (%s: %s); falling back", name, type(err).__name__, err)
+            logger.warning(
+                "pipeline %s failed (%s: %s); falling back", name, type(err).__name__, err
+            )
             fallbacks.append(f"{name}: {type(err).__name__}: {err}")
     raise RuntimeError("every pipeline failed: " + " | ".join(fallbacks))

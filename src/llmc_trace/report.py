@@ -91,8 +91,12 @@ class TraceReport:
                 "tolerance": v.tolerance,
                 "max_abs_diff": v.max_abs_diff,
                 "outputs": [
-                    {"name": o.name, "shape": list(o.shape), "max_abs_diff": o.max_abs_diff,
-                     "matches": o.matches}
+                    {
+                        "name": o.name,
+                        "shape": list(o.shape),
+                        "max_abs_diff": o.max_abs_diff,
+                        "matches": o.matches,
+                    }
                     for o in v.outputs
                 ],
                 "problems": v.problems,
@@ -110,9 +114,9 @@ class TraceReport:
             "subgraphs": [s.to_json() for s in self.subgraphs],
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
             "verification": verification,
-            "structure": None if self.structure is None else {
-                "matches": self.structure.matches, "differences": self.structure.differences
-            },
+            "structure": None
+            if self.structure is None
+            else {"matches": self.structure.matches, "differences": self.structure.differences},
             "failure": None if self.failure is None else self.failure.to_json(),
             "guards": self.guards,
             "opaque_functions": self.opaque_functions,

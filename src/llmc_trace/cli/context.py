@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from llmc_trace.errors import BadInputError, LlmcTraceError
 
@@ -34,14 +41,22 @@ class CliContext:
         if self.quiet:
             yield lambda stage, done, total: None
             return
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(), console=self.err,
-                       transient=True)
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.err,
+            transient=True,
+        )
         with bar:
             task = bar.add_task(description, total=None)
 
             def report(stage: str, done: int, total: int) -> None:
-                bar.update(task, description=f"{description} · {stage}", completed=done, total=total)
+                bar.update(
+                    task, description=f"{description} · {stage}", completed=done, total=total
+                )
 
             yield report
 
@@ -57,8 +72,10 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
     except BadInputError as err:
         if ctx.debug:
             raise
-        raise click.BadParameter(f"{err.message} {err.hint}".strip(),
-                                 param_hint=f"--{err.param.replace('_', '-')}" if err.param else None) from err
+        raise click.BadParameter(
+            f"{err.message} {err.hint}".strip(),
+            param_hint=f"--{err.param.replace('_', '-')}" if err.param else None,
+        ) from err
     except LlmcTraceError as err:
         if ctx.debug:
             raise

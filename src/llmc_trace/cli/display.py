@@ -28,18 +28,30 @@ def _compress_targets(targets: list[str]) -> str:
 
 def subgraph_table(report: TraceReport, max_rows: int = 12) -> Table:
     table = Table(title=f"{len(report.subgraphs)} subgraphs", title_justify="left")
-    for column, justify in (("#", "right"), ("targets", "left"), ("nodes", "right"),
-                            ("inputs", "right"), ("consumed", "right"),
-                            ("intermediates out", "right"), ("parameters", "right")):
+    for column, justify in (
+        ("#", "right"),
+        ("targets", "left"),
+        ("nodes", "right"),
+        ("inputs", "right"),
+        ("consumed", "right"),
+        ("intermediates out", "right"),
+        ("parameters", "right"),
+    ):
         table.add_column(column, justify=justify, no_wrap=column == "targets")  # type: ignore[arg-type]
     rows = report.subgraphs
     shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + rows[-max_rows // 2 :]
     for i, sub in enumerate(shown):
         if len(rows) > max_rows and i == max_rows // 2:
             table.add_row("…", f"{len(rows) - max_rows} more like these", "", "", "", "", "")
-        table.add_row(str(sub.index), _compress_targets(sub.targets), str(sub.num_nodes),
-                      str(len(sub.input_names)), str(len(sub.consumed_names)),
-                      human_bytes(sub.output_bytes), human_bytes(sub.parameter_bytes))
+        table.add_row(
+            str(sub.index),
+            _compress_targets(sub.targets),
+            str(sub.num_nodes),
+            str(len(sub.input_names)),
+            str(len(sub.consumed_names)),
+            human_bytes(sub.output_bytes),
+            human_bytes(sub.parameter_bytes),
+        )
     return table
 
 
@@ -49,9 +61,15 @@ def failure_panel(failure: TraceFailure) -> Panel:
     if where is not None:
         parts.append(Text(f"{where.file}:{where.line} in {where.function}"))
         try:
-            parts.append(Syntax.from_path(where.abs_file, line_range=(where.line - 2, where.line + 2),
-                                          highlight_lines={where.line}, line_numbers=True,
-                                          theme="ansi_dark"))
+            parts.append(
+                Syntax.from_path(
+                    where.abs_file,
+                    line_range=(where.line - 2, where.line + 2),
+                    highlight_lines={where.line},
+                    line_numbers=True,
+                    theme="ansi_dark",
+                )
+            )
         except OSError:
             parts.append(Text(f"  {where.code}"))
     if failure.module_path or failure.module_class:
@@ -59,8 +77,12 @@ def failure_panel(failure: TraceFailure) -> Panel:
     if failure.origin:
         parts.append(Text("origin: " + " -> ".join(failure.origin)))
     parts.append(Text(failure.message, style="dim"))
-    return Panel(Group(*parts), title=f"not traceable: {failure.kind}", border_style="red",
-                 title_align="left")
+    return Panel(
+        Group(*parts),
+        title=f"not traceable: {failure.kind}",
+        border_style="red",
+        title_align="left",
+    )
 
 
 def fix_snippet(report: TraceReport) -> str:
@@ -82,8 +104,14 @@ def fix_snippet(report: TraceReport) -> str:
 
 
 def show_report(console: Console, report: TraceReport) -> None:
-    status = "[bold green]traced and verified[/]" if report.ok else (
-        "[bold red]not traceable[/]" if not report.traced else "[bold yellow]traced, not verified[/]"
+    status = (
+        "[bold green]traced and verified[/]"
+        if report.ok
+        else (
+            "[bold red]not traceable[/]"
+            if not report.traced
+            else "[bold yellow]traced, not verified[/]"
+        )
     )
     console.print(f"{report.model} ({report.architecture}, {report.modality}): {status}")
     if report.failure is not None:
@@ -93,8 +121,10 @@ def show_report(console: Console, report: TraceReport) -> None:
     if report.verification is not None:
         v = report.verification
         verdict = "[green]matches[/]" if v.ok else "[red]differs[/]"
-        console.print(f"replay vs eager on the {report.verified_on}: {verdict} "
-                      f"(max abs diff {v.max_abs_diff:.3g}, tolerance {v.tolerance:.0e})")
+        console.print(
+            f"replay vs eager on the {report.verified_on}: {verdict} "
+            f"(max abs diff {v.max_abs_diff:.3g}, tolerance {v.tolerance:.0e})"
+        )
         for problem in v.problems:
             console.print(f"  [red]•[/] {problem}")
     if report.structure is not None and not report.structure.matches:
@@ -109,7 +139,13 @@ def show_report(console: Console, report: TraceReport) -> None:
             table.add_row(fix.description, fix.outcome, fix.cost)
         console.print(table)
     if report.applied_fix is not None:
-        console.print(Panel(fix_snippet(report), title="working configuration", title_align="left",
-                            border_style="green"))
+        console.print(
+            Panel(
+                fix_snippet(report),
+                title="working configuration",
+                title_align="left",
+                border_style="green",
+            )
+        )
     timing = ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in report.timings_s.items())
     console.print(f"[dim]{timing}[/]")

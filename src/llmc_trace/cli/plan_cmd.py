@@ -10,8 +10,18 @@ from rich.table import Table
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.display import human_bytes
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -23,42 +33,78 @@ def parse_bytes(text: str) -> int:
 
 @click.command()
 @click.option("--model", "-m", required=True, help="Built-in name, hub id, or local folder.")
-@click.option("--samples", default=512, show_default=True, type=click.IntRange(1),
-              help="Calibration samples.")
-@click.option("--seq-len", default=2048, show_default=True, type=click.IntRange(1),
-              help="Tokens per sample.")
-@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1),
-              help="Samples per forward pass.")
-@click.option("--device-memory", default=None, help="Device memory, e.g. 80GiB (default: free "
-              "memory of the CUDA device, else available host memory).")
+@click.option(
+    "--samples", default=512, show_default=True, type=click.IntRange(1), help="Calibration samples."
+)
+@click.option(
+    "--seq-len", default=2048, show_default=True, type=click.IntRange(1), help="Tokens per sample."
+)
+@click.option(
+    "--batch-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Samples per forward pass.",
+)
+@click.option(
+    "--device-memory",
+    default=None,
+    help="Device memory, e.g. 80GiB (default: free "
+    "memory of the CUDA device, else available host memory).",
+)
 @click.option("--host-memory", default=None, help="Host memory, e.g. 512GiB (default: available).")
 @click.option("--data-free", is_flag=True, help="Plan for a compressor that needs no data (RTN).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout only.")
 @pass_cli
-def plan(ctx: CliContext, model: str, samples: int, seq_len: int, batch_size: int,
-         device_memory: str | None, host_memory: str | None, data_free: bool, as_json: bool) -> None:
+def plan(
+    ctx: CliContext,
+    model: str,
+    samples: int,
+    seq_len: int,
+    batch_size: int,
+    device_memory: str | None,
+    host_memory: str | None,
+    data_free: bool,
+    as_json: bool,
+) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one."""
     from llmc_trace.plan import RunSettings, plan_memory
 
     device = parse_bytes(device_memory) if device_memory else None
     host = parse_bytes(host_memory) if host_memory else None
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
-        result = plan_memory(model, RunSettings(samples, seq_len, batch_size, needs_data=not data_free),
-                             device_memory=device, host_memory=host)
+        result = plan_memory(
+            model,
+            RunSettings(samples, seq_len, batch_size, needs_data=not data_free),
+            device_memory=device,
+            host_memory=host,
+        )
     if as_json:
-        ctx.print_json({
-            "chosen": result.chosen, "reason": result.reason, "fits": result.fits,
-            "device_memory": result.device_memory, "host_memory": result.host_memory,
-            "estimates": [vars(e) for e in result.estimates],
-        })
+        ctx.print_json(
+            {
+                "chosen": result.chosen,
+                "reason": result.reason,
+                "fits": result.fits,
+                "device_memory": result.device_memory,
+                "host_memory": result.host_memory,
+                "estimates": [vars(e) for e in result.estimates],
+            }
+        )
         return
-    table = Table(title=f"memory plan: {model}, {samples} samples × {seq_len} tokens",
-                  title_justify="left")
+    table = Table(
+        title=f"memory plan: {model}, {samples} samples × {seq_len} tokens", title_justify="left"
+    )
     for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
         table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
     for e in result.estimates:
         style = "bold green" if e.pipeline == result.chosen else ""
-        table.add_row(e.pipeline, human_bytes(e.device_bytes), human_bytes(e.host_bytes),
-                      human_bytes(e.cache_bytes), e.detail, style=style)
+        table.add_row(
+            e.pipeline,
+            human_bytes(e.device_bytes),
+            human_bytes(e.host_bytes),
+            human_bytes(e.cache_bytes),
+            e.detail,
+            style=style,
+        )
     ctx.out.print(table)
     ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")

@@ -36,8 +36,13 @@ KINDS: dict[str, str] = {
 _TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
 _SHAPE_OPS = {"size", "shape", "numel", "dim"}
 _QUESTION_KINDS = {
-    "bool": "control_flow", "iter": "iteration", "len": "len", "int": "python_number",
-    "index": "python_number", "float": "python_number", "contains": "membership",
+    "bool": "control_flow",
+    "iter": "iteration",
+    "len": "len",
+    "int": "python_number",
+    "index": "python_number",
+    "float": "python_number",
+    "contains": "membership",
     "keys": "iteration",
 }
 

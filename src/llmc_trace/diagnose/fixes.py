@@ -44,7 +44,8 @@ def ignore_fix(failure: TraceFailure, model: torch.nn.Module, leaves: LeafPlan) 
             linears = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
             params = sum(p.numel() * p.element_size() for p in module.parameters())
             return Fix(
-                "ignore", (f"re:{re.escape(path)}",),
+                "ignore",
+                (f"re:{re.escape(path)}",),
                 f"keep {path} ({cls}) as one leaf module",
                 f"{path} runs as one call: its {linears} Linear layers "
                 f"({params / 2**20:.1f} MiB) share one subgraph and are calibrated together",
@@ -63,12 +64,19 @@ def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
         if name == "forward":
             continue  # an ancestor's forward cannot be opaque: it would swallow targets
         if owner and owner.split(".")[-1] in classes:
-            return Fix("opaque", (f"{owner.split('.')[-1]}.{name}",),
-                       f"record {owner.split('.')[-1]}.{name} as one opaque call",
-                       f"{name} runs as one graph node; modules it calls are not split out")
+            return Fix(
+                "opaque",
+                (f"{owner.split('.')[-1]}.{name}",),
+                f"record {owner.split('.')[-1]}.{name} as one opaque call",
+                f"{name} runs as one graph node; modules it calls are not split out",
+            )
         if not owner:
-            return Fix("opaque", (name,), f"record {name}() as one opaque call",
-                       f"{name} runs as one graph node; modules it calls are not split out")
+            return Fix(
+                "opaque",
+                (name,),
+                f"record {name}() as one opaque call",
+                f"{name} runs as one graph node; modules it calls are not split out",
+            )
     return None
 
 

@@ -103,7 +103,8 @@ def topological_partition(
             raise TypeError("target modules need the GraphModule to resolve call_module nodes")
         wanted = {id(m) for m in target_list}
         target_nodes = [
-            n for n in graph.nodes
+            n
+            for n in graph.nodes
             if n.op == "call_module" and id(graph_module.get_submodule(n.target)) in wanted
         ]
     else:
@@ -141,7 +142,11 @@ def build_subgraphs(
         for node in part:
             if is_mutation(node) and isinstance(node.args[0], fx.Node):
                 mutated = node.args[0]
-                if owner.get(mutated) != i and mutated.op != "get_attr" and mutated.name not in outputs:
+                if (
+                    owner.get(mutated) != i
+                    and mutated.op != "get_attr"
+                    and mutated.name not in outputs
+                ):
                     if any(r > i for r in readers.get(mutated.name, ())):
                         outputs.append(mutated.name)
         sub = _copy_partition(part, owner, i, outputs)
@@ -150,8 +155,7 @@ def build_subgraphs(
         subgraphs.append(Subgraph(i, sub, input_names, outputs, targets))
     for i, subgraph in enumerate(subgraphs):
         subgraph.consumed_names = [
-            name for name in subgraph.input_names
-            if not any(r > i for r in readers.get(name, ()))
+            name for name in subgraph.input_names if not any(r > i for r in readers.get(name, ()))
         ]
     return subgraphs
 

@@ -152,8 +152,10 @@ def verify_subgraphs(
 def default_tolerance(dtype: torch.dtype) -> float:
     if not dtype.is_floating_point:
         return 0.0
-    return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-5 * (
-        torch.finfo(dtype).eps / torch.finfo(torch.float32).eps
+    return (
+        1e-5
+        if dtype in (torch.float32, torch.float64)
+        else 1e-5 * (torch.finfo(dtype).eps / torch.finfo(torch.float32).eps)
     )
 
 

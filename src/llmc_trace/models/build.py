@@ -15,8 +15,13 @@ from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
-AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForSeq2SeqLM",
-                "AutoModelForSpeechSeq2Seq", "AutoModel")
+AUTO_CLASSES = (
+    "AutoModelForCausalLM",
+    "AutoModelForImageTextToText",
+    "AutoModelForSeq2SeqLM",
+    "AutoModelForSpeechSeq2Seq",
+    "AutoModel",
+)
 
 
 def model_class(config: PretrainedConfig, name: str) -> type[PreTrainedModel]:
@@ -73,7 +78,9 @@ def build_meta_model(
 
 
 def build_twin(
-    source: ModelSource, seed: int = 0, attn_implementation: str = "eager",
+    source: ModelSource,
+    seed: int = 0,
+    attn_implementation: str = "eager",
     dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
     """The tiny twin: same architecture and code paths, small sizes, seeded random weights."""
@@ -97,7 +104,9 @@ def load_pretrained(source: ModelSource, attn_implementation: str = "eager") -> 
     return model.eval()
 
 
-def _instantiate(cls: type[PreTrainedModel], config: PretrainedConfig, **kwargs: object) -> PreTrainedModel:
+def _instantiate(
+    cls: type[PreTrainedModel], config: PretrainedConfig, **kwargs: object
+) -> PreTrainedModel:
     """``cls._from_config`` with eager MoE experts where the model lets us choose.
 
     Fused grouped-matmul experts demand aligned strides that tiny twins do not have, and

@@ -108,7 +108,9 @@ def vocab_size_of(config: PretrainedConfig) -> int:
     )
 
 
-def random_tokens(config: PretrainedConfig, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+def random_tokens(
+    config: PretrainedConfig, shape: tuple[int, ...], generator: torch.Generator
+) -> torch.Tensor:
     """Token ids below the vocabulary size that are not special tokens (those mean images)."""
     vocab = vocab_size_of(config)
     tokens = torch.randint(0, vocab, shape, generator=generator)
@@ -120,7 +122,9 @@ def random_tokens(config: PretrainedConfig, shape: tuple[int, ...], generator: t
     return tokens
 
 
-def text_sample(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def text_sample(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     shape = (options.batch_size, options.seq_len)
     sample: dict[str, Any] = {
         "input_ids": random_tokens(config, shape, generator),
@@ -128,12 +132,16 @@ def text_sample(config: PretrainedConfig, options: SampleOptions, generator: tor
     }
     if getattr(config, "is_encoder_decoder", False):
         decoder_len = max(2, options.seq_len // 2)
-        sample["decoder_input_ids"] = random_tokens(config, (options.batch_size, decoder_len), generator)
+        sample["decoder_input_ids"] = random_tokens(
+            config, (options.batch_size, decoder_len), generator
+        )
     return sample
 
 
 def with_placeholders(
-    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator,
+    config: PretrainedConfig,
+    options: SampleOptions,
+    generator: torch.Generator,
     middle: list[int],
 ) -> dict[str, torch.Tensor]:
     """Text of ``seq_len`` tokens around ``middle`` (placeholder tokens), batch of ``batch_size``."""
@@ -175,7 +183,9 @@ def mm_token_type_ids(config: PretrainedConfig, input_ids: torch.Tensor) -> torc
 
 # ---------------------------------------------------------------- audio
 @sample_builder("audio", "whisper")
-def whisper_audio(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def whisper_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     frames = 2 * config.max_source_positions  # the encoder's two stride-2 convolutions halve it
     features = torch.randn(options.batch_size, config.num_mel_bins, frames, generator=generator)
     decoder_len = max(2, min(options.seq_len, config.max_target_positions))
@@ -197,7 +207,9 @@ def _qwen_vision_pixels(
     return torch.randn(batch * t * h * w, channels * temporal * patch * patch, generator=generator)
 
 
-def _qwen_grid(config: PretrainedConfig, options: SampleOptions, frames: int) -> tuple[int, int, int]:
+def _qwen_grid(
+    config: PretrainedConfig, options: SampleOptions, frames: int
+) -> tuple[int, int, int]:
     vision = config.vision_config
     merge = vision.spatial_merge_size
     side = options.image_size or merge * vision.patch_size * 2
@@ -206,11 +218,15 @@ def _qwen_grid(config: PretrainedConfig, options: SampleOptions, frames: int) ->
 
 
 @sample_builder("image", "qwen2_vl", "qwen2_5_vl")
-def qwen2_vl_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def qwen2_vl_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     grid = _qwen_grid(config, options, frames=1)
     merge = config.vision_config.spatial_merge_size
     count = grid[0] * grid[1] * grid[2] // (merge * merge)
-    middle = [token_id(config, "vision_start_token_id")] + [token_id(config, "image_token_id")] * count
+    middle = [token_id(config, "vision_start_token_id")] + [
+        token_id(config, "image_token_id")
+    ] * count
     middle.append(token_id(config, "vision_end_token_id"))
     sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
     sample["pixel_values"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
@@ -220,12 +236,16 @@ def qwen2_vl_image(config: PretrainedConfig, options: SampleOptions, generator: 
 
 
 @sample_builder("video", "qwen2_vl", "qwen2_5_vl")
-def qwen2_vl_video(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def qwen2_vl_video(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     temporal = config.vision_config.temporal_patch_size
     grid = _qwen_grid(config, options, frames=2)
     merge = config.vision_config.spatial_merge_size
     count = grid[0] * grid[1] * grid[2] // (merge * merge)
-    middle = [token_id(config, "vision_start_token_id")] + [token_id(config, "video_token_id")] * count
+    middle = [token_id(config, "vision_start_token_id")] + [
+        token_id(config, "video_token_id")
+    ] * count
     middle.append(token_id(config, "vision_end_token_id"))
     sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
     sample["pixel_values_videos"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
@@ -238,7 +258,9 @@ def qwen2_vl_video(config: PretrainedConfig, options: SampleOptions, generator: 
 
 # ---------------------------------------------------------------- images: LLaVA family
 @sample_builder("image", "llava")
-def llava_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def llava_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     vision = config.vision_config
     side = vision.image_size  # CLIP position embeddings fix the input size
     patches = (side // vision.patch_size) ** 2

@@ -20,20 +20,66 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
-             "decoder_attention_heads", "n_heads", "attention_heads")
+HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "num_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "n_heads",
+    "attention_heads",
+)
 KV_HEAD_KEYS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
-WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width", "intermediate_size",
-              "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
-              "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank", "n_inner",
-              "ffn_hidden_size", "mlp_dim", "mamba_n_heads", "decoder_hidden_size",
-              "projector_hidden_size", "out_hidden_size", "vision_output_dim", "hidden_dim",
-              "expert_intermediate_size", "intermediate_size_mlp", "text_hidden_size",
-              "mamba_expand_size", "attention_hidden_size", "lru_width")
-LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers",
-              "encoder_layers", "num_decoder_layers", "depth", "num_encoder_layers")
-LAYER_LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "layers_type",
-                   "hybrid_override_pattern")
+WIDTH_KEYS = (
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "embed_dim",
+    "dim",
+    "width",
+    "intermediate_size",
+    "ffn_dim",
+    "d_ff",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "n_inner",
+    "ffn_hidden_size",
+    "mlp_dim",
+    "mamba_n_heads",
+    "decoder_hidden_size",
+    "projector_hidden_size",
+    "out_hidden_size",
+    "vision_output_dim",
+    "hidden_dim",
+    "expert_intermediate_size",
+    "intermediate_size_mlp",
+    "text_hidden_size",
+    "mamba_expand_size",
+    "attention_hidden_size",
+    "lru_width",
+)
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "decoder_layers",
+    "encoder_layers",
+    "num_decoder_layers",
+    "depth",
+    "num_encoder_layers",
+)
+LAYER_LIST_KEYS = (
+    "layer_types",
+    "layers_block_type",
+    "block_types",
+    "layers_type",
+    "hybrid_override_pattern",
+)
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "top_k", "moe_topk", "num_experts_per_token")
 VOCAB_LIMIT = 1024
@@ -100,8 +146,11 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
     factor = _width_factor(config)
     head_dim = attrs.get("head_dim")
     heads = _get(config, HEAD_KEYS)
-    if heads and attrs.get("head_dim") is None and "hidden_size" in attrs and isinstance(
-        attrs["hidden_size"], int
+    if (
+        heads
+        and attrs.get("head_dim") is None
+        and "hidden_size" in attrs
+        and isinstance(attrs["hidden_size"], int)
     ):
         head_dim = attrs["hidden_size"] // heads[1]
     if factor > 1:
@@ -141,9 +190,15 @@ def _shrink_layers(config: PretrainedConfig) -> None:
     if isinstance(dense_first, int) and dense_first > 0:
         config.first_k_dense_replace = 1
         keep = max(keep, 2)
-    for key in ("attn_layer_period", "expert_layer_period", "full_attention_interval",
-                "sliding_window_pattern", "decoder_sparse_step", "interleave_moe_layer_step",
-                "cross_attention_layers_period"):
+    for key in (
+        "attn_layer_period",
+        "expert_layer_period",
+        "full_attention_interval",
+        "sliding_window_pattern",
+        "decoder_sparse_step",
+        "interleave_moe_layer_step",
+        "cross_attention_layers_period",
+    ):
         period = attrs.get(key)
         if isinstance(period, int) and period > 1:
             keep = max(keep, period + (attrs.get("attn_layer_offset", 0) or 0) % period + 1)
@@ -181,8 +236,10 @@ def _shrink_experts(config: PretrainedConfig) -> None:
 
 
 _SIZE_NAME = re.compile(r"(dim|size|hidden|width)")
-_NOT_A_WIDTH = re.compile(r"(vocab|position|max_|window|patch|image|chunk|kernel|conv|state|"
-                          r"bucket|rope|sliding|token|length|group_size|num_)")
+_NOT_A_WIDTH = re.compile(
+    r"(vocab|position|max_|window|patch|image|chunk|kernel|conv|state|"
+    r"bucket|rope|sliding|token|length|group_size|num_)"
+)
 
 
 def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:

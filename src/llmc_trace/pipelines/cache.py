@@ -68,7 +68,9 @@ class IntermediatesCache:
     shared_names: set[str] = field(default_factory=set)
 
     @classmethod
-    def from_batches(cls, batches: list[dict[str, Any]], offload_device: torch.device) -> IntermediatesCache:
+    def from_batches(
+        cls, batches: list[dict[str, Any]], offload_device: torch.device
+    ) -> IntermediatesCache:
         cache = cls(offload_device)
         for batch in batches:
             cache.batches.append({})
@@ -78,8 +80,13 @@ class IntermediatesCache:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def fetch(self, index: int, names: list[str], device: torch.device,
-              private: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def fetch(
+        self,
+        index: int,
+        names: list[str],
+        device: torch.device,
+        private: frozenset[str] = frozenset(),
+    ) -> dict[str, Any]:
         """Values of batch ``index`` on ``device``; names in ``private`` are copied, because the
         subgraph writes into them in place and the cached value must not change."""
         values = {}
@@ -125,6 +132,7 @@ class IntermediatesCache:
         total = 0
         for batch in self.batches:
             for value in batch.values():
+
                 def visit(leaf: Any) -> Any:
                     nonlocal total
                     if isinstance(leaf, torch.Tensor) and leaf.data_ptr() not in seen:

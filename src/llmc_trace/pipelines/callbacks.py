@@ -54,7 +54,9 @@ class NoCallbacks:
         return None
 
 
-def named_submodules(model: torch.nn.Module, modules: Sequence[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
+def named_submodules(
+    model: torch.nn.Module, modules: Sequence[torch.nn.Module]
+) -> list[tuple[str, torch.nn.Module]]:
     """Pair modules with their paths in ``model``, in module order."""
     wanted = {id(m) for m in modules}
     return [(name, module) for name, module in model.named_modules() if id(module) in wanted]

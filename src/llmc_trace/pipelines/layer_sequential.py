@@ -31,8 +31,12 @@ class TargetCall:
     kwargs: dict[str, Any]
 
 
-def capture_first_inputs(model: torch.nn.Module, first: torch.nn.Module, batch: dict[str, Any],
-                         forward_kwargs: dict[str, Any]) -> TargetCall:
+def capture_first_inputs(
+    model: torch.nn.Module,
+    first: torch.nn.Module,
+    batch: dict[str, Any],
+    forward_kwargs: dict[str, Any],
+) -> TargetCall:
     captured: list[TargetCall] = []
 
     def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -48,8 +52,10 @@ def capture_first_inputs(model: torch.nn.Module, first: torch.nn.Module, batch: 
     finally:
         handle.remove()
     if not captured:
-        raise LlmcTraceError("The first sequential target never ran.",
-                             hint="Check --sequential-targets against the model's forward.")
+        raise LlmcTraceError(
+            "The first sequential target never ran.",
+            hint="Check --sequential-targets against the model's forward.",
+        )
     return captured[0]
 
 
@@ -59,8 +65,12 @@ def chain(call: TargetCall, output: Any) -> TargetCall:
     return TargetCall((hidden, *call.args[1:]), call.kwargs)
 
 
-def check_layer_sequential(model: torch.nn.Module, targets: list[torch.nn.Module],
-                           batch: dict[str, Any], forward_kwargs: dict[str, Any]) -> list[str]:
+def check_layer_sequential(
+    model: torch.nn.Module,
+    targets: list[torch.nn.Module],
+    batch: dict[str, Any],
+    forward_kwargs: dict[str, Any],
+) -> list[str]:
     """Problems that make layer-by-layer execution inexact for ``model`` (empty when exact)."""
     seen: list[TargetCall] = []
 
@@ -82,8 +92,11 @@ def check_layer_sequential(model: torch.nn.Module, targets: list[torch.nn.Module
         for i, target in enumerate(targets[:-1]):
             call = chain(call, target(*call.args, **call.kwargs))
             actual = seen[i + 1].args[0] if seen[i + 1].args else None
-            if not isinstance(actual, torch.Tensor) or actual.shape != call.args[0].shape or \
-                    not torch.allclose(actual, call.args[0], rtol=0, atol=1e-5):
+            if (
+                not isinstance(actual, torch.Tensor)
+                or actual.shape != call.args[0].shape
+                or not torch.allclose(actual, call.args[0], rtol=0, atol=1e-5)
+            ):
                 problems.append(f"target {i + 1} does not receive target {i}'s output unchanged")
                 break
     return problems
@@ -122,9 +135,14 @@ def run_layer_sequential(
     return stats
 
 
-def _run_target(target: torch.nn.Module, calls: list[TargetCall], label: str, report: Progress,
-                batches: list[dict[str, Any]] | None = None,
-                callbacks: Callbacks | None = None) -> list[Any]:
+def _run_target(
+    target: torch.nn.Module,
+    calls: list[TargetCall],
+    label: str,
+    report: Progress,
+    batches: list[dict[str, Any]] | None = None,
+    callbacks: Callbacks | None = None,
+) -> list[Any]:
     outputs = []
     with torch.no_grad():
         for index, call in enumerate(calls):

@@ -71,8 +71,9 @@ def run_sequential(
         passes = 1
         if listening:
             callbacks.on_subgraph_start(subgraph.index, named)
-        outputs = _run_all(model, subgraph, cache, device, label, report,
-                           batches if listening else None, callbacks)
+        outputs = _run_all(
+            model, subgraph, cache, device, label, report, batches if listening else None, callbacks
+        )
         if listening:
             changed = callbacks.on_calibrated(subgraph.index, named)
             callbacks.on_subgraph_end(subgraph.index, named)
@@ -98,10 +99,16 @@ def _graph_inputs(subgraphs: list[Subgraph]) -> set[str]:
     return {name for s in subgraphs for name in s.input_names if name not in produced}
 
 
-def _run_all(model: torch.nn.Module, subgraph: Subgraph, cache: IntermediatesCache,
-             device: torch.device, label: str, report: Progress,
-             batches: list[dict[str, Any]] | None = None,
-             callbacks: Callbacks | None = None) -> list[dict[str, Any]]:
+def _run_all(
+    model: torch.nn.Module,
+    subgraph: Subgraph,
+    cache: IntermediatesCache,
+    device: torch.device,
+    label: str,
+    report: Progress,
+    batches: list[dict[str, Any]] | None = None,
+    callbacks: Callbacks | None = None,
+) -> list[dict[str, Any]]:
     """Run ``subgraph`` on every cached batch; with ``callbacks``, announce each batch first."""
     outputs = []
     private = subgraph.mutated_inputs()

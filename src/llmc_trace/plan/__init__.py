@@ -4,5 +4,11 @@ from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import PipelineEstimate, RunSettings, estimate_pipelines
 from llmc_trace.plan.memory import plan_memory
 
-__all__ = ["MemoryPlan", "PipelineEstimate", "RunSettings", "choose_pipeline",
-           "estimate_pipelines", "plan_memory"]
+__all__ = [
+    "MemoryPlan",
+    "PipelineEstimate",
+    "RunSettings",
+    "choose_pipeline",
+    "estimate_pipelines",
+    "plan_memory",
+]

@@ -31,19 +31,29 @@ class MemoryPlan:
     def fallbacks(self) -> list[str]:
         """Pipelines to try, in order, if the chosen one fails for a reason other than memory."""
         order = [p for p in PREFERENCE if p in {e.pipeline for e in self.estimates}]
-        return order[order.index(self.chosen) + 1:] if self.chosen in order else []
+        return order[order.index(self.chosen) + 1 :] if self.chosen in order else []
 
 
 def choose_pipeline(
-    estimates: list[PipelineEstimate], device_memory: int, host_memory: int, *,
-    needs_data: bool = True, excluded: dict[str, str] | None = None,
+    estimates: list[PipelineEstimate],
+    device_memory: int,
+    host_memory: int,
+    *,
+    needs_data: bool = True,
+    excluded: dict[str, str] | None = None,
 ) -> MemoryPlan:
     """Pick the preferred pipeline whose device and host estimates fit."""
     excluded = excluded or {}
     by_name = {e.pipeline: e for e in estimates}
     if not needs_data:
-        return MemoryPlan(estimates, device_memory, host_memory, "data_free",
-                          "the compressor needs no calibration data", True)
+        return MemoryPlan(
+            estimates,
+            device_memory,
+            host_memory,
+            "data_free",
+            "the compressor needs no calibration data",
+            True,
+        )
     rejected = []
     for name in PREFERENCE:
         if name in excluded:
@@ -59,15 +69,22 @@ def choose_pipeline(
         if estimate.host_bytes > host_memory:
             rejected.append(f"{name}: needs {_gib(estimate.host_bytes)} of host memory")
             continue
-        reason = f"{name} fits ({_gib(estimate.device_bytes)} device, {_gib(estimate.host_bytes)} host)"
+        reason = (
+            f"{name} fits ({_gib(estimate.device_bytes)} device, {_gib(estimate.host_bytes)} host)"
+        )
         if rejected:
             reason += "; rejected " + "; ".join(rejected)
         return MemoryPlan(estimates, device_memory, host_memory, name, reason, True)
     candidates = [by_name[n] for n in PREFERENCE if n in by_name and n not in excluded]
     smallest = min(candidates, key=lambda e: e.device_bytes)
-    return MemoryPlan(estimates, device_memory, host_memory, smallest.pipeline,
-                      "nothing fits; " + "; ".join(rejected) + f"; {smallest.pipeline} needs the least",
-                      False)
+    return MemoryPlan(
+        estimates,
+        device_memory,
+        host_memory,
+        smallest.pipeline,
+        "nothing fits; " + "; ".join(rejected) + f"; {smallest.pipeline} needs the least",
+        False,
+    )
 
 
 def _gib(count: int) -> str:

@@ -80,8 +80,11 @@ def layer_working_bytes(config: PretrainedConfig, batch: int, seq: int, dtype_by
     text = getattr(config, "text_config", None) or config
     heads = getattr(text, "num_attention_heads", 1) or 1
     hidden = getattr(text, "hidden_size", 0) or 0
-    inner = (getattr(text, "intermediate_size", None) or getattr(text, "moe_intermediate_size", None)
-             or 4 * hidden)
+    inner = (
+        getattr(text, "intermediate_size", None)
+        or getattr(text, "moe_intermediate_size", None)
+        or 4 * hidden
+    )
     scores = batch * heads * seq * seq * (4 + dtype_bytes)
     mlp = 3 * batch * seq * inner * dtype_bytes
     residual = 4 * batch * seq * hidden * dtype_bytes
@@ -89,7 +92,9 @@ def layer_working_bytes(config: PretrainedConfig, batch: int, seq: int, dtype_by
 
 
 def estimate_pipelines(
-    model: torch.nn.Module, partitioned: PartitionedTrace | None, settings: RunSettings,
+    model: torch.nn.Module,
+    partitioned: PartitionedTrace | None,
+    settings: RunSettings,
     invariant: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> list[PipelineEstimate]:
     """Estimates for every pipeline that can run this model (sequential needs a trace).
@@ -103,39 +108,66 @@ def estimate_pipelines(
     targets = _target_modules(model, partitioned)
     hessians = [linear_hessian_bytes(t, settings.hessian_bytes_per_column2) for t in targets]
     working = layer_working_bytes(model.config, b, s, settings.dtype_bytes)
-    hidden_state = b * s * getattr(getattr(model.config, "text_config", None) or model.config,
-                                   "hidden_size", 0) * settings.dtype_bytes
+    hidden_state = (
+        b
+        * s
+        * getattr(getattr(model.config, "text_config", None) or model.config, "hidden_size", 0)
+        * settings.dtype_bytes
+    )
     logits = b * s * _vocab(model.config) * 4
     state = hessians if settings.needs_data else [0] * len(hessians)
     estimates = []
     if partitioned is not None:
-        estimates.append(_sequential(model, partitioned, settings, batches, weights, working,
-                                     invariant))
-    largest_target = max((sum(p.numel() for p in t.parameters()) * settings.dtype_bytes for t in targets), default=0)
+        estimates.append(
+            _sequential(model, partitioned, settings, batches, weights, working, invariant)
+        )
+    largest_target = max(
+        (sum(p.numel() for p in t.parameters()) * settings.dtype_bytes for t in targets), default=0
+    )
     per_batch_kwargs = _per_batch_kwargs(partitioned, b, s)
-    estimates.append(PipelineEstimate(
-        "layer_sequential",
-        device_bytes=largest_target + max(state, default=0) + working + 2 * hidden_state + per_batch_kwargs,
-        host_bytes=weights + batches * (hidden_state + per_batch_kwargs),
-        cache_bytes=batches * (hidden_state + per_batch_kwargs),
-        detail="one target on the device; every batch's hidden states and layer arguments on the host",
-    ))
-    estimates.append(PipelineEstimate(
-        "basic",
-        device_bytes=weights + sum(state) + working + logits,
-        host_bytes=weights,
-        cache_bytes=0,
-        detail="the whole model and every compressor's state on the device at once",
-    ))
-    estimates.append(PipelineEstimate(
-        "data_free", device_bytes=largest_target, host_bytes=weights, cache_bytes=0,
-        detail="weights only, one target at a time",
-    ))
+    estimates.append(
+        PipelineEstimate(
+            "layer_sequential",
+            device_bytes=largest_target
+            + max(state, default=0)
+            + working
+            + 2 * hidden_state
+            + per_batch_kwargs,
+            host_bytes=weights + batches * (hidden_state + per_batch_kwargs),
+            cache_bytes=batches * (hidden_state + per_batch_kwargs),
+            detail="one target on the device; every batch's hidden states and layer arguments on the host",
+        )
+    )
+    estimates.append(
+        PipelineEstimate(
+            "basic",
+            device_bytes=weights + sum(state) + working + logits,
+            host_bytes=weights,
+            cache_bytes=0,
+            detail="the whole model and every compressor's state on the device at once",
+        )
+    )
+    estimates.append(
+        PipelineEstimate(
+            "data_free",
+            device_bytes=largest_target,
+            host_bytes=weights,
+            cache_bytes=0,
+            detail="weights only, one target at a time",
+        )
+    )
     return estimates
 
 
-def _sequential(model: torch.nn.Module, partitioned: PartitionedTrace, settings: RunSettings,
-                batches: int, weights: int, working: int, invariant: set[str]) -> PipelineEstimate:
+def _sequential(
+    model: torch.nn.Module,
+    partitioned: PartitionedTrace,
+    settings: RunSettings,
+    batches: int,
+    weights: int,
+    working: int,
+    invariant: set[str],
+) -> PipelineEstimate:
     b, s = settings.batch_size, settings.seq_len
     values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
     live: dict[str, int] = {}
@@ -144,9 +176,17 @@ def _sequential(model: torch.nn.Module, partitioned: PartitionedTrace, settings:
     for subgraph in partitioned.subgraphs:
         params = {id(p): p for m in subgraph.submodules(model) for p in m.parameters(recurse=False)}
         param_bytes = sum(p.numel() for p in params.values()) * settings.dtype_bytes
-        hessian = sum(linear_hessian_bytes(model.get_submodule(t), settings.hessian_bytes_per_column2)
-                      for t in subgraph.targets) if settings.needs_data else 0
-        io = sum(scaled_bytes(values.get(n), b, s) for n in subgraph.input_names + subgraph.output_names)
+        hessian = (
+            sum(
+                linear_hessian_bytes(model.get_submodule(t), settings.hessian_bytes_per_column2)
+                for t in subgraph.targets
+            )
+            if settings.needs_data
+            else 0
+        )
+        io = sum(
+            scaled_bytes(values.get(n), b, s) for n in subgraph.input_names + subgraph.output_names
+        )
         layer = working if subgraph.targets else 0
         peak_device = max(peak_device, param_bytes + hessian + io + layer)
         for name in subgraph.output_names:
@@ -156,7 +196,9 @@ def _sequential(model: torch.nn.Module, partitioned: PartitionedTrace, settings:
             live.pop(name, None)
         peak_cache = max(peak_cache, sum(live.values()))
     return PipelineEstimate(
-        "sequential", device_bytes=peak_device, host_bytes=weights + peak_cache,
+        "sequential",
+        device_bytes=peak_device,
+        host_bytes=weights + peak_cache,
         cache_bytes=peak_cache,
         detail="one subgraph on the device; cross-subgraph values of every batch on the host",
     )
@@ -171,7 +213,9 @@ def _per_batch_kwargs(partitioned: PartitionedTrace | None, batch: int, seq: int
     return sum(scaled_bytes(n.meta.get("val"), batch, seq) for n in inputs)
 
 
-def _target_modules(model: torch.nn.Module, partitioned: PartitionedTrace | None) -> list[torch.nn.Module]:
+def _target_modules(
+    model: torch.nn.Module, partitioned: PartitionedTrace | None
+) -> list[torch.nn.Module]:
     if partitioned is not None:
         return [model.get_submodule(p) for p in partitioned.trace.leaves.targets]
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]

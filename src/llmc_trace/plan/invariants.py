@@ -22,22 +22,28 @@ from llmc_trace.tracing.trace import trace_graph
 
 
 def sample_invariant_names(
-    source: ModelSource, options: SampleOptions, sequential_targets: list[str] | None = None,
+    source: ModelSource,
+    options: SampleOptions,
+    sequential_targets: list[str] | None = None,
     ignore: list[str] | None = None,
 ) -> set[str]:
     """Names of intermediates equal across two samples (unpadded text of the same shape)."""
     twin = build_twin(source)
-    samples = [make_sample(twin.config, "text", SampleOptions(options.seq_len, None,
-                                                              options.batch_size, seed))
-               for seed in (1, 2)]
+    samples = [
+        make_sample(
+            twin.config, "text", SampleOptions(options.seq_len, None, options.batch_size, seed)
+        )
+        for seed in (1, 2)
+    ]
     partitioned = partition_trace(trace_graph(twin, samples[0], sequential_targets, ignore))
     inputs = [{k: v for k, v in s.items() if k in partitioned.trace.input_names} for s in samples]
     cache = IntermediatesCache.from_batches(inputs, torch.device("cpu"))
     with torch.no_grad():
         for subgraph in partitioned.subgraphs:
             for index in range(len(cache)):
-                values = cache.fetch(index, subgraph.input_names, torch.device("cpu"),
-                                     subgraph.mutated_inputs())
+                values = cache.fetch(
+                    index, subgraph.input_names, torch.device("cpu"), subgraph.mutated_inputs()
+                )
                 results: dict[str, Any] = subgraph.forward(twin, **values)
                 results.pop(MODEL_OUTPUT, None)
                 cache.update(index, results)

@@ -35,15 +35,19 @@ def plan_memory(
     """The memory plan for calibrating ``model`` with ``settings`` (nothing is allocated)."""
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     meta_model = build_meta_model(source)
-    sample = make_sample(meta_model.config, "text",
-                         SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH))
+    sample = make_sample(
+        meta_model.config, "text", SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
+    )
     excluded: dict[str, str] = {}
     invariant: set[str] = set()
     try:
         partitioned = partition_trace(trace_graph(meta_model, sample, sequential_targets, ignore))
         invariant = sample_invariant_names(
-            source, SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
-            sequential_targets, ignore)
+            source,
+            SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
+            sequential_targets,
+            ignore,
+        )
     except Exception as err:  # an untraceable model still gets a plan, without sequential
         partitioned = None
         excluded["sequential"] = f"the model does not trace ({type(err).__name__})"

@@ -86,7 +86,9 @@ def check_guards(
     return violations
 
 
-def _evaluate(node: fx.Node, root: torch.nn.Module, env: dict[str, Any], inputs: dict[str, Any]) -> Any:
+def _evaluate(
+    node: fx.Node, root: torch.nn.Module, env: dict[str, Any], inputs: dict[str, Any]
+) -> Any:
     if node.op == "placeholder":
         value = inputs[node.target]
         # shape questions only need meta; value questions on real integer inputs stay real

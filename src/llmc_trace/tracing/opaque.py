@@ -33,6 +33,29 @@ MASKING_MODULE = "transformers.masking_utils"
 CHECK_FUNCTIONS = ("torch_compilable_check",)
 
 
+#: torch constructors whose size arguments may be proxies (``torch.ones(batch, seq)``): the
+#: argument parser would otherwise read a proxy as a size *sequence* and reject the call.
+CONSTRUCTORS = ("ones", "zeros", "full", "empty", "rand", "randn", "randint", "eye", "tensor",
+                "arange", "linspace", "ones_like", "zeros_like", "full_like", "empty_like",
+                "tril", "triu", "finfo")
+
+
+@contextlib.contextmanager
+def patch_constructors(
+    record_function: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    has_proxy: Callable[[Any], bool],
+) -> Iterator[None]:
+    """Record torch constructors called with proxies as graph calls, for one trace."""
+    originals = {name: getattr(torch, name) for name in CONSTRUCTORS if hasattr(torch, name)}
+    try:
+        for name, original in originals.items():
+            setattr(torch, name, _function_wrapper(original, record_function, has_proxy))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch, name, original)
+
+
 def call_module_method(module: torch.nn.Module, method_name: str, *args: Any, **kwargs: Any) -> Any:
     """Graph target for an opaque method: ``module.method_name(*args, **kwargs)`` at run time."""
     return getattr(module, method_name)(*args, **kwargs)
@@ -97,7 +120,9 @@ def patch_opaque(
             if not class_name:
                 for python_module in files:
                     original = vars(python_module).get(attr)
-                    if inspect.isfunction(original) and not getattr(original, "_llmc_opaque", False):
+                    if inspect.isfunction(original) and not getattr(
+                        original, "_llmc_opaque", False
+                    ):
                         wrapper = _function_wrapper(original, record_function, has_proxy)
                         patched.append((python_module, attr, original, False))
                         setattr(python_module, attr, wrapper)
@@ -125,7 +150,7 @@ def _function_wrapper(
     record: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
     has_proxy: Callable[[Any], bool],
 ) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @functools.wraps(original, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if has_proxy((args, kwargs)):
             return record(original, args, kwargs)

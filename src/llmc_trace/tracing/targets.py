@@ -107,7 +107,11 @@ def default_target_patterns(model: torch.nn.Module) -> list[str]:
 def _largest_repeated_class(model: torch.nn.Module, towers: set[str]) -> list[str]:
     best: tuple[int, str] | None = None
     for path, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and not is_in_tower(path, towers):
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) > 1
+            and not is_in_tower(path, towers)
+        ):
             classes = {type(child).__name__ for child in module}
             if len(classes) == 1 and (best is None or len(module) > best[0]):
                 best = (len(module), classes.pop())

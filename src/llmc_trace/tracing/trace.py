@@ -69,7 +69,9 @@ def trace_graph(
     """
     start = time.perf_counter()
     module_patterns, function_names = split_ignore(model, list(ignore or []))
-    opaque = default_opaque_functions() + [n for n in function_names if n not in default_opaque_functions()]
+    opaque = default_opaque_functions() + [
+        n for n in function_names if n not in default_opaque_functions()
+    ]
     leaves = plan_leaves(model, sequential_targets, module_patterns)
     tensors, constants = split_sample(sample)
     concrete = {**concrete_arguments(model, sample), **constants}

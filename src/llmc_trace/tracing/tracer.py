@@ -30,26 +30,68 @@ from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.utils._pytree import tree_flatten
 
 from llmc_trace.tracing.guards import Guard, ask
-from llmc_trace.tracing.opaque import call_module_method, patch_opaque
+from llmc_trace.tracing.opaque import call_module_method, patch_constructors, patch_opaque
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.source import current_model_location
 from llmc_trace.tracing.values import compute_value
 
 #: Methods and functions whose result depends only on the *shape* of their tensor argument.
 METADATA_OPS = frozenset(
-    {"size", "dim", "numel", "nelement", "is_floating_point", "is_complex", "element_size",
-     "stride", "is_contiguous", "get_device", "shape", "dtype", "ndim", "device", "is_cuda",
-     "layout", "is_meta"}
+    {
+        "size",
+        "dim",
+        "numel",
+        "nelement",
+        "is_floating_point",
+        "is_complex",
+        "element_size",
+        "stride",
+        "is_contiguous",
+        "get_device",
+        "shape",
+        "dtype",
+        "ndim",
+        "device",
+        "is_cuda",
+        "layout",
+        "is_meta",
+    }
 )
 #: Operations whose output *shape* depends on the values of their inputs.
 DATA_DEPENDENT_SHAPE_OPS = frozenset(
-    {"nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "repeat_interleave",
-     "bincount", "histc", "tolist", "item", "where_1arg"}
+    {
+        "nonzero",
+        "masked_select",
+        "unique",
+        "unique_consecutive",
+        "argwhere",
+        "repeat_interleave",
+        "bincount",
+        "histc",
+        "tolist",
+        "item",
+        "where_1arg",
+    }
 )
 #: Tensor constructors: their shape comes from their (non-tensor) arguments' values.
 CONSTRUCTORS = frozenset(
-    {"arange", "zeros", "ones", "full", "empty", "rand", "randn", "randint", "linspace", "eye",
-     "tensor", "as_tensor", "logspace", "tril_indices", "triu_indices"}
+    {
+        "arange",
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "rand",
+        "randn",
+        "randint",
+        "linspace",
+        "eye",
+        "tensor",
+        "as_tensor",
+        "logspace",
+        "tril_indices",
+        "triu_indices",
+    }
 )
 
 
@@ -113,8 +155,9 @@ class LlmcTracer(fx.Tracer):
         self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
 
     # ----------------------------------------------------------------- entry point
-    def trace_model(self, model: torch.nn.Module, inputs: dict[str, Any],
-                    concrete: dict[str, Any]) -> fx.Graph:
+    def trace_model(
+        self, model: torch.nn.Module, inputs: dict[str, Any], concrete: dict[str, Any]
+    ) -> fx.Graph:
         """Trace ``model(**inputs, **concrete)``: tensors in ``inputs`` become placeholders."""
         self._inputs = inputs
         self._concrete = concrete
@@ -122,20 +165,36 @@ class LlmcTracer(fx.Tracer):
         self._buffer_paths = {id(b): n for n, b in model.named_buffers(remove_duplicate=False)}
         self._module_paths = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
         self._object_paths = self._collect_object_paths(model)
-        traced = [(path, module) for path, module in model.named_modules()
-                  if self._is_leaf(path, module) is None]
-        attributes = {(id(m), key): value for _, m in traced for key, value in vars(m).items()
-                      if not key.startswith("_")}
+        traced = [
+            (path, module)
+            for path, module in model.named_modules()
+            if self._is_leaf(path, module) is None
+        ]
+        attributes = {
+            (id(m), key): value
+            for _, m in traced
+            for key, value in vars(m).items()
+            if not key.startswith("_")
+        }
         try:
-            with patch_opaque(self._opaque_names, traced, self._record_function,
-                              self._record_method, self.has_proxy) as matches:
+            with (
+                patch_opaque(
+                    self._opaque_names,
+                    traced,
+                    self._record_function,
+                    self._record_method,
+                    self.has_proxy,
+                ) as matches,
+                patch_constructors(self._record_constructor, self.has_proxy),
+            ):
                 self.state.opaque_matches = matches
                 return self.trace(model)
         finally:
             _restore_proxy_attributes(traced, attributes)
 
-    def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
-                             concrete_args: Any = None) -> tuple[Callable[..., Any], list[Any]]:
+    def create_args_for_root(
+        self, root_fn: Callable[..., Any], is_module: bool, concrete_args: Any = None
+    ) -> tuple[Callable[..., Any], list[Any]]:
         names = list(self._inputs)
 
         def root_with_keywords(root: torch.nn.Module, *values: Any) -> Any:
@@ -152,9 +211,16 @@ class LlmcTracer(fx.Tracer):
         leaves, _ = tree_flatten(value)
         return any(isinstance(leaf, fx.Proxy) for leaf in leaves)
 
-    def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     name: str | None = None, type_expr: Any = None,
-                     proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> MetaProxy:
+    def create_proxy(
+        self,
+        kind: str,
+        target: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str | None = None,
+        type_expr: Any = None,
+        proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None,
+    ) -> MetaProxy:
         if kind == "call_module" or id(target) in self._opaque_targets:
             args = tuple(self._shared_container(a) for a in args)
             kwargs = {k: self._shared_container(v) for k, v in kwargs.items()}
@@ -162,8 +228,9 @@ class LlmcTracer(fx.Tracer):
         self._annotate(proxy.node, kind, target, args, kwargs)
         return proxy  # type: ignore[return-value]
 
-    def _annotate(self, node: fx.Node, kind: str, target: Any, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> None:
+    def _annotate(
+        self, node: fx.Node, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         node.meta["source"] = current_model_location()
         path, cls = self.module_stack[-1] if self.module_stack else ("", type(self.root).__name__)
         node.meta["module_path"] = path
@@ -174,18 +241,24 @@ class LlmcTracer(fx.Tracer):
             return
         if kind == "get_attr":
             value = self._resolve_attr(target)
-            node.meta.update(val=value, value_static=False, shape_static=True,
-                             is_real=not (isinstance(value, torch.Tensor) and value.is_meta))
+            node.meta.update(
+                val=value,
+                value_static=False,
+                shape_static=True,
+                is_real=not (isinstance(value, torch.Tensor) and value.is_meta),
+            )
             return
         values = _map_proxies(lambda p: p.node.meta.get("val"), (args, kwargs))
-        arg_nodes = [leaf.node for leaf in tree_flatten((args, kwargs))[0]
-                     if isinstance(leaf, fx.Proxy)]
+        arg_nodes = [
+            leaf.node for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, fx.Proxy)
+        ]
         module = self.root.get_submodule(target) if kind == "call_module" else None
         run = _runner(kind, target, module)
         opaque = kind == "call_module" or id(target) in self._opaque_targets
         with _maybe_revert_all_patches():
-            computed = compute_value(run, values[0], values[1], module=module,
-                                     allow_phantoms=opaque)
+            computed = compute_value(
+                run, values[0], values[1], module=module, allow_phantoms=opaque
+            )
         node.meta["val"] = computed.value
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
@@ -208,17 +281,31 @@ class LlmcTracer(fx.Tracer):
         if id(value) not in self._containers:
             cls = type(value)
             items = dict(value) if isinstance(value, (dict, UserDict)) else list(value)
-            node = self.create_node("call_function", new_container,
-                                    (f"{cls.__module__}.{cls.__qualname__}", self.create_arg(items)), {})
-            node.meta.update(val=value, value_static=False, shape_static=True, is_real=True,
-                             source=current_model_location(), module_path="", module_class="")
+            node = self.create_node(
+                "call_function",
+                new_container,
+                (f"{cls.__module__}.{cls.__qualname__}", self.create_arg(items)),
+                {},
+            )
+            node.meta.update(
+                val=value,
+                value_static=False,
+                shape_static=True,
+                is_real=True,
+                source=current_model_location(),
+                module_path="",
+                module_class="",
+            )
             self._containers[id(value)] = (self.proxy(node), value)
         return self._containers[id(value)][0]
 
     def _resolve_attr(self, target: str) -> Any:
+        # fx patches Module.__getattr__ to emit get_attr nodes; reading through it here would
+        # recurse, so resolve with the patches lifted
         value: Any = self.root
-        for atom in target.split("."):
-            value = getattr(value, atom)
+        with _maybe_revert_all_patches():
+            for atom in target.split("."):
+                value = getattr(value, atom)
         return value
 
     # ----------------------------------------------------------------- questions on proxies
@@ -241,8 +328,9 @@ class LlmcTracer(fx.Tracer):
             raise DataDependentQuestion(question, node, "value is unknown on the meta device")
         result = ask(question, value, *extra)
         argument = extra[0] if question == "contains" else None
-        self.state.guards.append(Guard(node.name, question, _plain(result),
-                                       current_model_location(), argument))
+        self.state.guards.append(
+            Guard(node.name, question, _plain(result), current_model_location(), argument)
+        )
         return result
 
     def to_bool(self, obj: fx.Proxy) -> bool:
@@ -266,8 +354,13 @@ class LlmcTracer(fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return self._is_leaf(module_qualified_name, m) is not None
 
-    def call_module(self, m: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
+    def call_module(
+        self,
+        m: torch.nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         path = self._module_paths.get(id(m))
         if path is None:  # a module built during forward: not addressable, so trace through it
             return forward(*args, **kwargs)
@@ -303,8 +396,9 @@ class LlmcTracer(fx.Tracer):
             if path is not None:
                 return self.create_node("get_attr", path, (), {})
             self._constant_count += 1
-            return self.create_node("call_function", TensorConstant(a, self._constant_count),
-                                    (), {})
+            return self.create_node(
+                "call_function", TensorConstant(a, self._constant_count), (), {}
+            )
         if isinstance(a, torch.nn.Module) and id(a) in self._module_paths:
             return self.create_node("get_attr", self._module_paths[id(a)], (), {})
         if _is_model_output(a):
@@ -329,20 +423,42 @@ class LlmcTracer(fx.Tracer):
         return paths
 
     # ----------------------------------------------------------------- opaque calls
-    def _record_function(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                         kwargs: dict[str, Any]) -> Any:
+    def _record_function(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         self._opaque_targets.add(id(fn))
         if fn.__name__ not in self.state.opaque_recorded:
             self.state.opaque_recorded.append(fn.__name__)
+        return self.unpack(self.create_proxy("call_function", fn, args, kwargs))
+
+    def _record_constructor(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         return self.create_proxy("call_function", fn, args, kwargs)
 
-    def _record_method(self, module: torch.nn.Module, name: str, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
+    def _record_method(
+        self, module: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         self._opaque_targets.add(id(call_module_method))
         qualified = f"{type(module).__name__}.{name}"
         if qualified not in self.state.opaque_recorded:
             self.state.opaque_recorded.append(qualified)
-        return self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
+        return self.unpack(
+            self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
+        )
+
+    def unpack(self, proxy: MetaProxy) -> Any:
+        """A proxy of a plain dict, list or tuple becomes that container of item proxies.
+
+        Model code asks ``isinstance(masks, dict)`` of what a mask builder returned; a bare
+        proxy would answer no and send tracing down the wrong branch.
+        """
+        value = proxy.node.meta.get("val")
+        if type(value) is dict:
+            return {key: proxy[key] for key in value}
+        if type(value) in (list, tuple):
+            return type(value)(proxy[i] for i in range(len(value)))
+        return proxy
 
 
 def new_container(class_path: str, items: Any) -> Any:
@@ -376,13 +492,17 @@ def _map_proxies(fn: Callable[[fx.Proxy], Any], value: Any) -> Any:
     if isinstance(value, dict) and not _is_model_output(value):
         return {k: _map_proxies(fn, v) for k, v in value.items()}
     if isinstance(value, slice):
-        return slice(_map_proxies(fn, value.start), _map_proxies(fn, value.stop),
-                     _map_proxies(fn, value.step))
+        return slice(
+            _map_proxies(fn, value.start),
+            _map_proxies(fn, value.stop),
+            _map_proxies(fn, value.step),
+        )
     return value
 
 
-def _restore_proxy_attributes(modules: list[tuple[str, torch.nn.Module]],
-                              before: dict[tuple[int, str], Any]) -> None:
+def _restore_proxy_attributes(
+    modules: list[tuple[str, torch.nn.Module]], before: dict[tuple[int, str], Any]
+) -> None:
     """Undo ``self.x = <proxy>`` assignments made by model code while tracing.
 
     Qwen2-VL stores ``self.rope_deltas`` during forward; a proxy left there would break the
@@ -419,8 +539,9 @@ def _runner(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[
     raise AssertionError(f"no runner for node kind {kind}")
 
 
-def _static_flags(kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[Any, ...],
-                  value: Any) -> tuple[bool, bool]:
+def _static_flags(
+    kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[Any, ...], value: Any
+) -> tuple[bool, bool]:
     """(value_static, shape_static) of a new node from those of its inputs."""
     name = op_name(target)
     if kind == "call_function" and target is getattr:
@@ -430,7 +551,9 @@ def _static_flags(kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[
         return subject is not None and subject.meta.get("shape_static", False), True
     values_static = all(n.meta.get("value_static", False) for n in arg_nodes)
     non_tensor_static = all(
-        n.meta.get("value_static", False) for n in arg_nodes if not _holds_tensors(n.meta.get("val"))
+        n.meta.get("value_static", False)
+        for n in arg_nodes
+        if not _holds_tensors(n.meta.get("val"))
     )
     shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
     shape_static = shapes_static and non_tensor_static and name not in DATA_DEPENDENT_SHAPE_OPS
