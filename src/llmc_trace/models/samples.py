@@ -272,3 +272,60 @@ def llava_image(
         options.batch_size, vision.num_channels, side, side, generator=generator
     )
     return sample
+
+
+# ---------------------------------------------------------------- images: Gemma 3
+@sample_builder("image", "gemma3")
+def gemma3_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    """One image: begin-of-image, ``mm_tokens_per_image`` soft tokens, end-of-image."""
+    vision = config.vision_config
+    image = token_id(config, "image_token_id", "image_token_index")
+    middle = [token_id(config, "boi_token_id", "boi_token_index")]
+    middle += [image] * config.mm_tokens_per_image
+    middle.append(token_id(config, "eoi_token_id", "eoi_token_index"))
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["token_type_ids"] = (sample["input_ids"] == image).long()
+    side = vision.image_size  # SigLIP position embeddings fix the input size
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, vision.num_channels, side, side, generator=generator
+    )
+    return sample
+
+
+# ---------------------------------------------------------------- images: Idefics3 / SmolVLM
+@sample_builder("image", "idefics3", "smolvlm")
+def idefics3_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    """One image, pixel-shuffled into ``(side/patch)² / scale_factor²`` image tokens."""
+    vision = config.vision_config
+    side = vision.image_size
+    count = (side // vision.patch_size) ** 2 // (config.scale_factor**2)
+    middle = [token_id(config, "image_token_id")] * count
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, 1, vision.num_channels, side, side, generator=generator
+    )
+    sample["pixel_attention_mask"] = torch.ones(options.batch_size, 1, side, side, dtype=torch.bool)
+    return sample
+
+
+# ---------------------------------------------------------------- images: Mllama (Llama 3.2 Vision)
+@sample_builder("image", "mllama")
+def mllama_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+    """One single-tile image: one image token, cross-attended by the text after it."""
+    vision = config.vision_config
+    tiles = vision.max_num_tiles
+    side = vision.image_size
+    middle = [token_id(config, "image_token_id", "image_token_index")]
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    batch, seq = sample["input_ids"].shape
+    sample["pixel_values"] = torch.randn(
+        batch, 1, tiles, vision.num_channels, side, side, generator=generator
+    )
+    sample["aspect_ratio_ids"] = torch.ones(batch, 1, dtype=torch.long)  # (1, 1): one tile
+    sample["aspect_ratio_mask"] = torch.zeros(batch, 1, tiles, dtype=torch.long)
+    sample["aspect_ratio_mask"][:, :, 0] = 1
+    cross = torch.zeros(batch, seq, 1, tiles, dtype=torch.long)
+    first_image = int((sample["input_ids"][0] == middle[0]).nonzero()[0])
+    cross[:, first_image:, :, 0] = 1
+    sample["cross_attention_mask"] = cross
+    return sample

@@ -72,6 +72,7 @@ LAYER_KEYS = (
     "num_decoder_layers",
     "depth",
     "num_encoder_layers",
+    "num_global_layers",
 )
 LAYER_LIST_KEYS = (
     "layer_types",
@@ -99,6 +100,7 @@ def shrink_config(config: PretrainedConfig) -> PretrainedConfig:
     for sub in [twin, *_sub_configs(twin)]:
         _follow_widths(sub, renamed_widths)
     _shrink_vocab(twin)
+    _shrink_images(twin)
     return twin
 
 
@@ -206,6 +208,12 @@ def _shrink_layers(config: PretrainedConfig) -> None:
     if isinstance(cross, list) and cross:
         config.cross_attention_layers = [1]
         keep = max(keep, 3)
+    for key, indices in list(attrs.items()):
+        # layers tapped for features (Mllama's intermediate_layers_indices): their count shapes
+        # projections, so keep as many, renumbered inside the shortened stack
+        if key.endswith("layers_indices") and isinstance(indices, list) and indices:
+            keep = max(keep, len(indices))
+            setattr(config, key, list(range(len(indices))))
     for key in LAYER_KEYS:
         value = attrs.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > keep:
@@ -294,3 +302,27 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
                 setattr(sub, key, [moved.get(t, t) if isinstance(t, int) else t for t in value])
             elif isinstance(value, int):
                 setattr(sub, key, moved.get(value, value))
+
+
+#: Patches per image side in a twin: divisible by 2, 3, 4 and 6, the merge, pixel-shuffle and
+#: pooling factors vision-language models use.
+TWIN_PATCHES_PER_SIDE = 12
+
+
+def _shrink_images(config: PretrainedConfig) -> None:
+    """Small images for twins: a 896-pixel SigLIP input would dominate verification time.
+
+    Fields derived from the image size follow: Gemma 3 pools to ``mm_tokens_per_image`` soft
+    tokens (kept a square dividing the patch grid), Idefics3 records its ``image_seq_len``.
+    """
+    for sub in [config, *_sub_configs(config)]:
+        attrs = vars(sub)
+        size, patch = attrs.get("image_size"), attrs.get("patch_size")
+        if isinstance(size, int) and isinstance(patch, int) and size // patch > TWIN_PATCHES_PER_SIDE:
+            sub.image_size = patch * TWIN_PATCHES_PER_SIDE
+    attrs = vars(config)
+    if isinstance(attrs.get("mm_tokens_per_image"), int):
+        config.mm_tokens_per_image = 16  # 4 x 4 pooled tokens, from a 12 x 12 patch grid
+    scale = attrs.get("scale_factor")
+    if isinstance(attrs.get("image_seq_len"), int) and isinstance(scale, int) and scale > 0:
+        config.image_seq_len = (TWIN_PATCHES_PER_SIDE // scale) ** 2
