@@ -10,14 +10,7 @@ from rich.text import Text
 
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.report import TraceReport
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
+from llmc_trace.units import human_bytes
 
 
 def _compress_targets(targets: list[str]) -> str:

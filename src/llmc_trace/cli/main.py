@@ -12,14 +12,7 @@ import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.display import show_report
-
-SHOW_DEFAULT = {"show_default": True}
-
-
-def split_list(values: tuple[str, ...]) -> list[str] | None:
-    """``--x a,b --x c`` -> ``[a, b, c]``; nothing given -> ``None`` (use defaults)."""
-    items = [item.strip() for value in values for item in value.split(",") if item.strip()]
-    return items or None
+from llmc_trace.cli.options import model_options, split_list
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -36,45 +29,35 @@ def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     click_ctx.obj = CliContext(quiet=quiet, debug=debug)
 
 
-def model_options(fn):  # type: ignore[no-untyped-def]
-    """Options every command that traces a model shares."""
-    options = [
-        click.option("--model", "-m", required=True,
-                     help="Built-in name, hub id (config only), or local folder with config.json."),
-        click.option("--modality", default="text", **SHOW_DEFAULT,
-                     type=click.Choice(["text", "image", "video", "audio"]),
-                     help="Which inputs the sample holds."),
-        click.option("--sequential-targets", "-t", multiple=True,
-                     help="Target class names or 're:' path patterns (comma-separated or "
-                     "repeated). Default: the language model's repeated blocks."),
-        click.option("--ignore", "-i", multiple=True,
-                     help="Modules (class or 're:' pattern) to keep as leaves, or functions to "
-                     "record as opaque calls. Default: transformers' mask builders."),
-        click.option("--targets-per-subgraph", default=1, **SHOW_DEFAULT, type=click.IntRange(1),
-                     help="Consecutive targets grouped into one subgraph."),
-        click.option("--seq-len", default=32, **SHOW_DEFAULT, type=click.IntRange(2),
-                     help="Text length of the tracing sample."),
-        click.option("--image-size", type=click.IntRange(1), default=None,
-                     help="Image side in pixels (default: the smallest the model accepts)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
 @cli.command()
 @model_options
 @click.option("--no-verify", is_flag=True, help="Trace and partition only; skip the replay check.")
-@click.option("--real-weights", is_flag=True,
-              help="Verify on the folder's own weights instead of the tiny twin.")
-@click.option("--fix", is_flag=True,
-              help="When tracing fails, search for fixes (ignore, opaque calls) and verify them.")
+@click.option(
+    "--real-weights",
+    is_flag=True,
+    help="Verify on the folder's own weights instead of the tiny twin.",
+)
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="When tracing fails, search for fixes (ignore, opaque calls) and verify them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout only.")
 @pass_cli
-def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tuple[str, ...],
-            ignore: tuple[str, ...], targets_per_subgraph: int, seq_len: int,
-            image_size: int | None, no_verify: bool, real_weights: bool, fix: bool,
-            as_json: bool) -> None:
+def attempt(
+    ctx: CliContext,
+    model: str,
+    modality: str,
+    sequential_targets: tuple[str, ...],
+    ignore: tuple[str, ...],
+    targets_per_subgraph: int,
+    seq_len: int,
+    image_size: int | None,
+    no_verify: bool,
+    real_weights: bool,
+    fix: bool,
+    as_json: bool,
+) -> None:
     """Trace MODEL from its config, cut it into subgraphs, and prove replay equals the model.
 
     Exit code 0: traced and verified; 1: not traceable or not verified; 2: bad input.
@@ -83,10 +66,17 @@ def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tupl
 
     with handle_errors(ctx), ctx.progress(f"attempt {model}") as progress:
         report = attempt_trace(
-            model, modality=modality, sequential_targets=split_list(sequential_targets),
-            ignore=split_list(ignore), targets_per_subgraph=targets_per_subgraph,
-            seq_len=seq_len, image_size=image_size, verify=not no_verify,
-            real_weights=real_weights, fix=fix, progress=progress,
+            model,
+            modality=modality,
+            sequential_targets=split_list(sequential_targets),
+            ignore=split_list(ignore),
+            targets_per_subgraph=targets_per_subgraph,
+            seq_len=seq_len,
+            image_size=image_size,
+            verify=not no_verify,
+            real_weights=real_weights,
+            fix=fix,
+            progress=progress,
         )
     if as_json:
         ctx.print_json(report.to_json())
@@ -100,9 +90,11 @@ def attempt(ctx: CliContext, model: str, modality: str, sequential_targets: tupl
 def _register() -> None:
     from llmc_trace.cli.coverage_cmd import coverage
     from llmc_trace.cli.plan_cmd import plan
+    from llmc_trace.cli.render_cmd import render
 
     cli.add_command(plan)
     cli.add_command(coverage)
+    cli.add_command(render)
 
 
 _register()

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.display import human_bytes
+from llmc_trace.units import human_bytes
 
 _UNITS = {
     "": 1,

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.main import SHOW_DEFAULT, model_options, split_list
+from llmc_trace.cli.options import SHOW_DEFAULT, model_options, split_list
 
 #: Kept in step with ``llmc_trace.render.VIEWS``; importing the renderer here would make
 #: ``llmc-trace --help`` import torch.
@@ -75,7 +75,8 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
 @click.option(
     "--collapse",
     is_flag=True,
-    help="Draw each run of identical subgraphs (or numbered sibling modules) once.",
+    help="Draw each run of identical subgraphs (overview, detail) or of identical numbered "
+    "sibling modules (modules) once.",
 )
 @pass_cli
 def render(

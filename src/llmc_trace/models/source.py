@@ -91,7 +91,8 @@ def builtin_names() -> list[str]:
 def resolve_model(name: str) -> ModelSource:
     """Find ``name`` among the built-ins, as a local folder, or on the Hub (config only)."""
     folder = builtin_root() / name
-    if (folder / "config.json").exists():
+    is_hub_style = not Path(name).is_absolute() and ".." not in Path(name).parts
+    if is_hub_style and (folder / "config.json").exists():
         return ModelSource(name, "builtin", folder, _read_config(folder / "config.json"))
     path = Path(name).expanduser()
     if path.exists():

@@ -95,12 +95,12 @@ def draw_detail(
     legend = [
         (COLORS["input"], "read from outside the drawn subgraphs"),
         (COLORS["target"], "sequential target"),
-        (COLORS["leaf"], "other leaf module"),
+        (COLORS["ignored"], "ignored module"),
+        (COLORS["leaf"], "module holding no target"),
     ]
     dot = new_digraph("detail", caption_label(caption, legend))
     nodes: dict[str, NodeInfo] = {}
     external = _draw_external(dot, graph_nodes, owner, nodes)
-    targets = set(trace.leaves.targets)
     for subgraph, members in chosen:
         part = [n for n in graph_nodes if owner[n.name] == subgraph.index]
         with dot.subgraph(name=f"cluster_sg{subgraph.index}") as cluster:
@@ -120,7 +120,7 @@ def draw_detail(
                 cluster,
                 part,
                 trace.model,
-                lambda n: default_style(n, targets),
+                lambda n: default_style(n, trace.leaves),
                 f"sg{subgraph.index}",
                 nodes,
                 lambda n: owner.get(n.name),
@@ -147,27 +147,42 @@ def _draw_external(
     owner: dict[str, int],
     infos: dict[str, NodeInfo],
 ) -> dict[str, str]:
-    """One ellipse per value the drawn nodes read from outside them; returns name -> id."""
+    """One ellipse per value the drawn nodes read from outside them; returns name -> id.
+
+    Attribute reads are drawn once per attribute, as subgraphs copy them (the trace may
+    read the same attribute through several nodes).
+    """
     drawn = {n.name for n in graph_nodes}
     external: dict[str, str] = {}
     for node in graph_nodes:
         for used in node.all_input_nodes:
             if used.name in drawn or used.name in external:
                 continue
-            node_id = safe_id("x-", used.name)
-            where = {"placeholder": "model input", "get_attr": "attribute of the model"}.get(
-                used.op, f"output of subgraph #{owner.get(used.name, '?')}"
-            )
+            if used.op == "get_attr":
+                node_id, title, where = (
+                    safe_id("a-", str(used.target)),
+                    str(used.target),
+                    "attribute of the model",
+                )
+            else:
+                node_id, title = safe_id("x-", used.name), used.name
+                where = (
+                    "model input"
+                    if used.op == "placeholder"
+                    else f"output of subgraph #{owner.get(used.name, '?')}"
+                )
+            external[used.name] = node_id
+            if node_id in infos:
+                continue
             lines = [where, describe_value(used.meta.get("val"))] if "val" in used.meta else [where]
             dot.node(
                 node_id,
-                html_label(used.name, lines, title_size=10),
+                html_label(title, lines, title_size=10),
                 id=node_id,
                 shape="ellipse",
                 fillcolor=COLORS["input"],
             )
             infos[node_id] = NodeInfo(
-                used.name, (*node_fields(used), ("comes from", where)), owner.get(used.name)
+                title, (*node_fields(used), ("comes from", where)), owner.get(used.name)
             )
-            external[used.name] = node_id
     return external

@@ -29,6 +29,7 @@ COLORS = {
     "failure": "#ef5350",
     "origin": "#ffcdd2",
     "skip": "#d84315",
+    "skip_swatch": "#ffccbc",
     "plain": "#ffffff",
 }
 

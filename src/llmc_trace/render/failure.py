@@ -44,16 +44,25 @@ def origin_nodes(failing: fx.Node, origin: list[str]) -> list[fx.Node]:
     return chain
 
 
+def chain_text(steps: list[str], keep: int = 5) -> str:
+    """``a → b → … 30 more … → y → z``: a caption line stays readable on a 30-layer chain."""
+    if len(steps) <= 2 * keep + 1:
+        return " → ".join(steps)
+    hidden = len(steps) - 2 * keep
+    return " → ".join([*steps[:keep], f"… {hidden} more …", *steps[-keep:]])
+
+
 def failure_caption(trace: RenderTrace, failure: TraceFailure) -> list[str]:
     """What failed, where, and why, one fact a line (the model's source line included)."""
     lines = [f"{trace.name} · not traceable · {failure.explanation}"]
     if failure.location is not None:
         location = failure.location
-        lines.append(f"{location.file}:{location.line} in {location.function}:   {location.code}")
+        where = f"{location.file}:{location.line} in {location.function}"
+        lines.append(f"{where}:   {shorten(location.code, 120)}")
     if failure.module_path:
         lines.append(f"inside module {failure.module_path} ({failure.module_class})")
     if failure.origin:
-        lines.append(f"origin: {' → '.join(failure.origin)}")
+        lines.append(f"origin: {chain_text(failure.origin)}")
     lines.append(shorten(stable_text(failure.message), 160))
     if trace.partial_graph is None:
         lines.append(
@@ -87,7 +96,7 @@ def draw_failure(trace: RenderTrace) -> Drawing:
         fillcolor=COLORS["failure"],
         fontcolor="white",
     )
-    nodes[FAILURE_ID] = NodeInfo("failure", tuple((k, str(v)) for k, v in _failure_fields(failure)))
+    nodes[FAILURE_ID] = NodeInfo("failure", tuple(_failure_fields(failure)))
     if tail is not None:
         dot.edge(tail, FAILURE_ID, color=COLORS["failure"], penwidth="2")
     return Drawing(
@@ -110,10 +119,9 @@ def _draw_partial_graph(
     failing = by_name.get(trace.failing_node or "")
     chain = origin_nodes(failing, failure.origin) if failing is not None else []
     on_chain = {n.name for n in chain}
-    targets = set(trace.leaves.targets)
 
     def style(node: fx.Node) -> dict[str, str]:
-        attrs = default_style(node, targets)
+        attrs = default_style(node, trace.leaves)
         if node is failing:
             attrs.update(fillcolor=COLORS["failure"], fontcolor="white", color=COLORS["failure"])
         elif node.name in on_chain:
@@ -133,10 +141,14 @@ def _draw_partial_graph(
     inside = [
         n
         for n in graph_nodes
-        if str(n.meta.get("module_path") or "").startswith(failure.module_path)
+        if _is_within(str(n.meta.get("module_path") or ""), failure.module_path)
     ]
     last = (inside or graph_nodes)[-1:]
     return fx_node_id(last[0]) if last else None
+
+
+def _is_within(path: str, scope: str) -> bool:
+    return not scope or path == scope or path.startswith(scope + ".")
 
 
 def _draw_module_stack(

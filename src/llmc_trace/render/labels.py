@@ -17,20 +17,12 @@ from torch import fx
 
 from llmc_trace.attempt import value_bytes
 from llmc_trace.tracing.tracer import op_name
+from llmc_trace.units import human_bytes
 
 #: Longest text kept for one value; graphviz boxes grow with their widest line.
 MAX_TEXT = 60
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS = re.compile(r"( at)? 0x[0-9a-fA-F]{6,}")
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")  # ":" would read as a DOT port
-
-
-def human_bytes(count: float) -> str:
-    """``1717986918`` -> ``"1.6 GiB"``, as the CLI's tables write sizes."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 def describe_value(value: Any, depth: int = 0) -> str:
@@ -111,7 +103,10 @@ def node_fields(node: fx.Node) -> list[tuple[str, str]]:
 
 
 def safe_id(prefix: str, name: str) -> str:
-    """A DOT node name and SVG ``id`` made of safe characters, unique for distinct names."""
+    """A DOT node name and SVG ``id`` made of safe characters.
+
+    Node names and module paths use only safe characters already, so ids stay distinct.
+    """
     return f"{prefix}{_UNSAFE_ID.sub(lambda m: f'_{ord(m.group()):x}_', name)}"
 
 

@@ -8,12 +8,15 @@ does no harm; untraceable code in a blue module is what ``--ignore`` or a differ
 choice must move into a leaf. Where tracing failed, the modules on the failure's stack are
 outlined in red.
 
-With ``collapse``, consecutive siblings with identical subtrees (the decoder layers) are drawn
-once, labelled with how many they stand for.
+With ``collapse``, consecutive numbered siblings with identical subtrees (``layers.0`` to
+``layers.79``, ``expert_0`` to ``expert_127``) are drawn once, labelled with how many they
+stand for. A tree of more than :data:`MAX_MODULES` modules is collapsed anyway: Graphviz needs
+minutes for such a tree, and nobody can read it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 
 import graphviz
@@ -40,6 +43,9 @@ ROLES: dict[str, tuple[str, str]] = {
     "leaf": ("leaf", f"leaf: {LEAF_NO_TARGET}"),
     "inside": ("inside", "inside a leaf, not traced"),
 }
+#: Above this many modules the tree is drawn collapsed (dot takes ~1 s per 200 nodes here).
+MAX_MODULES = 3000
+_NUMBERED = re.compile(r"^(.*?)\d+$")
 
 
 def module_role(plan: LeafPlan, path: str) -> str:
@@ -56,7 +62,7 @@ def module_role(plan: LeafPlan, path: str) -> str:
 
 
 def subtree_signature(
-    model: torch.nn.Module, plan: LeafPlan, path: str, marked: Collection[str] = ()
+    module: torch.nn.Module, plan: LeafPlan, path: str, marked: Collection[str] = ()
 ) -> tuple[str, ...]:
     """Classes, relative paths and roles below ``path``: equal for interchangeable layers.
 
@@ -64,18 +70,32 @@ def subtree_signature(
     collapsing cannot hide it.
     """
     signature = []
-    for name, sub in model.get_submodule(path).named_modules():
+    for name, sub in module.named_modules():
         full = f"{path}.{name}" if name else path
         mark = "!" if full in marked else ""
         signature.append(f"{name}:{type(sub).__name__}:{module_role(plan, full)}{mark}")
     return tuple(signature)
 
 
+def parameter_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes of the parameters under every module path; a tied parameter counts once per path."""
+    totals: dict[str, int] = {}
+    counted: set[tuple[str, int]] = set()
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        size = parameter.numel() * parameter.element_size()
+        parts = name.split(".")[:-1]
+        for depth in range(len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if (prefix, id(parameter)) not in counted:  # only dedupes; never orders output
+                counted.add((prefix, id(parameter)))
+                totals[prefix] = totals.get(prefix, 0) + size
+    return totals
+
+
 def draw_modules(trace: RenderTrace, collapse: bool = False) -> Drawing:
     """The modules view of a model, traced or not; see the module docstring."""
-    model, plan = trace.model, trace.leaves
-    failed = [path for path, _ in trace.failure.module_stack] if trace.failure else []
-    subgraph_of = _subgraph_of_modules(trace)
+    plan = trace.leaves
+    count = sum(1 for _ in trace.model.modules())
     caption = [
         (
             f"{trace.name} · modules · {len(plan.targets)} sequential targets, "
@@ -83,6 +103,11 @@ def draw_modules(trace: RenderTrace, collapse: bool = False) -> Drawing:
         ),
         "Tracing walks into blue modules only; each other coloured module is one call in the graph.",
     ]
+    if not collapse and count > MAX_MODULES:
+        caption.append(
+            f"{count} modules are too many to draw: identical numbered ones are collapsed."
+        )
+    failed = [path for path, _ in trace.failure.module_stack] if trace.failure else []
     if failed:
         caption.append(
             f"Red outline: the modules tracing was inside when it failed ({failed[-1]})."
@@ -90,99 +115,100 @@ def draw_modules(trace: RenderTrace, collapse: bool = False) -> Drawing:
     legend = [(COLORS[color], text) for color, text in ROLES.values()]
     dot = new_digraph("modules", caption_label(caption, legend), rankdir="LR")
     dot.attr("graph", ranksep="0.5")
-    nodes: dict[str, NodeInfo] = {}
-    _draw_subtree(dot, model, plan, "", "", 1, collapse, failed, subgraph_of, nodes)
+    tree = _ModuleTree(trace, dot, collapse or count > MAX_MODULES, failed)
+    tree.draw(trace.model, "", "", [""])
     return Drawing(
         view="modules",
         title=f"{trace.name} · modules",
         caption="\n".join(caption),
         dot=dot.source,
-        nodes=nodes,
+        nodes=tree.nodes,
         subgraphs={}
         if trace.partitioned is None
         else {s.index: SubgraphInfo.of(s) for s in trace.partitioned.subgraphs},
     )
 
 
-def _draw_subtree(
-    dot: graphviz.Digraph,
-    model: torch.nn.Module,
-    plan: LeafPlan,
-    path: str,
-    parent_id: str,
-    repeats: int,
-    collapse: bool,
-    failed: Sequence[str],
-    subgraph_of: dict[str, int],
-    nodes: dict[str, NodeInfo],
-) -> None:
-    """Draw the module at ``path`` (standing for ``repeats`` identical siblings) and below."""
-    module = model.get_submodule(path)
-    role = module_role(plan, path)
-    node_id = safe_id("m-", path or "(root)")
-    params = sum(p.numel() * p.element_size() for p in module.parameters())
-    name = path.rpartition(".")[2] or "(root)"
-    title = name if repeats == 1 else f"{name} … ×{repeats}"
-    lines = [
-        type(module).__name__,
-        ROLES[role][1],
-        f"parameters {human_bytes(params)}" if params else "",
-    ]
-    attrs = {"fillcolor": COLORS[ROLES[role][0]]}
-    if role == "inside":
-        attrs["style"] = "rounded,filled,dashed"
-    if path in failed:
-        attrs.update(color=COLORS["failure"], penwidth="2.5" if path == failed[-1] else "1.5")
-    dot.node(node_id, html_label(title, lines), id=node_id, **attrs)
-    fields = [
-        ("path", path or "(root)"),
-        ("class", type(module).__name__),
-        ("role", ROLES[role][1]),
-        ("parameters", human_bytes(params)),
-    ]
-    if repeats > 1:
-        fields.append(("stands for", f"{repeats} identical siblings"))
-    nodes[node_id] = NodeInfo(path or "(root)", tuple(fields), _nearest(subgraph_of, path))
-    if parent_id:
-        dot.edge(parent_id, node_id)
-    for child_path, count in _children(model, plan, path, collapse, failed):
-        _draw_subtree(
-            dot, model, plan, child_path, node_id, count, collapse, failed, subgraph_of, nodes
+class _ModuleTree:
+    """Draws one module per node, depth first in module order (state shared by the recursion)."""
+
+    def __init__(
+        self, trace: RenderTrace, dot: graphviz.Digraph, collapse: bool, failed: Sequence[str]
+    ) -> None:
+        self.plan, self.dot, self.collapse, self.failed = trace.leaves, dot, collapse, failed
+        self.parameters = parameter_bytes(trace.model)
+        self.subgraph_of = (
+            {}
+            if trace.partitioned is None
+            else {p: s.index for s in trace.partitioned.subgraphs for p in s.module_paths()}
         )
+        self.nodes: dict[str, NodeInfo] = {}
 
+    def draw(
+        self, module: torch.nn.Module, path: str, parent_id: str, siblings: Sequence[str]
+    ) -> None:
+        """Draw ``module`` (standing for its identical ``siblings``) and everything below it."""
+        role = module_role(self.plan, path)
+        node_id = safe_id("m-", path or "(root)")
+        params = self.parameters.get(path, 0)
+        name = path.rpartition(".")[2] or "(root)"
+        last = siblings[-1].rpartition(".")[2]
+        title = name if len(siblings) == 1 else f"{name}–{last} ×{len(siblings)}"
+        cls = type(module).__name__
+        size = f"parameters {human_bytes(params)}" if params else ""
+        attrs = {"fillcolor": COLORS[ROLES[role][0]]}
+        if role == "inside":
+            attrs["style"] = "rounded,filled,dashed"
+        if path in self.failed:
+            attrs.update(
+                color=COLORS["failure"], penwidth="2.5" if path == self.failed[-1] else "1.5"
+            )
+        self.dot.node(node_id, html_label(title, [cls, ROLES[role][1], size]), id=node_id, **attrs)
+        fields = [
+            ("path", path or "(root)"),
+            ("class", cls),
+            ("role", ROLES[role][1]),
+            ("parameters", human_bytes(params)),
+        ]
+        if len(siblings) > 1:
+            fields.append(("stands for", f"{len(siblings)} identical modules, {name} to {last}"))
+        self.nodes[node_id] = NodeInfo(path or "(root)", tuple(fields), self._subgraph(path))
+        if parent_id:
+            self.dot.edge(parent_id, node_id)
+        for run in self._children(module, path):
+            self.draw(run[0][1], run[0][0], node_id, [p for p, _ in run])
 
-def _children(
-    model: torch.nn.Module, plan: LeafPlan, path: str, collapse: bool, failed: Sequence[str]
-) -> list[tuple[str, int]]:
-    """Child paths in module order, each with the number of identical siblings it stands for."""
-    module = model.get_submodule(path)
-    paths = [f"{path}.{name}" if path else name for name, _ in module.named_children()]
-    if not collapse:
-        return [(p, 1) for p in paths]
-    runs: list[tuple[str, int]] = []
-    previous: tuple[str, ...] | None = None
-    for child in paths:
-        signature = subtree_signature(model, plan, child, failed)
-        if runs and signature == previous:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((child, 1))
-        previous = signature
-    return runs
+    def _children(
+        self, module: torch.nn.Module, path: str
+    ) -> list[list[tuple[str, torch.nn.Module]]]:
+        """Children in module order, grouped into runs of identical numbered siblings.
 
+        Only numbered children (``layers.0``, ``expert_3``) with one prefix are merged: named
+        ones such as ``q_proj`` and ``k_proj`` mean different things even when alike.
+        """
+        runs: list[list[tuple[str, torch.nn.Module]]] = []
+        previous: tuple[str | None, tuple[str, ...]] | None = None
+        for name, child in module.named_children():
+            child_path = f"{path}.{name}" if path else name
+            numbered = _NUMBERED.match(name)
+            key = None
+            if self.collapse and numbered is not None:
+                key = (
+                    numbered.group(1),
+                    subtree_signature(child, self.plan, child_path, self.failed),
+                )
+            if key is not None and key == previous:
+                runs[-1].append((child_path, child))
+            else:
+                runs.append([(child_path, child)])
+            previous = key
+        return runs
 
-def _subgraph_of_modules(trace: RenderTrace) -> dict[str, int]:
-    """Module path -> subgraph calling it, for the leaves of a traced model."""
-    if trace.partitioned is None:
-        return {}
-    return {path: s.index for s in trace.partitioned.subgraphs for path in s.module_paths()}
-
-
-def _nearest(subgraph_of: dict[str, int], path: str) -> int | None:
-    """The subgraph of the closest called module at or above ``path``."""
-    while True:
-        if path in subgraph_of:
-            return subgraph_of[path]
-        if not path:
-            return None
-        path = path.rpartition(".")[0]
+    def _subgraph(self, path: str) -> int | None:
+        """The subgraph of the closest called module at or above ``path``."""
+        while True:
+            if path in self.subgraph_of:
+                return self.subgraph_of[path]
+            if not path:
+                return None
+            path = path.rpartition(".")[0]

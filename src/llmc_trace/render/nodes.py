@@ -7,7 +7,7 @@ in the cluster of the module that *called* it, so a decoder layer is a box insid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import graphviz
 import torch
@@ -15,6 +15,7 @@ from torch import fx
 
 from llmc_trace.render.drawing import COLORS, NodeInfo, html_label
 from llmc_trace.render.labels import describe_value, node_fields, node_operation, safe_id
+from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_TARGET, LeafPlan
 
 #: ``style(node) -> graphviz attributes`` overriding the default look of a node.
 NodeStyle = Callable[[fx.Node], dict[str, str]]
@@ -31,10 +32,13 @@ def cluster_path(node: fx.Node) -> str:
     return str(node.meta.get("module_path") or "")
 
 
-def default_style(node: fx.Node, leaves: Iterable[str] = ()) -> dict[str, str]:
-    """Leaf calls are filled (green for sequential targets), inputs are yellow ellipses."""
+def default_style(node: fx.Node, plan: LeafPlan) -> dict[str, str]:
+    """Leaf calls are 3D boxes coloured by why they are leaves; inputs are yellow ellipses."""
     if node.op == "call_module":
-        fill = COLORS["target"] if str(node.target) in leaves else COLORS["leaf"]
+        reason = plan.leaf_reason(str(node.target))
+        fill = {LEAF_TARGET: COLORS["target"], LEAF_IGNORED: COLORS["ignored"]}.get(
+            reason or "", COLORS["leaf"]
+        )
         return {"fillcolor": fill, "shape": "box3d", "style": "filled"}
     if node.op in ("placeholder", "get_attr"):
         return {"fillcolor": COLORS["input"], "shape": "ellipse"}

@@ -118,7 +118,7 @@ def draw_overview(trace: RenderTrace, collapse: bool = False) -> Drawing:
         (COLORS["ancestor"], "subgraph without a target"),
         (COLORS["target"], "subgraph with sequential targets"),
         (COLORS["plain"], "solid edge: read by the next subgraph only"),
-        (COLORS["origin"], "dashed edge: kept in the cache, read later"),
+        (COLORS["skip_swatch"], "dashed edge: kept in the cache, read later"),
     ]
     dot = new_digraph("overview", caption_label(caption, legend))
     nodes: dict[str, NodeInfo] = {}
@@ -136,7 +136,7 @@ def draw_overview(trace: RenderTrace, collapse: bool = False) -> Drawing:
         nodes[node_id] = NodeInfo(name, tuple(fields))
     for run in runs:
         node_id = run_id(run)
-        title, lines, fields = _box_text(trace, run)
+        title, lines, fields = _box_text(trace, run, run[-1] is subgraphs[-1])
         dot.node(
             node_id,
             html_label(title, lines),
@@ -156,8 +156,9 @@ def draw_overview(trace: RenderTrace, collapse: bool = False) -> Drawing:
 
 
 def _box_text(
-    trace: RenderTrace, run: Sequence[Subgraph]
+    trace: RenderTrace, run: Sequence[Subgraph], returns_output: bool
 ) -> tuple[str, list[str], list[tuple[str, str]]]:
+    """Title, label lines and panel facts of the box for one run of subgraphs."""
     summaries = {s.index: s for s in trace.summaries}
     first, last = run[0], run[-1]
     targets = [t for s in run for t in s.targets]
@@ -179,7 +180,7 @@ def _box_text(
                 f"{human_bytes(params[0])} each, {human_bytes(sum(params))} in all"
             ),
         ]
-    if last is trace.partitioned.subgraphs[-1]:  # type: ignore[union-attr]
+    if returns_output:
         lines.append("returns the model output")
     fields = [
         ("subgraphs", index_ranges(s.index for s in run)),
@@ -207,8 +208,8 @@ def _draw_edges(
     for flow in flows:
         tail = safe_id("in-", flow.name) if flow.producer is None else box_of[flow.producer]
         head = box_of[flow.readers[-1]]
-        if tail == head and all(box_of[r] == head for r in flow.readers):
-            continue  # handed on inside a collapsed run
+        if tail == head:
+            continue  # handed on inside a collapsed run (runs are contiguous)
         merged.setdefault((tail, head, flow.skips(first_index)), []).append(flow)
     for (tail, head, skip), group in merged.items():
         lines: list[str] = []

@@ -47,7 +47,6 @@ def render_html(drawing: Drawing, svg: str) -> str:
 <body>
 <header>
 <h1>{title}</h1>
-<pre>{html.escape(drawing.caption)}</pre>
 <div class="toolbar">
 <input id="search" type="search" placeholder="Search by node name, module path or op  ( / )" aria-label="Search nodes">
 <button id="prev" title="Previous match (Shift+Enter)">&#9664;</button>

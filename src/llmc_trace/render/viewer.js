@@ -70,9 +70,23 @@
     canvas.classList.remove("panning");
   });
 
+  // Centres the view on graph point (cx, cy) at ``scale`` screen pixels per graph unit.
+  function look(cx, cy, scale) {
+    const w = canvas.clientWidth / scale;
+    const h = canvas.clientHeight / scale;
+    view = { x: cx - w / 2, y: cy - h / 2, w: w, h: h };
+    apply();
+  }
+
   function fit() {
     view = Object.assign({}, initial);
     apply();
+  }
+
+  // The top of the graph at a readable size: a tall 80-layer chain fitted whole is unreadable.
+  function start() {
+    const scale = Math.min(1, canvas.clientWidth / initial.w);
+    look(initial.x + initial.w / 2, initial.y + canvas.clientHeight / scale / 2, scale);
   }
   document.getElementById("fit").addEventListener("click", fit);
 
@@ -80,15 +94,10 @@
     const rect = element.getBoundingClientRect();
     const corner = toGraph(rect.left, rect.top);
     const far = toGraph(rect.right, rect.bottom);
-    const width = Math.min(Math.max((far.x - corner.x) * 6, 400), initial.w, view.w);
-    const height = width * view.h / view.w;
-    view = {
-      x: (corner.x + far.x) / 2 - width / 2,
-      y: (corner.y + far.y) / 2 - height / 2,
-      w: width,
-      h: height,
-    };
-    apply();
+    const width = Math.max(far.x - corner.x, 1);
+    const height = Math.max(far.y - corner.y, 1);
+    const scale = Math.min(1, 0.8 * canvas.clientWidth / width, 0.8 * canvas.clientHeight / height);
+    look((corner.x + far.x) / 2, (corner.y + far.y) / 2, scale);
   }
 
   // ------------------------------------------------------------------ side panel
@@ -188,5 +197,5 @@
     }
   });
 
-  apply();
+  start();
 })();

@@ -81,6 +81,10 @@ def trace_graph(
     try:
         with torch.no_grad():
             graph = tracer.trace_model(model, tensors, concrete)
+    except Exception as err:
+        # the graph traced up to the failure, for the failure view
+        err._llmc_partial_graph = getattr(tracer, "graph", None)  # type: ignore[attr-defined]
+        raise
     finally:
         model.train(was_training)
     target_set = set(leaves.targets)

@@ -1,0 +1,69 @@
+"""Options shared by the commands that trace a model."""
+
+from __future__ import annotations
+
+import click
+
+SHOW_DEFAULT = {"show_default": True}
+
+
+def split_list(values: tuple[str, ...]) -> list[str] | None:
+    """``--x a,b --x c`` -> ``[a, b, c]``; nothing given -> ``None`` (use defaults)."""
+    items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+    return items or None
+
+
+def model_options(fn):  # type: ignore[no-untyped-def]
+    """Options every command that traces a model shares."""
+    options = [
+        click.option(
+            "--model",
+            "-m",
+            required=True,
+            help="Built-in name, hub id (config only), or local folder with config.json.",
+        ),
+        click.option(
+            "--modality",
+            default="text",
+            **SHOW_DEFAULT,
+            type=click.Choice(["text", "image", "video", "audio"]),
+            help="Which inputs the sample holds.",
+        ),
+        click.option(
+            "--sequential-targets",
+            "-t",
+            multiple=True,
+            help="Target class names or 're:' path patterns (comma-separated or "
+            "repeated). Default: the language model's repeated blocks.",
+        ),
+        click.option(
+            "--ignore",
+            "-i",
+            multiple=True,
+            help="Modules (class or 're:' pattern) to keep as leaves, or functions to "
+            "record as opaque calls. Default: transformers' mask builders.",
+        ),
+        click.option(
+            "--targets-per-subgraph",
+            default=1,
+            **SHOW_DEFAULT,
+            type=click.IntRange(1),
+            help="Consecutive targets grouped into one subgraph.",
+        ),
+        click.option(
+            "--seq-len",
+            default=32,
+            **SHOW_DEFAULT,
+            type=click.IntRange(2),
+            help="Text length of the tracing sample.",
+        ),
+        click.option(
+            "--image-size",
+            type=click.IntRange(1),
+            default=None,
+            help="Image side in pixels (default: the smallest the model accepts).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn

@@ -1,0 +1,41 @@
+"""Fixtures for the render tests: Llama-like config folders and traces of them.
+
+Traces are built from configs on ``meta`` (cheap even at 70B size) and shared per session, so
+each view test only pays for drawing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmc_trace.render import RenderTrace, trace_for_render
+from tests.patterns import untraceable as patterns
+from tests.render.helpers import failing_trace, llama_config
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-layer Llama config folder."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    llama_config(3).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def llama70b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama-3-70B's shape: 80 layers of width 8192 (built on meta, so it costs no memory)."""
+    folder = tmp_path_factory.mktemp("llama-70b")
+    llama_config(80, hidden=8192).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def llama_trace(llama_dir: Path) -> RenderTrace:
+    return trace_for_render(str(llama_dir))
+
+
+@pytest.fixture(scope="session")
+def value_branch_trace() -> RenderTrace:
+    return failing_trace(patterns.ValueBranch)

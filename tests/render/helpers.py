@@ -1,0 +1,56 @@
+"""Helpers of the render tests: config builders, untraceable traces, and SVG readers."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import torch
+from transformers import LlamaConfig
+
+from llmc_trace.render import RenderTrace, trace_module_for_render
+from tests.patterns import untraceable as patterns
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def llama_config(layers: int, hidden: int = 64) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=128 if hidden == 64 else 128256,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden if hidden == 64 else 28672,
+        num_hidden_layers=layers,
+        num_attention_heads=4 if hidden == 64 else 64,
+        num_key_value_heads=2 if hidden == 64 else 8,
+    )
+
+
+def failing_trace(cls: type) -> RenderTrace:
+    """The trace of an untraceable pattern (see tests/patterns/untraceable.py)."""
+    model = patterns.Wrapper(cls()).eval()
+    generator = torch.Generator().manual_seed(0)
+    sample = {"x": torch.randn(1, 6, 8, generator=generator), "grid": torch.tensor([[1, 2, 2]])}
+    return trace_module_for_render(model, sample, name=cls.__name__, sequential_targets=["Block"])
+
+
+def svg_nodes(svg: str) -> dict[str, ET.Element]:
+    """The graphviz node groups (``<g class="node">``) of an SVG document, by id."""
+    root = ET.fromstring(svg.encode("utf-8"))
+    return {g.get("id", ""): g for g in root.iter(f"{SVG}g") if g.get("class") == "node"}
+
+
+def svg_edges(svg: str) -> dict[str, ET.Element]:
+    """The graphviz edge groups, by their ``tail->head`` title."""
+    root = ET.fromstring(svg.encode("utf-8"))
+    return {
+        g.find(f"{SVG}title").text or "": g  # type: ignore[union-attr]
+        for g in root.iter(f"{SVG}g")
+        if g.get("class") == "edge"
+    }
+
+
+def fill_of(group: ET.Element) -> str:
+    """The fill colour of a node's outline shape."""
+    for shape in group:
+        if shape.tag in (f"{SVG}polygon", f"{SVG}path", f"{SVG}ellipse") and shape.get("fill"):
+            return shape.get("fill", "")
+    return ""
