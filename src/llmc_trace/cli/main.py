@@ -90,11 +90,14 @@ def attempt(
 def _register() -> None:
     from llmc_trace.cli.coverage_cmd import coverage
     from llmc_trace.cli.plan_cmd import plan
+    from llmc_trace.cli.compress_cmd import compress, evaluate
     from llmc_trace.cli.render_cmd import render
 
     cli.add_command(plan)
     cli.add_command(coverage)
     cli.add_command(render)
+    cli.add_command(compress)
+    cli.add_command(evaluate)
 
 
 _register()
