@@ -119,9 +119,10 @@ def quantization_config(
     `sparsity` is (structure, measured global sparsity) when weights were pruned. It is stated in
     a `dense` sparsity config whose `targets` are deliberately null: the weights are stored
     dense, because neither compressed-tensors (> 0.14) nor vLLM load a sparse format any more
-    (vLLM PR #36799 removed 2:4 kernels), and vLLM 0.22 to 0.26 refuse any sparsity config with
-    non-empty targets, dense or not (vLLM issue #51188). A 2:4 model therefore runs in vLLM
-    today as a dense model: its zeros save neither memory nor time.
+    (vLLM PR #36799 removed the 2:4 kernels), and vLLM releases since then (0.24 and 0.26 at
+    least) refuse any sparsity config that names targets, even a dense one (vLLM issue #51188).
+    A 2:4 model therefore runs in vLLM today as a dense model: its zeros save neither memory
+    nor time.
     """
     formats = sorted({format_of(scheme) for scheme in schemes})
     config = CtQuantizationConfig(

@@ -40,37 +40,37 @@ def render_recipe(
     """
     lines = [
         "# How this checkpoint was made (written by llmc-trace).",
-        f"method: {_v(recipe.method)}",
+        f"method: {_yaml_value(recipe.method)}",
     ]
     lines.append("schemes:" if schemes else "schemes: []")
     for scheme in schemes:
-        lines.append(f"  - name: {_v(scheme.name)}")
-        lines.append(f"    weights: {_mapping(dataclasses.asdict(scheme.weights))}")
+        lines.append(f"  - name: {_yaml_value(scheme.name)}")
+        lines.append(f"    weights: {_yaml_mapping(dataclasses.asdict(scheme.weights))}")
         activations = scheme.input_activations
         lines.append(
             "    input_activations: "
-            + ("null" if activations is None else _mapping(dataclasses.asdict(activations)))
+            + ("null" if activations is None else _yaml_mapping(dataclasses.asdict(activations)))
         )
-        lines.append(f"    targets: {_v(list(scheme.targets))}")
-        lines.append(f"    ignore: {_v(list(scheme.ignore))}")
+        lines.append(f"    targets: {_yaml_value(list(scheme.targets))}")
+        lines.append(f"    ignore: {_yaml_value(list(scheme.ignore))}")
     if sparsity is None:
         lines.append("sparsity: null")
     else:
         fraction = 1 - sparsity[0] / sparsity[1] if isinstance(sparsity, tuple) else sparsity
         lines.append(
-            f"sparsity: {_mapping({'structure': sparsity_structure(sparsity), 'fraction': fraction})}"
+            f"sparsity: {_yaml_mapping({'structure': sparsity_structure(sparsity), 'fraction': fraction})}"
         )
     lines.append("calibration:")
     for key in ("num_samples", "seq_len", "pipeline", "seed"):
-        lines.append(f"  {key}: {_v(getattr(recipe, key))}")
-    lines.append(f"percdamp: {_v(recipe.percdamp)}")
-    lines.append(f"blocksize: {_v(recipe.blocksize)}")
+        lines.append(f"  {key}: {_yaml_value(getattr(recipe, key))}")
+    lines.append(f"percdamp: {_yaml_value(recipe.percdamp)}")
+    lines.append(f"blocksize: {_yaml_value(recipe.blocksize)}")
     return "\n".join(lines) + "\n"
 
 
-def _v(value: object) -> str:
+def _yaml_value(value: object) -> str:
     return json.dumps(value)
 
 
-def _mapping(values: dict[str, object]) -> str:
-    return "{" + ", ".join(f"{key}: {_v(value)}" for key, value in values.items()) + "}"
+def _yaml_mapping(values: dict[str, object]) -> str:
+    return "{" + ", ".join(f"{key}: {_yaml_value(value)}" for key, value in values.items()) + "}"

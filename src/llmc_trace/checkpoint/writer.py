@@ -12,6 +12,13 @@ pass (on CPU too; no `run_compressed=False` is needed), and
 `from_pretrained(folder, quantization_config=CompressedTensorsConfig(dequantize=True))`
 (`transformers.utils.quantization_config`) decompresses them while loading.
 
+Two limits of today's loaders, not of the files: an asymmetric `pack-quantized` checkpoint
+(W4A16_ASYM) loads through transformers only with `dequantize=True`, because compressed-tensors
+0.20 prepares compressed modules without packing their zero points (its own checkpoints fail
+the same way; llm-compressor issue #1618). And a W8A8 (`int-quantized`) model loaded compressed
+also rounds its input activations per token, as vLLM does, so its logits differ from those of
+the weight-only fake-quantized model by that activation rounding.
+
 Tensor names are the paths of `model.state_dict()`, which are the checkpoint names for
 decoder-only models such as Llama, Qwen or Mistral; models that transformers saves under other
 names (its conversion mappings for some multimodal models) are not handled. Everything goes
@@ -85,6 +92,24 @@ def save_compressed(
 
     An existing `out_dir` is an error unless `overwrite`, in which case it is replaced only once
     the new folder is complete.
+
+    >>> import tempfile
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from llmc_trace.compress import W4A16, rtn
+    >>> config = LlamaConfig(
+    ...     hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+    ...     num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+    ... )
+    >>> model = LlamaForCausalLM(config)
+    >>> quantized = {
+    ...     name: rtn(module.weight.data, W4A16.weights)
+    ...     for name, module in model.named_modules()
+    ...     if W4A16.is_target(name, module)
+    ... }
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = save_compressed(model, Path(tmp) / "tiny-w4a16", quantized)
+    ...     sorted(path.name for path in folder.iterdir())
+    ['config.json', 'generation_config.json', 'model.safetensors']
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -204,7 +229,7 @@ def _checkpoint_tensors(
 ) -> dict[str, torch.Tensor]:
     """Every tensor to store, in `state_dict` order, quantized weights replaced by integers."""
     tensors: dict[str, torch.Tensor] = {}
-    storages = set()
+    aliases = set()
     for name, tensor in model.state_dict().items():
         module_name, _, tensor_name = name.rpartition(".")
         if module_name in quantized and tensor_name == "weight":
@@ -212,10 +237,16 @@ def _checkpoint_tensors(
             for key, value in module_tensors(prefix, quantized[prefix], assignment[prefix]).items():
                 tensors[key] = value.detach().cpu()
             continue
-        storage = tensor.untyped_storage().data_ptr()
-        if storage in storages:
+        if tensor.is_meta:
+            raise CheckpointError(
+                "this tensor is on the meta device (offloaded), so it has no values to write.",
+                hint="load the model's weights (onload them) before writing the checkpoint.",
+                location=name,
+            )
+        alias = (tensor.device, tensor.data_ptr(), tensor.shape, tensor.stride())
+        if alias in aliases:
             continue  # a tied weight: transformers ties it again from the config when loading
-        storages.add(storage)
+        aliases.add(alias)
         tensors[name] = tensor.detach().cpu().contiguous()
     return tensors
 

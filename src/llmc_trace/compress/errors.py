@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from llmc_trace.errors import BadInputError, LlmcTraceError
 
-class CompressionError(Exception):
+
+class CompressionError(LlmcTraceError):
     """Base of the errors raised by `compress/` and `checkpoint/`.
 
     Carries structured fields so that the CLI and `--json` can show them without parsing the
@@ -12,9 +14,7 @@ class CompressionError(Exception):
     """
 
     def __init__(self, message: str, *, hint: str, location: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+        super().__init__(message, hint=hint)
         self.location = location
 
     def __str__(self) -> str:
@@ -22,8 +22,12 @@ class CompressionError(Exception):
         return f"{where}{self.message} Hint: {self.hint}"
 
 
-class SchemeError(CompressionError, ValueError):
-    """A quantization scheme or its arguments cannot be used as given."""
+class SchemeError(CompressionError, BadInputError):
+    """A quantization scheme or its arguments cannot be used as given (bad input: exit 2)."""
+
+    def __init__(self, message: str, *, hint: str, location: str | None = None) -> None:
+        super().__init__(message, hint=hint, location=location)
+        self.param = "scheme"
 
 
 class HessianError(CompressionError, ArithmeticError):

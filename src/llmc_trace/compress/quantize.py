@@ -7,9 +7,10 @@ absmax / 7.5 and the grid [-8, 7]; asymmetric scale = (max - min) / (qmax - qmin
 point round(qmin - min / scale) clamped to the grid; a zero scale becomes the scale dtype's eps;
 q = clamp(round(w / scale + zp), qmin, qmax) with round half to even; w = (q - zp) * scale.
 
-Everything is computed in float32 and the scale is rounded to the dtype it will be stored in
-*before* any integer is chosen, so the stored integers and scales reproduce our dequantized
-weights bit for bit.
+Scales and zero points are computed in the dtype the scale is stored in (the model's), as
+compressed-tensors computes them in the observed weight's dtype; rounding then runs in float32
+with those stored scales, so the stored integers and scales reproduce our dequantized weights
+bit for bit.
 """
 
 from __future__ import annotations
@@ -107,18 +108,20 @@ def _row_qparams(
 def _qparams_from_range(
     xmin: torch.Tensor, xmax: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """compressed-tensors' `calculate_qparams` for a range that already contains 0."""
+    """compressed-tensors' `calculate_qparams` for a range that already contains 0.
+
+    The arithmetic runs in `scale_dtype`, as compressed-tensors runs it in the dtype of the
+    weights it observes, so that a bfloat16 model gets the very scales and zero points
+    llm-compressor would give it (each bfloat16 operation rounds).
+    """
+    xmin, xmax = xmin.to(scale_dtype), xmax.to(scale_dtype)
     if args.symmetric:
         scale = torch.maximum(-xmin, xmax) / ((args.qmax - args.qmin) / 2)
-    else:
-        scale = (xmax - xmin) / (args.qmax - args.qmin)
-    scale = scale.to(scale_dtype)
-    if args.symmetric:
         zero_point = torch.zeros_like(scale, dtype=torch.int8)
     else:
-        # The zero point is derived from the rounded scale: the pair that is stored. An all-zero
-        # range gives 0/0 in compressed-tensors, which stores 0; we store 0 without the NaN.
-        zero_point = torch.round(args.qmin - xmin / scale.float()).clamp(args.qmin, args.qmax)
+        scale = (xmax - xmin) / (args.qmax - args.qmin)
+        zero_point = torch.clamp(args.qmin - xmin / scale, args.qmin, args.qmax).round()
+        # An all-zero range gives 0 / 0 here; compressed-tensors stores 0 for it, and so do we.
         zero_point = torch.where(scale == 0, 0, zero_point).to(torch.int8)
     scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale)
     return scale, zero_point

@@ -1,0 +1,22 @@
+"""The runnable examples in the docstrings of compress/ and checkpoint/ still run."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "llmc_trace.compress.scheme",
+    "llmc_trace.compress.hessian",
+    "llmc_trace.compress.gptq",
+    "llmc_trace.checkpoint.pack",
+    "llmc_trace.checkpoint.writer",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
