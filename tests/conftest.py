@@ -12,14 +12,22 @@ REPO = Path(__file__).resolve().parents[1]
 REFMODEL = REPO.parent / "shared" / "refmodel"
 
 
-def tiny_llama(layers: int = 3, seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2)
+def tiny_llama(layers: int = 3, seed: int = 0, hidden: int = 64) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
 
 
-def token_batch(batch: int = 2, seq: int = 16, vocab: int = 128, seed: int = 0) -> dict[str, torch.Tensor]:
+def token_batch(
+    batch: int = 2, seq: int = 16, vocab: int = 128, seed: int = 0
+) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     mask = torch.ones_like(ids)

@@ -19,22 +19,37 @@ from llmc_trace.models.source import builtin_names, resolve_model
 #: for a trace that verification rejects, ("input", message fragment) for bad input.
 EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     # samples: these architectures need inputs the text sample does not provide
-    ("Salesforce/instructblip-flan-t5-xl", "text"):
-        ("trace", "transformers/utils/generic.py", "can_return_tuple.<locals>.wrapper"),
-    ("UsefulSensors/moonshine-tiny", "text"):
-        ("trace", "modeling_moonshine.py", "MoonshineModel.forward"),
-    ("facebook/s2t-small-librispeech-asr", "text"):
-        ("trace", "modeling_speech_to_text.py", "Speech2TextModel.forward"),
+    ("Salesforce/instructblip-flan-t5-xl", "text"): (
+        "trace",
+        "transformers/utils/generic.py",
+        "can_return_tuple.<locals>.wrapper",
+    ),
+    ("UsefulSensors/moonshine-tiny", "text"): (
+        "trace",
+        "modeling_moonshine.py",
+        "MoonshineModel.forward",
+    ),
+    ("facebook/s2t-small-librispeech-asr", "text"): (
+        "trace",
+        "modeling_speech_to_text.py",
+        "Speech2TextModel.forward",
+    ),
     ("suno/bark-small", "text"): ("input", "no vocabulary size"),
     ("microsoft/speecht5_tts", "audio"): ("input", "match no module"),
     # a data-dependent branch in the top-level forward: no fix keeps the targets traced
-    ("google/gemma-4-26B-A4B", "text"):
-        ("trace", "modeling_gemma4.py", "Gemma4ForConditionalGeneration.forward"),
+    ("google/gemma-4-26B-A4B", "text"): (
+        "trace",
+        "modeling_gemma4.py",
+        "Gemma4ForConditionalGeneration.forward",
+    ),
     # the twin does not run: the shrunk config breaks an assumption of the model code
     ("nari-labs/Dia-1.6B-0626", "text"): ("verify", "the eager forward failed"),
     ("rhymes-ai/Aria", "text"): ("verify", "the eager forward failed"),
     # traced and replayed, but the proof does not carry over or the outputs differ
-    ("HuggingFaceTB/SmolVLM2-256M-Video-Instruct", "image"): ("verify", "outputs differ in structure"),
+    ("HuggingFaceTB/SmolVLM2-256M-Video-Instruct", "image"): (
+        "verify",
+        "outputs differ in structure",
+    ),
     ("RWKV/rwkv-4-169m-pile", "text"): ("verify", "replay failed"),
     ("google/switch-large-128", "text"): ("verify", "head subgraph differs"),
     ("tencent/Hy3-preview", "text"): ("verify", "head subgraph differs"),

@@ -20,25 +20,41 @@ def load_for_evaluation(folder: str | Path) -> torch.nn.Module:
 
     path = Path(folder)
     if not (path / "config.json").exists():
-        raise BadInputError(f"{folder} holds no config.json.",
-                            hint="Point --model at a checkpoint folder.", param="model")
+        raise BadInputError(
+            f"{folder} holds no config.json.",
+            hint="Point --model at a checkpoint folder.",
+            param="model",
+        )
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def evaluate_model(
-    folder: str | Path, data: str | Path, *, samples: int | None = None, seq_len: int = 512,
-    batch_size: int = 8, progress: Callable[[int, int], None] | None = None,
+    folder: str | Path,
+    data: str | Path,
+    *,
+    samples: int | None = None,
+    seq_len: int = 512,
+    batch_size: int = 8,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PerplexityResult:
     """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file)."""
     if str(data).endswith(".npy"):
         tokens = np.load(data)
         rows = tokens if samples is None else tokens[:samples]
-        return perplexity(load_for_evaluation(folder), rows, batch_size=batch_size,
-                          progress=progress)
+        return perplexity(
+            load_for_evaluation(folder), rows, batch_size=batch_size, progress=progress
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    calibration = load_calibration(data, tokenizer, samples=samples or 128, seq_len=seq_len,
-                                   shuffle=False, batch_size=batch_size)
-    return perplexity(load_for_evaluation(folder), calibration, batch_size=batch_size,
-                      progress=progress)
+    calibration = load_calibration(
+        data,
+        tokenizer,
+        samples=samples or 128,
+        seq_len=seq_len,
+        shuffle=False,
+        batch_size=batch_size,
+    )
+    return perplexity(
+        load_for_evaluation(folder), calibration, batch_size=batch_size, progress=progress
+    )

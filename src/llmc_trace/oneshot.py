@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from llmc_trace.compress.scheme import QuantizationScheme, resolve_scheme
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.compressor import DATA_METHODS, METHODS, LayerCompressor, LayerResult
 from llmc_trace.data import load_calibration, validate_source
-from llmc_trace.errors import BadInputError
+from llmc_trace.errors import BadInputError, LlmcTraceError
 from llmc_trace.graph.partition import partition_trace
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import ModelSource, resolve_model
@@ -45,6 +45,7 @@ class CompressionResult:
     """What ``compress`` did and where the checkpoint is."""
 
     out_dir: Path | None
+    model: torch.nn.Module = field(repr=False)  # the compressed model, in memory
     pipeline: str
     plan: MemoryPlan
     stats: PipelineStats
@@ -130,7 +131,7 @@ def compress(
     *,
     dataset: str | Path,
     out_dir: str | Path | None = None,
-    scheme: str | None = "W4A16",
+    scheme: str | QuantizationScheme | None = "W4A16",
     method: str = "gptq",
     sparsity: str | float | None = None,
     samples: int = 128,
@@ -153,7 +154,7 @@ def compress(
     start = time.perf_counter()
     report = progress or (lambda description, done, total: None)
     source = model if isinstance(model, ModelSource) else resolve_model(str(model))
-    resolved_scheme = resolve_scheme(scheme) if scheme else None
+    resolved_scheme = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
     resolved_sparsity = parse_sparsity(sparsity)
     target_dir = Path(out_dir) if out_dir is not None else None
     _check_inputs(
@@ -171,12 +172,7 @@ def compress(
         dataset, tokenizer, samples=samples, seq_len=seq_len, seed=seed, batch_size=batch_size
     )
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
-    if not any(compressor.is_target(n, m) for n, m in loaded.named_modules()):
-        raise BadInputError(
-            f"no layer of {source.name} is targeted by the scheme.",
-            hint="Check the scheme's targets and ignore patterns.",
-            param="scheme",
-        )
+    _check_targets(loaded, compressor, source.name)
     needs_data = method in DATA_METHODS
     ignore = _working_ignore(source) if needs_data else []
     settings = RunSettings(
@@ -223,6 +219,7 @@ def compress(
         )
     return CompressionResult(
         target_dir,
+        loaded,
         used,
         plan,
         stats,
@@ -231,6 +228,27 @@ def compress(
         time.perf_counter() - start,
         fallbacks,
     )
+
+
+def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> None:
+    """Something must be targeted, and every group must fit its layer, before calibration."""
+    targets = [(n, m) for n, m in model.named_modules() if compressor.is_target(n, m)]
+    if not targets:
+        raise BadInputError(
+            f"no layer of {name} is targeted by the scheme.",
+            hint="Check the scheme's targets and ignore patterns.",
+            param="scheme",
+        )
+    args = compressor.scheme.weights if compressor.scheme is not None else None
+    if args is not None and args.strategy == "group" and args.group_size:
+        misfits = [n for n, m in targets if m.in_features % args.group_size]
+        if misfits:
+            raise BadInputError(
+                f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "
+                f"not a multiple of the group size {args.group_size}.",
+                hint="Use a per-channel scheme or a smaller group size, or ignore those layers.",
+                param="scheme",
+            )
 
 
 def _tokenizer(source: ModelSource) -> Any:
@@ -320,8 +338,8 @@ def _run(
                 name,
                 fallbacks,
             )
-        except torch.OutOfMemoryError:
-            raise
+        except (torch.OutOfMemoryError, LlmcTraceError):
+            raise  # memory is the plan's business; a compressor's error is not the pipeline's
         except Exception as err:  # fall back, saying why; never on out-of-memory
             logger.warning(
                 "pipeline %s failed (%s: %s); falling back", name, type(err).__name__, err

@@ -60,7 +60,10 @@ def test_fix_finds_a_verified_configuration() -> None:
     [
         (["--model", "no-such-model"], "--model"),
         (["--model", LLAMA, "--sequential-targets", "NoSuchLayer"], "--sequential-targets"),
-        (["--model", LLAMA, "--sequential-targets", "re:nothing\\.matches"], "--sequential-targets"),
+        (
+            ["--model", LLAMA, "--sequential-targets", "re:nothing\\.matches"],
+            "--sequential-targets",
+        ),
         (["--model", LLAMA, "--modality", "audio"], "--modality"),
         (["--model", LLAMA, "--targets-per-subgraph", "0"], "--targets-per-subgraph"),
     ],

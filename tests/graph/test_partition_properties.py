@@ -5,9 +5,9 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.fx as fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import fx
 
 from llmc_trace.graph.partition import assign_subgraphs, build_subgraphs, topological_partition
 from llmc_trace.graph.verify import replay
@@ -45,7 +45,9 @@ def random_dags(draw: st.DrawFn) -> tuple[fx.Graph, Layers, list[fx.Node]]:
 
 @settings(max_examples=60, deadline=None)
 @given(random_dags(), st.integers(1, 3))
-def test_partition_invariants(case: tuple[fx.Graph, Layers, list[fx.Node]], per_subgraph: int) -> None:
+def test_partition_invariants(
+    case: tuple[fx.Graph, Layers, list[fx.Node]], per_subgraph: int
+) -> None:
     graph, model, targets = case
     index = assign_subgraphs(graph, targets, per_subgraph)
     for node, i in index.items():  # each subgraph depends only on earlier ones
@@ -64,5 +66,5 @@ def test_partition_invariants(case: tuple[fx.Graph, Layers, list[fx.Node]], per_
         actual = replay(model, subgraphs, inputs)
     torch.testing.assert_close(actual, expected)
     for i, subgraph in enumerate(subgraphs):  # no consumed name is read later
-        later = {n for s in subgraphs[i + 1:] for n in s.input_names}
+        later = {n for s in subgraphs[i + 1 :] for n in s.input_names}
         assert not set(subgraph.consumed_names) & later

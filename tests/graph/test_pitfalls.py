@@ -52,15 +52,21 @@ def test_every_target_alone_and_last_subgraph_returns_the_output() -> None:
 def test_targets_per_subgraph_groups_consecutive_targets(per_subgraph: int) -> None:
     model = tiny_llama(layers=5)
     sample = token_batch()
-    subgraphs = trace_subgraphs(model, sample, ["LlamaDecoderLayer"], targets_per_subgraph=per_subgraph)
+    subgraphs = trace_subgraphs(
+        model, sample, ["LlamaDecoderLayer"], targets_per_subgraph=per_subgraph
+    )
     layers = [s.targets for s in subgraphs if s.targets]
     flat = [t for group in layers for t in group]
     assert flat == [f"model.layers.{i}" for i in range(5)]
     assert all(1 <= len(group) <= per_subgraph for group in layers)
     assert len(layers) == -(-5 // per_subgraph)
     with torch.no_grad():
-        torch.testing.assert_close(replay(model, subgraphs, sample).logits,
-                                   model(**sample, use_cache=False).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            replay(model, subgraphs, sample).logits,
+            model(**sample, use_cache=False).logits,
+            rtol=0,
+            atol=1e-5,
+        )
 
 
 def test_targets_per_subgraph_below_one_is_rejected() -> None:
@@ -71,6 +77,6 @@ def test_targets_per_subgraph_below_one_is_rejected() -> None:
 def test_no_consumed_name_is_read_later() -> None:
     subgraphs = trace_subgraphs(tiny_llama(layers=4), token_batch(), ["LlamaDecoderLayer"])
     for i, subgraph in enumerate(subgraphs):
-        later_inputs = {name for s in subgraphs[i + 1:] for name in s.input_names}
+        later_inputs = {name for s in subgraphs[i + 1 :] for name in s.input_names}
         assert not set(subgraph.consumed_names) & later_inputs
         assert set(subgraph.consumed_names) <= set(subgraph.input_names)

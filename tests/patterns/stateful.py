@@ -103,7 +103,9 @@ def cases() -> dict[str, Case]:
     torch.manual_seed(0)
     ids = torch.tensor([[1, 3, 5, 3, 2]])
     return {
-        "inplace_scatter": Case(InplaceScatter(), {"input_ids": ids, "image_features": torch.randn(2, 8)}, ["Block"]),
+        "inplace_scatter": Case(
+            InplaceScatter(), {"input_ids": ids, "image_features": torch.randn(2, 8)}, ["Block"]
+        ),
         "write_after_read": Case(WriteAfterRead(), {"x": torch.randn(1, 4, 8)}, ["Block"]),
         "model_output": Case(ModelOutputChain(), {"x": torch.randn(1, 4, 8)}, ["OutputLayer"]),
         "shared_state": Case(SharedState(), {"x": torch.randn(1, 4, 8)}, ["Recorder"]),

@@ -29,7 +29,9 @@ class Recorder:
         for _, module in modules:
             if id(module) in self.targets:
                 key = self.targets[id(module)]
-                hook = lambda m, args, kwargs, key=key: self.seen.setdefault(key, []).append(args[0].clone())  # noqa: E731
+                hook = lambda m, args, kwargs, key=key: self.seen.setdefault(key, []).append(
+                    args[0].clone()
+                )
                 self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def on_calibrated(self, index, modules) -> bool:
@@ -67,8 +69,14 @@ def run(kind: str, perturb: bool = False, propagate: bool = True) -> dict[int, l
     if kind == "basic":
         run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
     elif kind == "layer_sequential":
-        run_layer_sequential(model, targets, batches, recorder, propagate_error=propagate,
-                             forward_kwargs={"use_cache": False})
+        run_layer_sequential(
+            model,
+            targets,
+            batches,
+            recorder,
+            propagate_error=propagate,
+            forward_kwargs={"use_cache": False},
+        )
     else:
         subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
         run_sequential(model, subgraphs, batches, recorder, propagate_error=propagate)

@@ -31,13 +31,24 @@ def fail(cls: type) -> object:
     ("cls", "kind", "text", "origin"),
     [
         (patterns.ValueBranch, "control_flow", "if grid.prod()", ["grid", "prod", "gt", "bool"]),
-        (patterns.ItemToPython, "tensor_to_python", "int(grid.max()", ["grid", "max", "item", "int"]),
+        (
+            patterns.ItemToPython,
+            "tensor_to_python",
+            "int(grid.max()",
+            ["grid", "max", "item", "int"],
+        ),
         (patterns.LoopOverTensor, "tensor_to_python", "for t, h, w", ["grid", "tolist", "iter"]),
-        (patterns.DataShape, "data_dependent_shape", "if selected.shape",
-         ["x", "getitem", "size", "getitem", "gt", "bool"]),
+        (
+            patterns.DataShape,
+            "data_dependent_shape",
+            "if selected.shape",
+            ["x", "getitem", "size", "getitem", "gt", "bool"],
+        ),
     ],
 )
-def test_failure_is_located_and_classified(cls: type, kind: str, text: str, origin: list[str]) -> None:
+def test_failure_is_located_and_classified(
+    cls: type, kind: str, text: str, origin: list[str]
+) -> None:
     failure = fail(cls)
     assert failure.kind == kind
     assert failure.location is not None

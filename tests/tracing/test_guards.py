@@ -13,8 +13,10 @@ from tests.patterns.untraceable import ShapeBranch, Wrapper
 
 
 def batch(seq: int) -> dict[str, torch.Tensor]:
-    return {"x": torch.randn(1, seq, 8, generator=torch.Generator().manual_seed(seq)),
-            "grid": torch.tensor([[1, 2, 2]])}
+    return {
+        "x": torch.randn(1, seq, 8, generator=torch.Generator().manual_seed(seq)),
+        "grid": torch.tensor([[1, 2, 2]]),
+    }
 
 
 def test_violated_guard_is_detected_on_shapes_alone() -> None:
@@ -31,7 +33,9 @@ def test_cache_retraces_per_signature_and_replay_stays_exact() -> None:
     for seq in (6, 9, 3, 2):
         inputs = batch(seq)
         with torch.no_grad():
-            torch.testing.assert_close(replay(model, cache.subgraphs_for(inputs), inputs), model(**inputs))
+            torch.testing.assert_close(
+                replay(model, cache.subgraphs_for(inputs), inputs), model(**inputs)
+            )
     assert len({id(e) for e in cache.entries.values()}) == 2  # seq 6 and 9 share; 3 and 2 share
     assert [len(v) for _, v in cache.retraces] == [1]
 
@@ -44,5 +48,7 @@ def test_llama_trace_is_shape_generic() -> None:
         inputs = token_batch(batch_size, seq)
         with torch.no_grad():
             got = replay(model, cache.subgraphs_for(inputs), inputs).logits
-            torch.testing.assert_close(got, model(**inputs, use_cache=False).logits, rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                got, model(**inputs, use_cache=False).logits, rtol=0, atol=1e-5
+            )
     assert len({id(e) for e in cache.entries.values()}) == 1 and not cache.retraces

@@ -12,35 +12,78 @@ from llmc_trace.cli.options import SHOW_DEFAULT
 
 
 @click.command()
-@click.option("--model", "-m", required=True, help="Checkpoint folder (config.json + *.safetensors).")
-@click.option("--dataset", "-d", required=True,
-              help="Calibration data: .npy token array, .jsonl/.json/.parquet/.txt file, or hub id.")
-@click.option("--out", "-o", "out_dir", required=True, type=click.Path(path_type=Path),
-              help="Output folder (written under a temporary name, renamed when complete).")
-@click.option("--scheme", default="W4A16", **SHOW_DEFAULT,
-              help="W4A16, W4A16_ASYM, W8A16 or W8A8; 'none' to prune only.")
-@click.option("--method", default=None,
-              type=click.Choice(["gptq", "sparsegpt", "rtn", "magnitude"]),
-              help="Default: gptq, or sparsegpt when --sparsity is given.")
+@click.option(
+    "--model", "-m", required=True, help="Checkpoint folder (config.json + *.safetensors)."
+)
+@click.option(
+    "--dataset",
+    "-d",
+    required=True,
+    help="Calibration data: .npy token array, .jsonl/.json/.parquet/.txt file, or hub id.",
+)
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output folder (written under a temporary name, renamed when complete).",
+)
+@click.option(
+    "--scheme",
+    default="W4A16",
+    **SHOW_DEFAULT,
+    help="W4A16, W4A16_ASYM, W8A16 or W8A8; 'none' to prune only.",
+)
+@click.option(
+    "--method",
+    default=None,
+    type=click.Choice(["gptq", "sparsegpt", "rtn", "magnitude"]),
+    help="Default: gptq, or sparsegpt when --sparsity is given.",
+)
 @click.option("--sparsity", default=None, help="Fraction such as 0.5, or N:M such as 2:4.")
-@click.option("--samples", default=128, **SHOW_DEFAULT, type=click.IntRange(1),
-              help="Calibration samples.")
-@click.option("--seq-len", default=512, **SHOW_DEFAULT, type=click.IntRange(2),
-              help="Tokens per sample.")
-@click.option("--batch-size", default=1, **SHOW_DEFAULT, type=click.IntRange(1),
-              help="Samples per forward pass.")
-@click.option("--pipeline", default="auto", **SHOW_DEFAULT,
-              type=click.Choice(["auto", "sequential", "layer_sequential", "basic", "data_free"]),
-              help="auto: the memory plan's choice.")
-@click.option("--no-propagate", is_flag=True,
-              help="Do not rerun compressed subgraphs (no error propagation).")
+@click.option(
+    "--samples", default=128, **SHOW_DEFAULT, type=click.IntRange(1), help="Calibration samples."
+)
+@click.option(
+    "--seq-len", default=512, **SHOW_DEFAULT, type=click.IntRange(2), help="Tokens per sample."
+)
+@click.option(
+    "--batch-size",
+    default=1,
+    **SHOW_DEFAULT,
+    type=click.IntRange(1),
+    help="Samples per forward pass.",
+)
+@click.option(
+    "--pipeline",
+    default="auto",
+    **SHOW_DEFAULT,
+    type=click.Choice(["auto", "sequential", "layer_sequential", "basic", "data_free"]),
+    help="auto: the memory plan's choice.",
+)
+@click.option(
+    "--no-propagate", is_flag=True, help="Do not rerun compressed subgraphs (no error propagation)."
+)
 @click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete).")
 @pass_cli
-def compress(ctx: CliContext, model: str, dataset: str, out_dir: Path, scheme: str,
-             method: str | None, sparsity: str | None, samples: int, seq_len: int,
-             batch_size: int, pipeline: str, no_propagate: bool, seed: int,
-             overwrite: bool) -> None:
+def compress(
+    ctx: CliContext,
+    model: str,
+    dataset: str,
+    out_dir: Path,
+    scheme: str,
+    method: str | None,
+    sparsity: str | None,
+    samples: int,
+    seq_len: int,
+    batch_size: int,
+    pipeline: str,
+    no_propagate: bool,
+    seed: int,
+    overwrite: bool,
+) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
 
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
@@ -51,14 +94,25 @@ def compress(ctx: CliContext, model: str, dataset: str, out_dir: Path, scheme: s
     chosen_method = method or ("sparsegpt" if sparsity else "gptq")
     with handle_errors(ctx), ctx.progress("compress") as progress:
         result = run_compress(
-            model, dataset=dataset, out_dir=out_dir,
-            scheme=None if scheme.lower() == "none" else scheme, method=chosen_method,
-            sparsity=sparsity, samples=samples, seq_len=seq_len, batch_size=batch_size,
-            seed=seed, pipeline=pipeline, propagate_error=not no_propagate,
-            overwrite=overwrite, progress=progress,
+            model,
+            dataset=dataset,
+            out_dir=out_dir,
+            scheme=None if scheme.lower() == "none" else scheme,
+            method=chosen_method,
+            sparsity=sparsity,
+            samples=samples,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            pipeline=pipeline,
+            propagate_error=not no_propagate,
+            overwrite=overwrite,
+            progress=progress,
         )
-    ctx.out.print(f"wrote {result.out_dir} ({chosen_method}, pipeline {result.pipeline}, "
-                  f"{len(result.layers)} layers, {result.elapsed_s:.1f} s)")
+    ctx.out.print(
+        f"wrote {result.out_dir} ({chosen_method}, pipeline {result.pipeline}, "
+        f"{len(result.layers)} layers, {result.elapsed_s:.1f} s)"
+    )
     ctx.out.print(f"[dim]plan: {result.plan.reason}[/]")
     for fallback in result.fallbacks:
         ctx.err.print(f"[yellow]fell back:[/] {fallback}")
@@ -66,28 +120,61 @@ def compress(ctx: CliContext, model: str, dataset: str, out_dir: Path, scheme: s
 
 @click.command()
 @click.option("--model", "-m", required=True, help="Checkpoint folder (original or compressed).")
-@click.option("--data", "data", required=True,
-              help="Token array (.npy) or text file, as for --dataset of compress.")
-@click.option("--samples", default=None, type=click.IntRange(1),
-              help="Rows to score (default: all of a .npy; 128 windows of text).")
-@click.option("--seq-len", default=512, **SHOW_DEFAULT, type=click.IntRange(2),
-              help="Tokens per row for text files.")
-@click.option("--batch-size", default=8, **SHOW_DEFAULT, type=click.IntRange(1),
-              help="Rows per forward pass.")
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    help="Token array (.npy) or text file, as for --dataset of compress.",
+)
+@click.option(
+    "--samples",
+    default=None,
+    type=click.IntRange(1),
+    help="Rows to score (default: all of a .npy; 128 windows of text).",
+)
+@click.option(
+    "--seq-len",
+    default=512,
+    **SHOW_DEFAULT,
+    type=click.IntRange(2),
+    help="Tokens per row for text files.",
+)
+@click.option(
+    "--batch-size", default=8, **SHOW_DEFAULT, type=click.IntRange(1), help="Rows per forward pass."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout only.")
 @pass_cli
-def evaluate(ctx: CliContext, model: str, data: str, samples: int | None, seq_len: int,
-             batch_size: int, as_json: bool) -> None:
+def evaluate(
+    ctx: CliContext,
+    model: str,
+    data: str,
+    samples: int | None,
+    seq_len: int,
+    batch_size: int,
+    as_json: bool,
+) -> None:
     """Perplexity of MODEL on DATA (each row scored independently)."""
     from llmc_trace.evaluation_run import evaluate_model
 
     with handle_errors(ctx), ctx.progress("evaluate") as progress:
-        result = evaluate_model(model, data, samples=samples, seq_len=seq_len,
-                                batch_size=batch_size,
-                                progress=lambda done, total: progress("rows", done, total))
+        result = evaluate_model(
+            model,
+            data,
+            samples=samples,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            progress=lambda done, total: progress("rows", done, total),
+        )
     if as_json:
-        ctx.print_json({"model": model, "data": data, "perplexity": result.perplexity,
-                        "num_tokens": result.num_tokens, "elapsed_s": result.elapsed_s})
+        ctx.print_json(
+            {
+                "model": model,
+                "data": data,
+                "perplexity": result.perplexity,
+                "num_tokens": result.num_tokens,
+                "elapsed_s": result.elapsed_s,
+            }
+        )
         return
     table = Table(show_header=False)
     table.add_row("perplexity", f"{result.perplexity:.3f}")

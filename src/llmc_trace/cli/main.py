@@ -88,9 +88,9 @@ def attempt(
 
 
 def _register() -> None:
+    from llmc_trace.cli.compress_cmd import compress, evaluate
     from llmc_trace.cli.coverage_cmd import coverage
     from llmc_trace.cli.plan_cmd import plan
-    from llmc_trace.cli.compress_cmd import compress, evaluate
     from llmc_trace.cli.render_cmd import render
 
     cli.add_command(plan)

@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.fx as fx
+from torch import fx
 
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 
 def is_mutation(node: fx.Node) -> bool:

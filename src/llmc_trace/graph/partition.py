@@ -21,11 +21,10 @@ not-yet-written tensor.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import torch
-import torch.fx as fx
-
-from dataclasses import dataclass
+from torch import fx
 
 from llmc_trace.graph.mutation import is_mutation
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph

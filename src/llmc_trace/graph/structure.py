@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-import torch.fx as fx
+from torch import fx
 
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.report import StructureCheck

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 from llmc_trace.graph.mutation import is_mutation
 

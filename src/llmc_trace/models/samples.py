@@ -276,7 +276,9 @@ def llava_image(
 
 # ---------------------------------------------------------------- images: Gemma 3
 @sample_builder("image", "gemma3")
-def gemma3_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def gemma3_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     """One image: begin-of-image, ``mm_tokens_per_image`` soft tokens, end-of-image."""
     vision = config.vision_config
     image = token_id(config, "image_token_id", "image_token_index")
@@ -294,7 +296,9 @@ def gemma3_image(config: PretrainedConfig, options: SampleOptions, generator: to
 
 # ---------------------------------------------------------------- images: Idefics3 / SmolVLM
 @sample_builder("image", "idefics3", "smolvlm")
-def idefics3_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def idefics3_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     """One image, pixel-shuffled into ``(side/patch)² / scale_factor²`` image tokens."""
     vision = config.vision_config
     side = vision.image_size
@@ -310,7 +314,9 @@ def idefics3_image(config: PretrainedConfig, options: SampleOptions, generator: 
 
 # ---------------------------------------------------------------- images: Mllama (Llama 3.2 Vision)
 @sample_builder("image", "mllama")
-def mllama_image(config: PretrainedConfig, options: SampleOptions, generator: torch.Generator) -> dict[str, Any]:
+def mllama_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
     """One single-tile image: one image token, cross-attended by the text after it."""
     vision = config.vision_config
     tiles = vision.max_num_tiles

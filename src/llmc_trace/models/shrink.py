@@ -172,7 +172,7 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
             if isinstance(attrs.get(key), int):
                 setattr(config, key, max(1, attrs[key] // factor))
         if "n_groups" in attrs and isinstance(attrs["n_groups"], int):
-            setattr(config, "n_groups", max(1, attrs["n_groups"] // factor))
+            config.n_groups = max(1, attrs["n_groups"] // factor)
         if head_dim is not None and attrs.get("head_dim") is not None:
             config.head_dim = head_dim
     _shrink_layers(config)
@@ -318,7 +318,11 @@ def _shrink_images(config: PretrainedConfig) -> None:
     for sub in [config, *_sub_configs(config)]:
         attrs = vars(sub)
         size, patch = attrs.get("image_size"), attrs.get("patch_size")
-        if isinstance(size, int) and isinstance(patch, int) and size // patch > TWIN_PATCHES_PER_SIDE:
+        if (
+            isinstance(size, int)
+            and isinstance(patch, int)
+            and size // patch > TWIN_PATCHES_PER_SIDE
+        ):
             sub.image_size = patch * TWIN_PATCHES_PER_SIDE
     attrs = vars(config)
     if isinstance(attrs.get("mm_tokens_per_image"), int):

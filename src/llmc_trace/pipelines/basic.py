@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
 from llmc_trace.pipelines.cache import move
+from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
 from llmc_trace.pipelines.sequential import PipelineStats, Progress
 
 

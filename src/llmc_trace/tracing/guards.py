@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 from llmc_trace.tracing.source import SourceLocation
 from llmc_trace.tracing.values import compute_value
@@ -104,7 +104,7 @@ def _evaluate(
     if node.op == "call_module":
         run = module
     elif node.op == "call_method":
-        run = lambda self_, *a, **k: getattr(self_, node.target)(*a, **k)  # noqa: E731
+        run = lambda self_, *a, **k: getattr(self_, node.target)(*a, **k)
     else:
         run = node.target
     computed = compute_value(run, args, kwargs, module=module, allow_phantoms=True)

@@ -35,9 +35,26 @@ CHECK_FUNCTIONS = ("torch_compilable_check",)
 
 #: torch constructors whose size arguments may be proxies (``torch.ones(batch, seq)``): the
 #: argument parser would otherwise read a proxy as a size *sequence* and reject the call.
-CONSTRUCTORS = ("ones", "zeros", "full", "empty", "rand", "randn", "randint", "eye", "tensor",
-                "arange", "linspace", "ones_like", "zeros_like", "full_like", "empty_like",
-                "tril", "triu", "finfo")
+CONSTRUCTORS = (
+    "ones",
+    "zeros",
+    "full",
+    "empty",
+    "rand",
+    "randn",
+    "randint",
+    "eye",
+    "tensor",
+    "arange",
+    "linspace",
+    "ones_like",
+    "zeros_like",
+    "full_like",
+    "empty_like",
+    "tril",
+    "triu",
+    "finfo",
+)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 if TYPE_CHECKING:
     from llmc_trace.tracing.tracer import LlmcTracer

@@ -139,9 +139,7 @@ def split_ignore(model: torch.nn.Module, ignore: list[str]) -> tuple[list[str], 
     module_patterns, function_names = [], []
     named = list(model.named_modules())
     for pattern in ignore:
-        if any(matches(pattern, path, module) for path, module in named if path):
-            module_patterns.append(pattern)
-        elif pattern.startswith("re:"):
+        if any(matches(pattern, path, module) for path, module in named if path) or pattern.startswith("re:"):
             module_patterns.append(pattern)
         else:
             function_names.append(pattern)

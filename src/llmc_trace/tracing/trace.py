@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.opaque import default_opaque_functions

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.utils._pytree import tree_flatten
 

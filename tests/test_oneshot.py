@@ -1,0 +1,125 @@
+"""``compress``: end to end on small saved models, and quality on the trained reference model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from llmc_trace.compress.scheme import W4A16
+from llmc_trace.errors import BadInputError
+from llmc_trace.evaluate import perplexity
+from llmc_trace.oneshot import compress, parse_sparsity
+from tests.conftest import tiny_llama
+
+
+@pytest.fixture
+def saved_llama(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny random Llama saved as safetensors, and a token array to calibrate it with."""
+    folder = tmp_path / "tiny"
+    tiny_llama(layers=2, hidden=128).save_pretrained(folder)
+    tokens = np.random.default_rng(0).integers(0, 128, size=(8, 64)).astype(np.int32)
+    np.save(tmp_path / "calib.npy", tokens)
+    return folder, tmp_path / "calib.npy"
+
+
+def test_checkpoint_reloads_in_transformers_with_our_numbers(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    result = compress(str(folder), dataset=data, out_dir=out, samples=8, seq_len=64)
+    assert result.pipeline == "sequential" and out.is_dir()
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "recipe.yaml"}
+    assert len(result.layers) == 14  # 7 Linear layers per decoder layer, lm_head ignored
+    shared = [layer for layer in result.layers if layer.shares_hessian_with]
+    assert {layer.name.rsplit(".", 1)[1] for layer in shared} == {"k_proj", "v_proj", "up_proj"}
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = torch.as_tensor(np.load(data)[:4], dtype=torch.long)
+    with torch.no_grad():
+        ours = result.model.float()(input_ids=tokens).logits
+        theirs = reloaded(input_ids=tokens).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+    again = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    assert [r.loss for r in again.layers] == [r.loss for r in result.layers]  # deterministic
+
+
+def test_interrupted_write_leaves_no_folder(
+    saved_llama: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, data = saved_llama
+    from llmc_trace.checkpoint import writer
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "save_file", explode)
+    with pytest.raises(KeyboardInterrupt):
+        compress(str(folder), dataset=data, out_dir=tmp_path / "out", samples=8, seq_len=64)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"scheme": "W5A16"}, "scheme"),
+        ({"method": "sparsegpt", "sparsity": "1.5"}, "sparsity"),
+        ({"method": "sparsegpt", "sparsity": "4:2"}, "sparsity"),
+        ({"samples": 100}, None),
+        ({"scheme": W4A16.with_weights(group_size=256)}, "scheme"),
+        ({"scheme": W4A16.__class__("none", W4A16.weights, targets=("Conv2d",))}, "scheme"),
+    ],
+)
+def test_bad_input_fails_before_heavy_work(
+    saved_llama: tuple[Path, Path], tmp_path: Path, kwargs: dict, param: str | None
+) -> None:
+    folder, data = saved_llama
+    arguments = {"dataset": data, "out_dir": tmp_path / "out", "samples": 8, "seq_len": 64}
+    with pytest.raises(BadInputError) as info:
+        compress(str(folder), **{**arguments, **kwargs})
+    if param is not None:
+        assert info.value.param == param
+    assert not (tmp_path / "out").exists()
+
+
+def test_parse_sparsity() -> None:
+    assert parse_sparsity("0.5") == 0.5 and parse_sparsity("2:4") == (2, 4)
+    for bad in ("0", "1", "-0.1", "2:2", "x"):
+        with pytest.raises(BadInputError):
+            parse_sparsity(bad)
+
+
+@pytest.mark.slow
+def test_gptq_beats_rtn_and_propagation_helps_on_the_reference_model(refmodel_path: Path) -> None:
+    """W3 group 128, where the gap is large enough to be unmistakable on 16 samples."""
+    scheme = W4A16.with_weights(num_bits=3)
+    eval_rows = np.load(refmodel_path / "eval.npy")[:16]
+    calib = refmodel_path / "calib.npy"
+
+    def ppl(**kwargs: object) -> float:
+        result = compress(
+            str(refmodel_path),
+            dataset=calib,
+            out_dir=None,
+            scheme=scheme,
+            samples=16,
+            seq_len=512,
+            dtype=torch.float32,
+            **kwargs,
+        )
+        assert len(result.layers) == 42
+        return perplexity(result.model, eval_rows).perplexity
+
+    baseline = perplexity(
+        AutoModelForCausalLM.from_pretrained(refmodel_path, dtype=torch.float32), eval_rows
+    ).perplexity
+    rtn = ppl(method="rtn")
+    gptq_sequential = ppl(method="gptq")
+    gptq_basic = ppl(method="gptq", pipeline="basic")
+    assert baseline < gptq_sequential < rtn
+    assert gptq_sequential <= gptq_basic
