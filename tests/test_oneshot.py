@@ -107,7 +107,7 @@ def test_gptq_beats_rtn_and_propagation_helps_on_the_reference_model(refmodel_pa
             dataset=calib,
             out_dir=None,
             scheme=scheme,
-            samples=16,
+            samples=8,
             seq_len=512,
             dtype=torch.float32,
             **kwargs,
