@@ -140,3 +140,48 @@ def test_independent_stages_each_see_the_previous_stage_result() -> None:
     # the second stage's whole-model pass runs on the weights the first stage scaled
     assert not torch.allclose(second.seen[3][0], run("basic")[3][0])
     torch.testing.assert_close(second.seen[0][0], run("basic")[0][0])  # inputs are untouched
+
+
+def _reference_or_twin(name: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from llmc_trace.models.build import build_twin
+    from llmc_trace.models.source import resolve_model
+    from tests.conftest import REFMODEL
+
+    if name == "refmodel":
+        if not (REFMODEL / "config.json").exists():
+            pytest.skip(f"the reference model is not at {REFMODEL}")
+        return AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32).eval()
+    return build_twin(resolve_model(name))
+
+
+@pytest.mark.parametrize(
+    "name", ["refmodel", "Qwen/Qwen3-30B-A3B", "mistralai/Mistral-7B-v0.1", "google/gemma-2b-it"]
+)
+def test_pipelines_agree_on_real_architectures(name: str) -> None:
+    """Same target inputs from basic, layer_sequential and sequential (no propagation)."""
+    from llmc_trace.tracing.targets import default_target_patterns
+
+    model = _reference_or_twin(name)
+    vocab = model.config.vocab_size
+    batches = [token_batch(1, 24, vocab=vocab, seed=s) for s in range(2)]
+    pattern = default_target_patterns(model)
+    targets = [m for m in model.modules() if type(m).__name__ in pattern]
+    seen = {}
+    for kind in ("basic", "layer_sequential", "sequential"):
+        recorder = Recorder(targets)
+        if kind == "basic":
+            run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
+        elif kind == "layer_sequential":
+            run_layer_sequential(model, targets, batches, recorder, propagate_error=False,
+                                 forward_kwargs={"use_cache": False})
+        else:
+            subgraphs = trace_subgraphs(model, batches[0], pattern)
+            run_sequential(model, subgraphs, batches, recorder, propagate_error=False)
+        seen[kind] = recorder.seen
+    assert len(seen["basic"]) == len(targets)
+    for kind in ("layer_sequential", "sequential"):
+        for key, tensors in seen["basic"].items():
+            for got, want in zip(seen[kind][key], tensors, strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
