@@ -1,0 +1,430 @@
+"""Time tracing full-size models on ``meta``: llmc-trace against llm-compressor 0.14, same run.
+
+For each model (default: Llama-3.1-70B, 80 layers, and DeepSeek-V3, 61 layers) the full-size
+model is built on ``meta`` from its config and traced on one text batch (batch 1, 32 tokens,
+``attempt_trace``'s default), with the decoder-layer class as sequential target:
+
+* ``trace``: llmc-trace's ``trace_graph`` + ``partition_trace``, against llm-compressor's
+  ``trace_subgraphs`` (which traces and partitions), with torch's default threads and again on
+  one CPU core (``taskset -c 0``, ``torch.set_num_threads(1)``);
+* ``attempt``: llmc-trace's whole ``attempt_trace`` on one core (build on meta, trace,
+  partition, build the tiny twin, trace it and verify its subgraphs against eager), against
+  llm-compressor's ``trace_subgraphs`` on one core (it has no verification step). Target: under
+  5 s for 80 layers.
+
+llm-compressor runs in ``benchmarks/.venv-llmc`` (``bash benchmarks/reference_env.sh``) with the
+same transformers, on a model built from the same config folder in the same dtype, on the very
+sample llmc-trace traced (passed as a file), with its default ignore list. Without that venv
+only llmc-trace's numbers are printed.
+
+Every measurement runs in a fresh process, so its peak resident set (``ru_maxrss``: torch and
+the tool's imports included) is its own; the second RSS figure is the growth during the first
+traced call. Each process traces twice: the 1st call is what one command costs, one-time costs
+included (lazy imports, first use of each meta kernel), the 2nd call is the trace alone. Runs
+of the two tools alternate, so a busy CPU slows both alike; the load average is printed before
+and after.
+
+    python benchmarks/trace_speed.py                  # 5 runs per measurement
+    python benchmarks/trace_speed.py --runs 9
+    python benchmarks/trace_speed.py --quick          # Llama-3.1-8B, 1 run: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
+REFERENCE_WORKER = HERE / "_reference" / "trace_llmcompressor.py"
+MODELS = ["meta-llama/Llama-3.1-70B", "deepseek-ai/DeepSeek-V3"]
+QUICK_MODELS = ["meta-llama/Llama-3.1-8B"]
+SEQ_LEN = 32  # attempt_trace's default
+ONE_CORE_TARGET_S = 5.0
+CALL_KEYS = ("first_s", "second_s")
+MiB = 1024 * 1024
+
+
+# ---------------------------------------------------------------- measuring (child process)
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak_rss() -> bool:
+    """Make the kernel's high-water mark (VmHWM) start again from the current resident set."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_reset() -> int:
+    with open("/proc/self/status") as status:
+        match = re.search(r"VmHWM:\s+(\d+) kB", status.read())
+    assert match is not None, "/proc/self/status has no VmHWM line"
+    return int(match.group(1)) * 1024
+
+
+def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str]) -> dict:
+    """Timed calls of llmc-trace in this process: ``trace`` twice or ``attempt`` once."""
+    import torch
+
+    from llmc_trace.attempt import attempt_trace
+    from llmc_trace.graph.partition import partition_trace
+    from llmc_trace.models.build import build_meta_model
+    from llmc_trace.models.source import resolve_model
+    from llmc_trace.tracing.trace import trace_graph
+
+    result: dict[str, object] = {}
+    if what == "trace":
+        model = build_meta_model(resolve_model(model_name))
+        sample = torch.load(sample_path)
+
+        def call() -> int:
+            return len(partition_trace(trace_graph(model, sample, targets)).subgraphs)
+
+        result.update(time_calls(call, calls=2))
+    else:
+        report = None
+
+        def call() -> int:
+            nonlocal report
+            report = attempt_trace(model_name, seq_len=SEQ_LEN)
+            return len(report.subgraphs)
+
+        result.update(time_calls(call, calls=1))
+        assert report is not None
+        result["stages_s"] = report.timings_s
+        if not report.ok:
+            result["error"] = "attempt_trace did not verify: " + (
+                report.failure.exception if report.failure else "verification mismatch"
+            )
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
+
+
+def time_calls(call: Callable[[], int], calls: int) -> dict[str, object]:
+    """Seconds of each call (``first_s``, ``second_s``), and the first call's RSS growth."""
+    before, exact = resident_bytes(), reset_peak_rss()
+    result: dict[str, object] = {}
+    for key in CALL_KEYS[:calls]:
+        start = time.perf_counter()
+        result["num_subgraphs"] = call()
+        result[key] = time.perf_counter() - start
+        if exact and key == "first_s":
+            result["trace_rss_bytes"] = peak_rss_since_reset() - before
+    return result
+
+
+# ---------------------------------------------------------------- orchestrating (parent)
+@dataclass(frozen=True)
+class ModelCase:
+    """A model to trace and what both tools need to trace it identically."""
+
+    name: str
+    config_dir: Path
+    sample_path: Path
+    targets: list[str]
+    dtype: str
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One measurement over several processes: its seconds, and median memory figures."""
+
+    seconds: list[float]
+    peak_rss_bytes: int
+    trace_rss_bytes: int | None
+    num_subgraphs: int
+    error: str | None = None
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def prepare_case(name: str, workdir: Path) -> ModelCase:
+    """Resolve ``name``, write its config folder (if it has none) and the shared sample."""
+    import torch
+
+    from llmc_trace.models.build import build_meta_model
+    from llmc_trace.models.samples import SampleOptions, make_sample
+    from llmc_trace.models.source import resolve_model
+    from llmc_trace.tracing.targets import default_target_patterns
+
+    source = resolve_model(name)
+    model = build_meta_model(source)
+    safe = re.sub(r"[^A-Za-z0-9.-]", "_", name)
+    config_dir = source.folder
+    if config_dir is None:
+        config_dir = workdir / safe
+        model.config.save_pretrained(config_dir)
+    sample_path = workdir / f"{safe}.sample.pt"
+    torch.save(make_sample(model.config, "text", SampleOptions(seq_len=SEQ_LEN)), sample_path)
+    text = getattr(model.config, "text_config", None) or model.config
+    return ModelCase(
+        name=name,
+        config_dir=config_dir,
+        sample_path=sample_path,
+        targets=default_target_patterns(model),
+        dtype=str(model.dtype).removeprefix("torch."),
+        num_layers=int(getattr(text, "num_hidden_layers", 0) or 0),
+    )
+
+
+def ours_command(case: ModelCase, what: str, threads: int) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--measure",
+        what,
+        "--model",
+        case.name,
+        "--sample",
+        str(case.sample_path),
+        "--targets",
+        *case.targets,
+        "--threads",
+        str(threads),
+    ]
+
+
+def reference_command(case: ModelCase, threads: int) -> list[str]:
+    return [
+        str(REFERENCE_PYTHON),
+        str(REFERENCE_WORKER),
+        str(case.config_dir),
+        str(case.sample_path),
+        "--targets",
+        *case.targets,
+        "--dtype",
+        case.dtype,
+        "--threads",
+        str(threads),
+    ]
+
+
+def run_child(command: list[str], one_core: bool) -> dict:
+    """Run one measurement in a fresh process and parse its ``RESULT`` line."""
+    env = dict(os.environ)
+    if one_core:
+        command = ["taskset", "-c", "0", *command]
+        env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit code {done.returncode}: {tail}"}
+
+
+def run_alternating(
+    ours: list[str], theirs: list[str] | None, one_core: bool, runs: int
+) -> tuple[list[dict], list[dict] | None]:
+    """Alternate the two tools ``runs`` times, so load on the machine hits both alike."""
+    ours_results, theirs_results = [], []
+    for _ in range(runs):
+        ours_results.append(run_child(ours, one_core))
+        if theirs is not None:
+            theirs_results.append(run_child(theirs, one_core))
+    return ours_results, theirs_results if theirs is not None else None
+
+
+def summarize(results: list[dict] | None, key: str) -> Summary | None:
+    """The ``key`` seconds (``first_s`` or ``second_s``) of several processes' results."""
+    if results is None:
+        return None
+    errors = [r["error"] for r in results if "error" in r]
+    good = [r for r in results if key in r]
+    if not good:
+        return Summary([], 0, None, 0, errors[0] if errors else "no result")
+    deltas = [r["trace_rss_bytes"] for r in good if "trace_rss_bytes" in r]
+    return Summary(
+        seconds=[r[key] for r in good],
+        peak_rss_bytes=int(statistics.median(r["peak_rss_bytes"] for r in good)),
+        trace_rss_bytes=int(statistics.median(deltas)) if deltas else None,
+        num_subgraphs=good[0]["num_subgraphs"],
+        error=errors[0] if errors else None,
+    )
+
+
+# ---------------------------------------------------------------- printing
+def seconds_cell(summary: Summary | None) -> str:
+    if summary is None:
+        return "no venv"
+    if not summary.seconds:
+        return "failed"
+    low, high = min(summary.seconds), max(summary.seconds)
+    return f"{summary.median_s:6.2f} ({low:.2f}–{high:.2f})"
+
+
+def memory_cell(summary: Summary | None) -> str:
+    if summary is None or not summary.seconds:
+        return "-"
+    delta = "?" if summary.trace_rss_bytes is None else f"{summary.trace_rss_bytes / MiB:.0f}"
+    return f"{summary.peak_rss_bytes / MiB:5.0f} / {delta}"
+
+
+def ratio(ours: Summary, theirs: Summary | None) -> float | None:
+    if theirs is None or not theirs.seconds or not ours.seconds:
+        return None
+    return ours.median_s / theirs.median_s
+
+
+def print_header(runs: int, reference: bool) -> None:
+    print(f"trace speed: median of {runs} fresh processes per cell (min–max in brackets)")
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    if not reference:
+        print(f"no llm-compressor venv at {REFERENCE_PYTHON}: run benchmarks/reference_env.sh")
+    print()
+    print(
+        f"  {'measurement':<30}{'llmc-trace s':>20}{'llm-compressor s':>20}{'ours/theirs':>12}"
+        f"{'RSS MiB ours':>15}{'RSS MiB theirs':>16}"
+    )
+
+
+def print_row(label: str, ours: Summary, theirs: Summary | None) -> None:
+    value = ratio(ours, theirs)
+    print(
+        f"  {label:<30}{seconds_cell(ours):>20}{seconds_cell(theirs):>20}"
+        f"{'-' if value is None else f'{value:.2f}×':>12}"
+        f"{memory_cell(ours):>15}{memory_cell(theirs):>16}"
+    )
+    for tool, summary in (("llmc-trace", ours), ("llm-compressor", theirs)):
+        if summary is not None and summary.error:
+            print(f"    ! {tool}: {summary.error}")
+
+
+Row = tuple[ModelCase, str, Summary, "Summary | None"]
+
+
+def print_footer(rows: list[Row]) -> None:
+    print()
+    print("trace: llmc-trace's trace_graph + partition_trace, llm-compressor's trace_subgraphs.")
+    print("attempt: llmc-trace's attempt_trace (build, trace, partition, twin verify) against")
+    print("llm-compressor's one-core 1st-call trace_subgraphs (it has no verification step).")
+    print("RSS MiB: peak resident set of the whole process, imports included (ru_maxrss) /")
+    print("peak growth during the first timed call. 2nd call: the same trace again in the same")
+    print("process, after one-time costs (lazy imports, first use of meta kernels).")
+    for case, label, ours, theirs in rows:
+        if label.startswith("trace, 1st call, all"):
+            counts = f"{ours.num_subgraphs} subgraphs (llmc-trace)"
+            if theirs is not None and theirs.seconds:
+                counts += f", {theirs.num_subgraphs} (llm-compressor)"
+                if theirs.num_subgraphs != ours.num_subgraphs:
+                    counts += ": the tools did not trace the same partition"
+            print(f"  {case.name}: {counts}")
+    for case, label, ours, theirs in rows:
+        value = ratio(ours, theirs)
+        if label.startswith("trace") and value is not None:
+            verdict = "meets" if value <= 1.0 else "MISSES"
+            print(f"  {case.name}, {label}: {value:.2f}× {verdict} the ≤ 1.0× target")
+        if label.startswith("attempt") and ours.seconds:
+            verdict = "meets" if ours.median_s < ONE_CORE_TARGET_S else "MISSES"
+            print(
+                f"  {case.name}, attempt_trace on one core: {ours.median_s:.2f} s for "
+                f"{case.num_layers} layers {verdict} the < {ONE_CORE_TARGET_S:.0f} s target"
+            )
+    print(f"load average (1 min) at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+
+
+def stage_medians(results: list[dict]) -> str:
+    """``attempt_trace``'s own timings (median seconds per stage) over several processes."""
+    stages = [r["stages_s"] for r in results if "stages_s" in r]
+    if not stages:
+        return ""
+    names = list(stages[0])
+    return ", ".join(
+        f"{name.removesuffix('_s')} {statistics.median(s.get(name, 0.0) for s in stages):.2f}"
+        for name in names
+    )
+
+
+def measure_case(case: ModelCase, runs: int, reference: bool) -> tuple[list[Row], str]:
+    """Every row of one model (trace on all threads and on one core, attempt on one core), and
+    the attempt's stages."""
+    rows: list[Row] = []
+    theirs_one_core: list[dict] | None = None
+    for cores, one_core in (("all threads", False), ("one core", True)):
+        threads = 1 if one_core else 0
+        theirs_command = reference_command(case, threads) if reference else None
+        ours, theirs = run_alternating(
+            ours_command(case, "trace", threads), theirs_command, one_core, runs
+        )
+        for call, key in (("1st call", "first_s"), ("2nd call", "second_s")):
+            label = f"trace, {call}, {cores}"
+            rows.append((case, label, summarize(ours, key), summarize(theirs, key)))
+        if one_core:
+            theirs_one_core = theirs
+    # llm-compressor has no attempt (no verification): compare with its one-core first trace
+    attempt, _ = run_alternating(ours_command(case, "attempt", 1), None, True, runs)
+    rows.append(
+        (
+            case,
+            "attempt, 1st call, one core",
+            summarize(attempt, "first_s"),
+            summarize(theirs_one_core, "first_s"),
+        )
+    )
+    return rows, stage_medians(attempt)
+
+
+# ---------------------------------------------------------------- main
+def benchmark(models: list[str], runs: int) -> None:
+    reference = REFERENCE_PYTHON.exists()
+    print_header(runs, reference)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="trace_speed_") as tmp:
+        for name in models:
+            case = prepare_case(name, Path(tmp))
+            print(f"{case.name} ({case.num_layers} layers, {case.dtype}, targets {case.targets})")
+            case_rows, stages = measure_case(case, runs, reference)
+            for _, label, ours, theirs in case_rows:
+                print_row(label, ours, theirs)
+            print(f"    attempt stages, median s: {stages}")
+            rows += case_rows
+    print_footer(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", help=f"model names (default: {' '.join(MODELS)})")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per measurement")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_MODELS[0]}, one run each")
+    # the child-process side: one measurement, printed as a RESULT line
+    parser.add_argument("--measure", choices=["trace", "attempt"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--sample", help=argparse.SUPPRESS)
+    parser.add_argument("--targets", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.measure:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        result = measure_ours(args.measure, args.model, args.sample, args.targets)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    models = args.models or (QUICK_MODELS if args.quick else MODELS)
+    benchmark(models, 1 if args.quick else args.runs)
+
+
+if __name__ == "__main__":
+    main()
