@@ -156,7 +156,7 @@ def search_fixes(
         if report.ok or failure is None or step.leaves is None:
             break
         accepted = False
-        for fix in candidate_fixes(failure, step.model, step.leaves):
+        for fix in candidate_fixes(failure, step.model):
             names = [n for f in applied for n in f.ignore] + list(fix.ignore)
             trial, trial_step = run(names)
             moved_on = trial.failure is not None and trial.failure.location != failure.location
@@ -264,7 +264,12 @@ class _Attempt:
             model = self._timed("load_s", lambda: load_pretrained(self.source))
             verified_on = "real weights"
         else:
-            model = self._timed("twin_s", lambda: build_twin(self.source, seed=self.options.seed))
+            model = self._timed(
+                "twin_s",
+                lambda: build_twin(
+                    self.source, seed=self.options.seed, min_layers=max(2, 2 * self.tps)
+                ),
+            )
             verified_on = "tiny twin"
         sample = make_sample(model.config, self.modality, self.options)
         traced, failure = self._trace(model, sample, "twin_trace_s")
@@ -321,6 +326,7 @@ class _Attempt:
             guards=[g.describe() for g in trace.guards] if trace else [],
             opaque_functions=list(trace.opaque_recorded) if trace else [],
             leaves=dict(sorted(leaves.items())),
+            requested_targets=list(self.targets or []),
         )
 
 

@@ -33,7 +33,8 @@ from llmc_trace.pipelines.basic import run_basic, run_data_free
 from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_layer_sequential
 from llmc_trace.pipelines.sequential import PipelineStats, run_sequential
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
-from llmc_trace.tracing.trace import concrete_arguments, trace_graph
+from llmc_trace.tracing.guards import check_guards, input_signature
+from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_graph
 
 logger = logging.getLogger(__name__)
 PIPELINES = ("auto", "sequential", "layer_sequential", "basic", "data_free")
@@ -251,6 +252,31 @@ def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: st
             )
 
 
+def _check_batches_fit(
+    model: torch.nn.Module, trace: TraceResult, batches: list[dict[str, Any]]
+) -> None:
+    """Every batch must make the decisions the trace took from the first (see guards).
+
+    One graph serves all batches in the sequential pipeline; a batch that would take another
+    branch is refused here, before any weight changes, rather than silently run wrongly.
+    """
+    seen: set[tuple[Any, ...]] = {input_signature(batches[0])}
+    for index, batch in enumerate(batches[1:], start=1):
+        signature = input_signature(batch)
+        if signature in seen:
+            continue
+        tensors = {k: v for k, v in batch.items() if k in trace.input_names}
+        violations = check_guards(trace.graph, model, trace.guards, tensors)
+        if violations:
+            raise LlmcTraceError(
+                f"calibration batch {index} breaks a decision the trace took from batch 0: "
+                f"{violations[0].guard.describe()}, got {violations[0].actual!r}.",
+                hint="Use batches of equal shape (packed windows, --batch-size 1 with equal "
+                "lengths), or --pipeline basic.",
+            )
+        seen.add(signature)
+
+
 def _tokenizer(source: ModelSource) -> Any:
     if not source.has_tokenizer:
         return None
@@ -293,6 +319,7 @@ def _run(
             trace = trace_graph(model, batches[0], None, ignore or None)
             targets = [model.get_submodule(p) for p in trace.leaves.targets]
             if name == "sequential":
+                _check_batches_fit(model, trace, batches)
                 subgraphs = partition_trace(trace).subgraphs
                 return (
                     run_sequential(

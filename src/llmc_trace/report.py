@@ -71,6 +71,7 @@ class TraceReport:
     leaves: dict[str, int] = field(default_factory=dict)
     fixes: list[FixAttempt] = field(default_factory=list)
     applied_fix: FixAttempt | None = None
+    requested_targets: list[str] = field(default_factory=list)  # as the user wrote them
 
     @property
     def ok(self) -> bool:

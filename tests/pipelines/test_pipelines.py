@@ -132,10 +132,14 @@ def test_independent_stages_each_see_the_previous_stage_result() -> None:
     model, batches, targets = setup()
     subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
     first, second = Recorder(targets, perturb=True), Recorder(targets)
-    stats = run_independent([
-        partial(run_sequential, model, subgraphs, batches, first),
-        partial(run_basic, model, targets, batches, second, forward_kwargs={"use_cache": False}),
-    ])
+    stats = run_independent(
+        [
+            partial(run_sequential, model, subgraphs, batches, first),
+            partial(
+                run_basic, model, targets, batches, second, forward_kwargs={"use_cache": False}
+            ),
+        ]
+    )
     assert len(stats) == 2
     # the second stage's whole-model pass runs on the weights the first stage scaled
     assert not torch.allclose(second.seen[3][0], run("basic")[3][0])
@@ -174,8 +178,14 @@ def test_pipelines_agree_on_real_architectures(name: str) -> None:
         if kind == "basic":
             run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
         elif kind == "layer_sequential":
-            run_layer_sequential(model, targets, batches, recorder, propagate_error=False,
-                                 forward_kwargs={"use_cache": False})
+            run_layer_sequential(
+                model,
+                targets,
+                batches,
+                recorder,
+                propagate_error=False,
+                forward_kwargs={"use_cache": False},
+            )
         else:
             subgraphs = trace_subgraphs(model, batches[0], pattern)
             run_sequential(model, subgraphs, batches, recorder, propagate_error=False)

@@ -79,19 +79,30 @@ def failure_panel(failure: TraceFailure) -> Panel:
 
 
 def fix_snippet(report: TraceReport) -> str:
-    """Python and recipe text that reproduce the fixed trace (paste either)."""
+    """Python, recipe and command-line text that reproduce the fixed trace (paste any)."""
     assert report.applied_fix is not None
     ignore = sorted(set(report.ignore) | set(report.applied_fix.ignore))
     quoted = ", ".join(repr(name) for name in ignore)
+    extra_py, extra_yaml, extra_cli = "", "", ""
+    if report.targets_per_subgraph != 1:
+        extra_py += f", targets_per_subgraph={report.targets_per_subgraph}"
+        extra_yaml += f"  targets_per_subgraph: {report.targets_per_subgraph}\n"
+        extra_cli += f" --targets-per-subgraph {report.targets_per_subgraph}"
+    if report.requested_targets:
+        targets = ", ".join(repr(t) for t in report.requested_targets)
+        extra_py += f", sequential_targets=[{targets}]"
+        extra_yaml += f"  sequential_targets: [{targets}]\n"
+        extra_cli += "".join(f" -t '{t}'" for t in report.requested_targets)
     return (
         "# Python\n"
         "from llmc_trace import attempt_trace\n"
-        f"attempt_trace({report.model!r}, modality={report.modality!r}, ignore=[{quoted}])\n\n"
+        f"attempt_trace({report.model!r}, modality={report.modality!r}, ignore=[{quoted}]"
+        f"{extra_py})\n\n"
         "# recipe.yaml\n"
         "tracing:\n"
-        f"  ignore: [{quoted}]\n"
+        f"  ignore: [{quoted}]\n{extra_yaml}"
         "\n# command line\n"
-        f"llmc-trace attempt --model {report.model} --modality {report.modality} "
+        f"llmc-trace attempt --model {report.model} --modality {report.modality}{extra_cli} "
         + " ".join(f"--ignore '{name}'" for name in ignore)
     )
 

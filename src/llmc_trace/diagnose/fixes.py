@@ -1,14 +1,12 @@
 """Fixes for an untraceable model, each proven by re-tracing and verifying.
 
-Tried in this order, each only when it applies to the failure at hand:
+The fix searched for is an **opaque** call: the innermost function or method around the
+failing line that is not a module's ``forward`` is recorded as one graph node, which runs for
+real at calibration time with whatever batch arrives.
 
-(a) **ignore** the smallest module that contains the failing code and holds no sequential
-    target: it becomes one leaf, so its code is never traced;
-(b) **opaque** call: record the function or method that contains the failing line as one
-    graph node (it runs for real at calibration time, with whatever batch arrives);
-(c) **autowrap**: rewrite only the failing statement into a function recorded as one call
-    (see :mod:`~llmc_trace.diagnose.autowrap`), leaving the rest of the forward traced;
-(d) a traceable definition from ``tracing_models/`` registered for the model class.
+Ignoring a module is never needed as a fix here: the leaf rule already keeps every module that
+holds no sequential target out of the trace, so a failure can only occur in a target's
+ancestor, which cannot be ignored without hiding the targets.
 
 A fix never changes numerics: it is accepted only if the subgraphs replayed afterwards equal
 the eager forward (on the tiny twin). What a fix costs is said in words, e.g. that a vision
@@ -17,40 +15,21 @@ tower's Linear layers now sit in one subgraph.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.tracing.targets import LeafPlan
 
 
 @dataclass(frozen=True)
 class Fix:
     """One candidate fix: what to add to ``ignore`` (or which statement to rewrite)."""
 
-    kind: str  # "ignore", "opaque", "autowrap" or "tracing_model"
+    kind: str  # "opaque"
     ignore: tuple[str, ...]
     description: str
     cost: str = ""
-
-
-def ignore_fix(failure: TraceFailure, model: torch.nn.Module, leaves: LeafPlan) -> Fix | None:
-    """(a): the innermost module on the failure's stack that is not an ancestor of a target."""
-    for path, cls in reversed(failure.module_stack):
-        if path and path not in leaves.ancestors:
-            module = model.get_submodule(path)
-            linears = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
-            params = sum(p.numel() * p.element_size() for p in module.parameters())
-            return Fix(
-                "ignore",
-                (f"re:{re.escape(path)}",),
-                f"keep {path} ({cls}) as one leaf module",
-                f"{path} runs as one call: its {linears} Linear layers "
-                f"({params / 2**20:.1f} MiB) share one subgraph and are calibrated together",
-            )
-    return None
 
 
 def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
@@ -80,7 +59,7 @@ def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
     return None
 
 
-def candidate_fixes(failure: TraceFailure, model: torch.nn.Module, leaves: LeafPlan) -> list[Fix]:
+def candidate_fixes(failure: TraceFailure, model: torch.nn.Module) -> list[Fix]:
     """Fixes that apply to ``failure``, in the order they are tried."""
-    candidates = [ignore_fix(failure, model, leaves), opaque_fix(failure, model)]
+    candidates = [opaque_fix(failure, model)]
     return [fix for fix in candidates if fix is not None]

@@ -82,9 +82,10 @@ def build_twin(
     seed: int = 0,
     attn_implementation: str = "eager",
     dtype: torch.dtype = torch.float32,
+    min_layers: int = 2,
 ) -> PreTrainedModel:
     """The tiny twin: same architecture and code paths, small sizes, seeded random weights."""
-    config = prepare_config(shrink_config(source.config()))
+    config = prepare_config(shrink_config(source.config(), min_layers))
     cls = model_class(config, source.name)
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -90,13 +90,17 @@ MIN_LAYERS = 2
 MIN_HEADS = 4
 
 
-def shrink_config(config: PretrainedConfig) -> PretrainedConfig:
-    """Return the tiny twin's config; ``config`` itself is left untouched."""
+def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> PretrainedConfig:
+    """Return the tiny twin's config; ``config`` itself is left untouched.
+
+    ``min_layers`` keeps at least that many layers in the text stack (two groups of targets
+    when several targets share a subgraph, so the twin has the full model's group shape).
+    """
     twin = copy.deepcopy(config)
     renamed_widths: dict[int, int] = {}
     text = _text_config(twin)
     for sub in [text, *[c for c in _sub_configs(twin) if c is not text]]:
-        _shrink_one(sub, renamed_widths)
+        _shrink_one(sub, renamed_widths, min_layers if sub is text else MIN_LAYERS)
     for sub in [twin, *_sub_configs(twin)]:
         _follow_widths(sub, renamed_widths)
     _shrink_vocab(twin)
@@ -143,7 +147,7 @@ def _width_factor(config: PretrainedConfig) -> int:
     return factor
 
 
-def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
+def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: int) -> None:
     attrs = vars(config)
     factor = _width_factor(config)
     head_dim = attrs.get("head_dim")
@@ -175,13 +179,13 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int]) -> None:
             config.n_groups = max(1, attrs["n_groups"] // factor)
         if head_dim is not None and attrs.get("head_dim") is not None:
             config.head_dim = head_dim
-    _shrink_layers(config)
+    _shrink_layers(config, min_layers)
     _shrink_experts(config)
 
 
-def _shrink_layers(config: PretrainedConfig) -> None:
+def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
     attrs = vars(config)
-    keep = MIN_LAYERS
+    keep = min_layers
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:

@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from llmc_trace.tracing.source import SourceLocation
-from llmc_trace.tracing.values import compute_value
+from llmc_trace.tracing.values import compute_value, runner_for
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,7 @@ def _evaluate(
     args = fx.node.map_arg(node.args, lambda n: env[n.name])
     kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
     module = root.get_submodule(node.target) if node.op == "call_module" else None
-    if node.op == "call_module":
-        run = module
-    elif node.op == "call_method":
-        run = lambda self_, *a, **k: getattr(self_, node.target)(*a, **k)
-    else:
-        run = node.target
+    run = runner_for(node.op, node.target, module)
     computed = compute_value(run, args, kwargs, module=module, allow_phantoms=True)
     if computed.value is None and computed.error is not None:
         raise computed.error

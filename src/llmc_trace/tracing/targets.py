@@ -139,7 +139,9 @@ def split_ignore(model: torch.nn.Module, ignore: list[str]) -> tuple[list[str], 
     module_patterns, function_names = [], []
     named = list(model.named_modules())
     for pattern in ignore:
-        if any(matches(pattern, path, module) for path, module in named if path) or pattern.startswith("re:"):
+        if any(
+            matches(pattern, path, module) for path, module in named if path
+        ) or pattern.startswith("re:"):
             module_patterns.append(pattern)
         else:
             function_names.append(pattern)

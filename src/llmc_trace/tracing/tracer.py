@@ -33,7 +33,7 @@ from llmc_trace.tracing.guards import Guard, ask
 from llmc_trace.tracing.opaque import call_module_method, patch_constructors, patch_opaque
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.source import current_model_location
-from llmc_trace.tracing.values import compute_value
+from llmc_trace.tracing.values import compute_value, runner_for
 
 #: Methods and functions whose result depends only on the *shape* of their tensor argument.
 METADATA_OPS = frozenset(
@@ -253,7 +253,7 @@ class LlmcTracer(fx.Tracer):
             leaf.node for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, fx.Proxy)
         ]
         module = self.root.get_submodule(target) if kind == "call_module" else None
-        run = _runner(kind, target, module)
+        run = runner_for(kind, target, module)
         opaque = kind == "call_module" or id(target) in self._opaque_targets
         with _maybe_revert_all_patches():
             computed = compute_value(
@@ -526,17 +526,6 @@ def _holds_tensors(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_holds_tensors(v) for v in value)
     return False
-
-
-def _runner(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
-    if kind == "call_module":
-        assert module is not None
-        return module
-    if kind == "call_method":
-        return lambda self_, *args, **kwargs: getattr(self_, target)(*args, **kwargs)
-    if kind == "call_function":
-        return target
-    raise AssertionError(f"no runner for node kind {kind}")
 
 
 def _static_flags(

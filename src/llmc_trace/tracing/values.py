@@ -213,3 +213,19 @@ def compute_value(
         except Exception:
             return ComputedValue(None, False, False, meta_error)
         return ComputedValue(to_meta(result), False, True)
+
+
+def runner_for(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
+    """The callable that computes a graph node of ``kind`` (``call_module``/``method``/``function``)."""
+    if kind == "call_module":
+        assert module is not None
+        return module
+    if kind == "call_method":
+
+        def call_method(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self_, target)(*args, **kwargs)
+
+        return call_method
+    if kind == "call_function":
+        return target
+    raise AssertionError(f"no runner for node kind {kind}")
