@@ -22,9 +22,10 @@ bytes. The target is an estimate within 25 % of the measurement.
 Part 2 runs ``sequential`` (nobody listening) on an 80-layer Llama of tiny width over 64
 samples and reports the intermediates cache: which values it stores once for all samples
 (``shared_names``: causal mask, rotary cos/sin, ...) and its peak bytes, against the bytes if
-every sample kept its own copy of those values.
+every sample kept its own copy of those values, and the resident growth sampled in the first
+subgraphs, the others and the last (where the model's output of every batch is held).
 
-    python benchmarks/pipeline_memory.py            # a few minutes on 2 cores
+    python benchmarks/pipeline_memory.py            # about 5 minutes on 2 idle cores
     python benchmarks/pipeline_memory.py --quick    # 4 layers, 16 samples: a smoke test
     python benchmarks/pipeline_memory.py --jobs 1   # one pipeline process at a time
 
@@ -569,9 +570,16 @@ def print_cache(workload: Workload, result: dict, estimated_cache_bytes: int) ->
     ]
     for label, value in rows:
         print(f"  {label:<52}{value / MiB:8.1f} MiB")
-    stages = sorted(result["stage_bytes"].items(), key=lambda item: -item[1])
-    top = ", ".join(f"{label} {value / MiB:.1f}" for label, value in stages[:2])
-    print(f"  growth sampled at batch boundaries, highest (MiB): {top}")
+    stages = list(result["stage_bytes"].items())  # in run order
+    middle = sorted(value for _, value in stages[2:-1])
+    print("  growth sampled at batch boundaries (MiB):")
+    for label, value in stages[:2]:
+        print(f"    {label:<50}{value / MiB:8.1f}")
+    if middle:
+        print(
+            f"    {'median of the subgraphs in between':<50}{middle[len(middle) // 2] / MiB:8.1f}"
+        )
+    print(f"    {stages[-1][0]:<50}{stages[-1][1] / MiB:8.1f}")
 
 
 # ---------------------------------------------------------------- main

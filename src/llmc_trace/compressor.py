@@ -11,6 +11,7 @@ weight replaced by the result, so error propagation sees compressed outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import weakref
@@ -31,6 +32,20 @@ logger = logging.getLogger(__name__)
 #: Methods that need calibration data (a Hessian); the others work from weights alone.
 DATA_METHODS = frozenset({"gptq", "sparsegpt"})
 METHODS = ("gptq", "rtn", "sparsegpt", "magnitude")
+
+
+def _on_host(quantized: QuantizedWeight) -> QuantizedWeight:
+    def host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to("cpu")
+
+    return dataclasses.replace(
+        quantized,
+        weight=host(quantized.weight),
+        int_weight=host(quantized.int_weight),
+        scale=host(quantized.scale),
+        zero_point=host(quantized.zero_point),
+        g_idx=host(quantized.g_idx),
+    )
 
 
 @dataclass
@@ -158,7 +173,7 @@ class LayerCompressor:
             module.weight.data = pruned.weight.to(W.dtype)
             self.pruned.append(name)
             if pruned.quantized is not None:
-                self.quantized[name] = pruned.quantized
+                self.quantized[name] = _on_host(pruned.quantized)
             return pruned.loss
         if self.method == "magnitude":
             assert self.sparsity is not None
@@ -173,7 +188,8 @@ class LayerCompressor:
 
     def _store(self, name: str, module: torch.nn.Linear, quantized: QuantizedWeight) -> None:
         module.weight.data = quantized.weight.to(module.weight.dtype)
-        self.quantized[name] = quantized
+        # kept until the checkpoint is written: on the host, or a GPU fills up layer by layer
+        self.quantized[name] = _on_host(quantized)
 
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:

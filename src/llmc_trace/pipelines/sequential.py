@@ -119,6 +119,7 @@ def _run_all(
                 callbacks.on_batch(batches[index])
             values = cache.fetch(index, subgraph.input_names, device, private)
             result = subgraph.forward(model, **values)
+            result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
             outputs.append({k: move(v, cache.offload_device) for k, v in result.items()})
     report(label, len(cache), len(cache))
     return outputs

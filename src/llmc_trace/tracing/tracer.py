@@ -33,7 +33,13 @@ from llmc_trace.tracing.guards import Guard, ask
 from llmc_trace.tracing.opaque import call_module_method, patch_constructors, patch_opaque
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.source import current_model_location
-from llmc_trace.tracing.values import compute_value, runner_for
+from llmc_trace.tracing.values import (
+    ComputedValue,
+    compute_value,
+    map_leaves,
+    module_has_meta_state,
+    runner_for,
+)
 
 #: Methods and functions whose result depends only on the *shape* of their tensor argument.
 METADATA_OPS = frozenset(
@@ -153,6 +159,8 @@ class LlmcTracer(fx.Tracer):
         self.module_stack: list[tuple[str, str]] = []  # (path, class name), outermost first
         self._constant_count = 0
         self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
+        self._shape_only_outputs: dict[tuple[Any, ...], Any] = {}
+        self._module_shapes: dict[int, tuple[Any, ...]] = {}
 
     # ----------------------------------------------------------------- entry point
     def trace_model(
@@ -255,10 +263,23 @@ class LlmcTracer(fx.Tracer):
         module = self.root.get_submodule(target) if kind == "call_module" else None
         run = runner_for(kind, target, module)
         opaque = kind == "call_module" or id(target) in self._opaque_targets
-        with _maybe_revert_all_patches():
-            computed = compute_value(
-                run, values[0], values[1], module=module, allow_phantoms=opaque
+        key = self._shape_only_key(module, values) if module is not None else None
+        if key is not None and key in self._shape_only_outputs:
+            computed = ComputedValue(
+                map_leaves(_fresh_meta, self._shape_only_outputs[key]), False, False
             )
+        else:
+            with _maybe_revert_all_patches():
+                computed = compute_value(
+                    run, values[0], values[1], module=module, allow_phantoms=opaque
+                )
+            if (
+                key is not None
+                and not computed.is_real
+                and computed.error is None
+                and not computed.used_phantoms
+            ):
+                self._shape_only_outputs[key] = computed.value
         node.meta["val"] = computed.value
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
@@ -298,6 +319,37 @@ class LlmcTracer(fx.Tracer):
             )
             self._containers[id(value)] = (self.proxy(node), value)
         return self._containers[id(value)][0]
+
+    def _shape_only_key(self, module: torch.nn.Module, values: Any) -> tuple[Any, ...] | None:
+        """A key under which identical layers share one shape-only output.
+
+        Eighty decoder layers of one class, with the same parameter shapes, called on inputs of
+        the same shapes, give outputs of the same shapes: computing that once on ``meta`` is
+        enough. Only for shape-only (``meta``) evaluation: any real input could matter.
+        """
+        signature: list[Any] = []
+        unkeyable = False
+
+        def visit(leaf: Any) -> Any:
+            nonlocal unkeyable
+            if isinstance(leaf, torch.Tensor):
+                if not leaf.is_meta:
+                    unkeyable = True
+                signature.append((tuple(leaf.shape), leaf.dtype))
+            elif leaf is None or isinstance(leaf, (int, float, str, bool, torch.dtype)):
+                signature.append(leaf)
+            else:
+                unkeyable = True
+            return leaf
+
+        map_leaves(visit, values)
+        if unkeyable or not module_has_meta_state(module):
+            return None
+        if id(module) not in self._module_shapes:
+            self._module_shapes[id(module)] = tuple(
+                (name, tuple(p.shape), p.dtype) for name, p in module.named_parameters()
+            )
+        return (type(module), self._module_shapes[id(module)], tuple(signature))
 
     def _resolve_attr(self, target: str) -> Any:
         # fx patches Module.__getattr__ to emit get_attr nodes; reading through it here would
@@ -498,6 +550,11 @@ def _map_proxies(fn: Callable[[fx.Proxy], Any], value: Any) -> Any:
             _map_proxies(fn, value.step),
         )
     return value
+
+
+def _fresh_meta(leaf: Any) -> Any:
+    """A new meta tensor of the same shape (cached outputs are never shared between nodes)."""
+    return torch.empty_like(leaf) if isinstance(leaf, torch.Tensor) else leaf
 
 
 def _restore_proxy_attributes(
