@@ -47,34 +47,15 @@ def coverage_rows(
         start = time.perf_counter()
         try:
             report = attempt_trace(name, modality=modality, fix=fix)
-        except LlmcTraceError as err:
-            rows.append(
-                CoverageRow(
-                    name,
-                    model_type,
-                    modality,
-                    False,
-                    False,
-                    0,
-                    "",
-                    time.perf_counter() - start,
-                    err.message,
-                )
-            )
-            continue
         except Exception as err:  # one architecture's crash must not hide the others' results
+            message = (
+                err.message
+                if isinstance(err, LlmcTraceError)
+                else (f"{type(err).__name__}: {str(err)[:160]}")
+            )
+            elapsed = time.perf_counter() - start
             rows.append(
-                CoverageRow(
-                    name,
-                    model_type,
-                    modality,
-                    False,
-                    False,
-                    0,
-                    "",
-                    time.perf_counter() - start,
-                    f"{type(err).__name__}: {str(err)[:160]}",
-                )
+                CoverageRow(name, model_type, modality, False, False, 0, "", elapsed, message)
             )
             continue
         problem = ""

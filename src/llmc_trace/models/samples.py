@@ -217,41 +217,38 @@ def _qwen_grid(
     return frames, patches, patches
 
 
+def _qwen_visual_sample(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator, kind: str
+) -> dict[str, Any]:
+    """An image (one frame) or a video (two frames): placeholders, pixels and their grid."""
+    grid = _qwen_grid(config, options, frames=1 if kind == "image" else 2)
+    merge = config.vision_config.spatial_merge_size
+    count = grid[0] * grid[1] * grid[2] // (merge * merge)
+    middle = [token_id(config, "vision_start_token_id")]
+    middle += [token_id(config, f"{kind}_token_id")] * count
+    middle.append(token_id(config, "vision_end_token_id"))
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    pixels = _qwen_vision_pixels(config, grid, options.batch_size, generator)
+    sample["pixel_values" if kind == "image" else "pixel_values_videos"] = pixels
+    sample[f"{kind}_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
+    sample["mm_token_type_ids"] = mm_token_type_ids(config, sample["input_ids"])
+    return sample
+
+
 @sample_builder("image", "qwen2_vl", "qwen2_5_vl")
 def qwen2_vl_image(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
 ) -> dict[str, Any]:
-    grid = _qwen_grid(config, options, frames=1)
-    merge = config.vision_config.spatial_merge_size
-    count = grid[0] * grid[1] * grid[2] // (merge * merge)
-    middle = [token_id(config, "vision_start_token_id")] + [
-        token_id(config, "image_token_id")
-    ] * count
-    middle.append(token_id(config, "vision_end_token_id"))
-    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
-    sample["pixel_values"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
-    sample["image_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
-    sample["mm_token_type_ids"] = mm_token_type_ids(config, sample["input_ids"])
-    return sample
+    return _qwen_visual_sample(config, options, generator, "image")
 
 
 @sample_builder("video", "qwen2_vl", "qwen2_5_vl")
 def qwen2_vl_video(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
 ) -> dict[str, Any]:
-    temporal = config.vision_config.temporal_patch_size
-    grid = _qwen_grid(config, options, frames=2)
-    merge = config.vision_config.spatial_merge_size
-    count = grid[0] * grid[1] * grid[2] // (merge * merge)
-    middle = [token_id(config, "vision_start_token_id")] + [
-        token_id(config, "video_token_id")
-    ] * count
-    middle.append(token_id(config, "vision_end_token_id"))
-    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
-    sample["pixel_values_videos"] = _qwen_vision_pixels(config, grid, options.batch_size, generator)
-    sample["video_grid_thw"] = torch.tensor([list(grid)] * options.batch_size)
-    sample["mm_token_type_ids"] = mm_token_type_ids(config, sample["input_ids"])
+    sample = _qwen_visual_sample(config, options, generator, "video")
     if config.model_type == "qwen2_5_vl":
+        temporal = config.vision_config.temporal_patch_size
         sample["second_per_grid_ts"] = torch.full((options.batch_size,), float(temporal) / 2.0)
     return sample
 
