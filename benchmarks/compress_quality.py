@@ -24,6 +24,7 @@ leave the resident set; theirs during ``oneshot`` alone is shown too.
     python benchmarks/compress_quality.py               # about 20-40 min on 2 cores
     python benchmarks/compress_quality.py --quick       # 16 samples, W4A16 only
     python benchmarks/compress_quality.py --repeat 3    # min and median seconds of 3 runs
+    python benchmarks/compress_quality.py --quick --samples 128 --repeat 3  # W4A16 timing
 
 On a shared CPU, check the load averages printed at the start and end.
 """
@@ -421,8 +422,10 @@ def versions() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=128, help="calibration rows (default 128)")
-    parser.add_argument("--quick", action="store_true", help="16 samples, W4A16 only")
+    parser.add_argument(
+        "--samples", type=int, help="calibration rows (default 128; 16 with --quick)"
+    )
+    parser.add_argument("--quick", action="store_true", help="W4A16 only, 16 samples by default")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per method (default 1)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -433,7 +436,7 @@ def main() -> None:
         return
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    samples = 16 if args.quick else args.samples
+    samples = args.samples or (16 if args.quick else 128)
     settings = SETTINGS[:1] if args.quick else SETTINGS
     reference = REFERENCE_PYTHON.exists()
     model_dir = args.model_dir.resolve()
