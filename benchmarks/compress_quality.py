@@ -11,17 +11,19 @@ Beside it, llm-compressor's GPTQ (``benchmarks/_reference/gptq_llmcompressor.py`
 on, for W4A16 and 3-bit group 128; its compressed weights are evaluated here with the same
 perplexity code, after checking that they reproduce its model's logits. Printed ratios are
 ours/theirs; "recovered" is the fraction of RTN's perplexity loss GPTQ wins back,
-``(ppl_rtn - ppl_gptq) / (ppl_rtn - ppl_fp)``.
+``(ppl_rtn - ppl_gptq) / (ppl_rtn - ppl_fp)``, with the same RTN run for both tools.
 
 Every run is a fresh process (``torch.set_num_threads(2)``), so its peak resident set is its
 own. Seconds: ours is the whole ``compress`` call (it loads the model, traces, plans and
 calibrates; "pipeline" is the part from the first subgraph on), theirs is ``oneshot`` alone
 (the model already loaded). Memory: the rise of the resident high-water mark (VmHWM, reset at
 the start) over the live resident set, during ``compress`` for ours and during loading plus
-``oneshot`` for theirs (the same span), with glibc's mmap threshold fixed so freed tensors
-leave the resident set; theirs during ``oneshot`` alone is shown too.
+``oneshot`` for theirs (the same span); theirs during ``oneshot`` alone is shown too. glibc's
+allocator runs with its defaults, as for a user: fixing its mmap threshold (as
+``pipeline_memory.py`` does to compare live bytes with a plan) made every forward pass on this
+model 2-2.5x slower, which would distort the seconds.
 
-    python benchmarks/compress_quality.py               # about 20-40 min on 2 cores
+    python benchmarks/compress_quality.py               # 20-40 min on 2 cores, load permitting
     python benchmarks/compress_quality.py --quick       # 16 samples, W4A16 only
     python benchmarks/compress_quality.py --repeat 3    # min and median seconds of 3 runs
     python benchmarks/compress_quality.py --quick --samples 128 --repeat 3  # W4A16 timing
@@ -57,9 +59,6 @@ SEQ_LEN = 512
 SEED = 0
 THREADS = 2
 EVAL_BATCH_SIZE = 8
-#: glibc serves allocations above this size with mmap and unmaps them on free, so the resident
-#: set measures live tensors rather than heap fragmentation (as in ``pipeline_memory.py``).
-MMAP_THRESHOLD = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,6 @@ def child_environment() -> dict[str, str]:
     return {
         **os.environ,
         "OMP_NUM_THREADS": str(THREADS),
-        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
         "TOKENIZERS_PARALLELISM": "false",
     }
 

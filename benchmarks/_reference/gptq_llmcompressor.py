@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--attn-implementation", default="eager", help="as llmc-trace loads models (default)"
+    )
     parser.add_argument("--save", help="torch.save the compressed Linear weights here")
     parser.add_argument("--check-row", help=".npy of one token row whose logits to save too")
     args = parser.parse_args()
@@ -107,7 +110,7 @@ def main() -> None:
         before_load = reset_peak_rss()
         start = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(
-            args.model_dir, dtype=torch.float32, attn_implementation="eager"
+            args.model_dir, dtype=torch.float32, attn_implementation=args.attn_implementation
         )
         result["load_s"] = time.perf_counter() - start
         load_peak = peak_rss_since_reset()
