@@ -36,12 +36,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("suno/bark-small", "text"): ("input", "no vocabulary size"),
     ("microsoft/speecht5_tts", "audio"): ("input", "match no module"),
-    # a data-dependent branch in the top-level forward: no fix keeps the targets traced
-    ("google/gemma-4-26B-A4B", "text"): (
-        "trace",
-        "modeling_gemma4.py",
-        "Gemma4ForConditionalGeneration.forward",
-    ),
     # the twin does not run: the shrunk config breaks an assumption of the model code
     ("nari-labs/Dia-1.6B-0626", "text"): ("verify", "the eager forward failed"),
     ("rhymes-ai/Aria", "text"): ("verify", "the eager forward failed"),
@@ -53,6 +47,12 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("RWKV/rwkv-4-169m-pile", "text"): ("verify", "replay failed"),
     ("google/switch-large-128", "text"): ("verify", "head subgraph differs"),
     ("tencent/Hy3-preview", "text"): ("verify", "head subgraph differs"),
+}
+
+#: (model, modality) -> the fix that must make it verify (the start of its ignore entry).
+FIXED_BY: dict[tuple[str, str], str] = {
+    # a data-dependent branch directly in the top-level forward: only autowrap reaches it
+    ("google/gemma-4-26B-A4B", "text"): "autowrap:Gemma4ForConditionalGeneration.forward@",
 }
 
 #: Acceptance list: these must trace and verify (with fixes where needed).
@@ -92,6 +92,10 @@ def test_builtin_traces_and_verifies_or_fails_where_expected(name: str, modality
         assert report.ok, (report.failure and report.failure.exception, problems)
         assert report.verification is not None
         assert report.verification.max_abs_diff <= report.verification.tolerance
+        if (name, modality) in FIXED_BY:
+            assert report.applied_fix is not None
+            [entry] = report.applied_fix.ignore
+            assert entry.startswith(FIXED_BY[(name, modality)])
         return
     assert not report.ok
     if expected[0] == "trace":
@@ -101,6 +105,14 @@ def test_builtin_traces_and_verifies_or_fails_where_expected(name: str, modality
     else:
         assert expected[0] == "verify" and report.traced
         assert any(expected[1] in problem for problem in problems), problems
+
+
+def test_gemma4_fails_in_its_top_level_forward_without_a_fix() -> None:
+    report = attempt_trace("google/gemma-4-26B-A4B", modality="text", verify=False)
+    assert report.failure is not None and report.failure.location is not None
+    assert report.failure.location.file.endswith("modeling_gemma4.py")
+    assert report.failure.location.function == "Gemma4ForConditionalGeneration.forward"
+    assert report.failure.module_path == ""  # the root: its forward calls every target
 
 
 def test_required_architectures_are_built_in() -> None:

@@ -148,7 +148,11 @@ def attempt_trace(
 def search_fixes(
     report: TraceReport, step: _Attempt, run: Callable[[list[str]], tuple[TraceReport, _Attempt]]
 ) -> TraceReport:
-    """Try fixes round by round; keep a fix that verifies or moves the failure further on."""
+    """Try fixes round by round; keep a fix that verifies or moves the failure further on.
+
+    A candidate that cannot apply (autowrap refusing a statement that returns, say) is
+    reported with its reason and costs no trace.
+    """
     applied: list[Fix] = []
     tried: list[FixAttempt] = []
     for _ in range(MAX_FIX_ROUNDS):
@@ -157,8 +161,24 @@ def search_fixes(
             break
         accepted = False
         for fix in candidate_fixes(failure, step.model):
+            rewrites = [fix.rewrite] if fix.rewrite else []
+            if fix.refusal:
+                tried.append(
+                    FixAttempt(
+                        fix.description, list(fix.ignore), "refused", "", fix.refusal, rewrites
+                    )
+                )
+                continue
             names = [n for f in applied for n in f.ignore] + list(fix.ignore)
-            trial, trial_step = run(names)
+            try:
+                trial, trial_step = run(names)
+            except BadInputError as err:  # the fix's own entry cannot be installed
+                tried.append(
+                    FixAttempt(
+                        fix.description, list(fix.ignore), "refused", "", err.message, rewrites
+                    )
+                )
+                continue
             moved_on = trial.failure is not None and trial.failure.location != failure.location
             outcome = (
                 "verified"
@@ -176,6 +196,7 @@ def search_fixes(
                     outcome,
                     fix.cost,
                     trial.failure.exception if trial.failure else "",
+                    rewrites,
                 )
             )
             if trial.ok or moved_on:
@@ -191,6 +212,7 @@ def search_fixes(
             [n for f in applied for n in f.ignore],
             "verified",
             "; ".join(f.cost for f in applied if f.cost),
+            rewrites=[f.rewrite for f in applied if f.rewrite],
         )
     return dataclasses.replace(report, fixes=tried, applied_fix=combined)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.graph.verify import Verification
+from llmc_trace.tracing.autowrap import StatementRewrite
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,13 @@ class FixAttempt:
 
     description: str
     ignore: list[str]
-    outcome: str  # "verified", "still fails", "verification failed"
+    outcome: str  # "verified", "fails further on", "still fails", "verification failed", "refused"
     cost: str = ""
     detail: str = ""
+    rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrap's before/after
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,6 @@ class TraceReport:
             "guards": self.guards,
             "opaque_functions": self.opaque_functions,
             "leaves": self.leaves,
-            "fixes": [vars(f) for f in self.fixes],
-            "applied_fix": None if self.applied_fix is None else vars(self.applied_fix),
+            "fixes": [f.to_json() for f in self.fixes],
+            "applied_fix": None if self.applied_fix is None else self.applied_fix.to_json(),
         }

@@ -6,9 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+from llmc_trace.cli.display import fix_snippet
 from llmc_trace.cli.main import cli
+from llmc_trace.diagnose.failure import failure_from_exception
+from llmc_trace.diagnose.fixes import autowrap_fix
+from llmc_trace.report import FixAttempt, TraceReport
+from llmc_trace.tracing.trace import trace_graph
+from tests.patterns.untraceable import ForwardBranch
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 QWEN_VL = "Qwen/Qwen2-VL-2B-Instruct"
@@ -77,3 +84,21 @@ def test_bad_input_exits_2_naming_the_parameter(args: list[str], param: str) -> 
 def test_folder_without_config_exits_2(tmp_path: Path) -> None:
     code, _, err = invoke("attempt", "--model", str(tmp_path))
     assert code == 2 and "config.json" in err
+
+
+def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
+    model = ForwardBranch().eval()
+    with pytest.raises(Exception) as info:
+        trace_graph(
+            model, {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}, ["Block"]
+        )
+    fix = autowrap_fix(failure_from_exception(info.value), model)
+    assert fix is not None and fix.rewrite is not None
+    applied = FixAttempt(fix.description, list(fix.ignore), "verified", rewrites=[fix.rewrite])
+    report = TraceReport(
+        "local", "ForwardBranch", "text", [], [], 1, True, [], {}, applied_fix=applied
+    )
+    snippet = fix_snippet(report)
+    assert f"ignore=[{fix.ignore[0]!r}]" in snippet
+    assert "# before:\n#   if grid.sum() > 4:\n#       x = x * 2\n# after:\n" in snippet
+    assert f"#   x = {fix.rewrite.after.splitlines()[-1].split(' = ', 1)[1]}" in snippet

@@ -92,3 +92,123 @@ class ShapeBranch(Stack):
         if x.shape[1] > 4:
             x = x.flip(1)
         return x
+
+
+class SelectionLength(Stack):
+    """`len()` of a boolean-mask gather (based on llava's count of selected image features)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        count = len(x[x > 0])
+        return x * count
+
+
+class IntOfMax(Stack):
+    """`int()` of a tensor reduction (based on modeling_qwen2_vl.py's `max_grid_size`)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return x[:, : int(grid.max())]
+
+
+class TokenMembership(Stack):
+    """`in` on a tensor (based on VLMs' `if image_token_id in input_ids`)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        if 2 in grid:
+            x = x + 1
+        return x
+
+
+class LoopOverSelection(Stack):
+    """A loop over a boolean-mask gather (based on llava-next's per-image feature loop)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        for row in x[x.sum(-1) > 0]:
+            x = x + row
+        return x
+
+
+class LegacyConstructor(Stack):
+    """`torch.Tensor(value)` (based on older modeling code's legacy `torch.Tensor(...)`)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        offsets = torch.Tensor(grid.prod())
+        return x + offsets.sum()
+
+
+class PlainObjectArgument(Stack):
+    """A Python object handed to a tensor method (based on helpers passing option objects)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return x.to(object())
+
+
+class ForwardBranch(nn.Module):
+    """An `if` on tensor data directly in the top-level forward, after the layers.
+
+    Based on modeling_gemma4.py's `Gemma4ForConditionalGeneration.forward`, whose logits
+    slicing depends on a shape comparison; no helper function holds it, and the forward calls
+    the targets, so the opaque fix cannot take it.
+    """
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(width), Block(width)])
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        if grid.sum() > 4:
+            x = x * 2
+        return x
+
+
+class ForwardLoop(Stack):
+    """A loop over grid rows directly in a forward, between two targets, reading `self`.
+
+    Based on modeling_qwen2_vl.py's `for t, h, w in grid_thw` loop.
+    """
+
+    scale = 0.5
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](x)
+        for t, h, w in grid.tolist():
+            x = x + t * h * w * self.scale
+        return self.layers[1](x)
+
+
+class ForwardAssert(Stack):
+    """An `assert` on tensor data in a forward (based on input checks in vision towers)."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](x)
+        assert grid.min() >= 0, "grid sizes must not be negative"
+        return self.layers[1](x)
+
+
+class EarlyReturn(nn.Module):
+    """A data-dependent early `return` in the top-level forward: what only a definition fixes.
+
+    Based on models that skip their layers when a batch holds no tokens of a kind; which code
+    runs after the `if` depends on the data, which one graph cannot express.
+    """
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(width), Block(width)])
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        if grid.sum() == 0:
+            return x
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class BranchAroundLayer(Stack):
+    """A target called only when the data says so: autowrapping the `if` would hide it."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        if grid.sum() > 4:
+            x = self.layers[0](x)
+        return self.layers[1](x)

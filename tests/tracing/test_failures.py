@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from llmc_trace.diagnose.failure import failure_from_exception
+from llmc_trace.diagnose.failure import KINDS, failure_from_exception
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
 
@@ -44,6 +44,12 @@ def fail(cls: type) -> object:
             "if selected.shape",
             ["x", "getitem", "size", "getitem", "gt", "bool"],
         ),
+        (patterns.SelectionLength, "len", "count = len(", ["x", "getitem", "len"]),
+        (patterns.IntOfMax, "python_number", "int(grid.max())", ["grid", "max", "int"]),
+        (patterns.TokenMembership, "membership", "if 2 in grid", ["grid", "contains"]),
+        (patterns.LoopOverSelection, "iteration", "for row in", ["x", "getitem", "iter"]),
+        (patterns.LegacyConstructor, "constructor", "torch.Tensor(grid.prod())", []),
+        (patterns.PlainObjectArgument, "unsupported_argument", "x.to(object())", []),
     ],
 )
 def test_failure_is_located_and_classified(
@@ -68,3 +74,10 @@ def test_shape_branch_traces_and_records_a_guard() -> None:
     assert guard.question == "bool" and guard.expected is True
     assert guard.location is not None
     assert guard.location.line == line_of(patterns.ShapeBranch, "if x.shape[1] > 4")
+
+
+def test_every_kind_is_tested() -> None:
+    """Each kind in KINDS has a hand-written module above that fails in exactly that way."""
+    parameters = test_failure_is_located_and_classified.pytestmark[0].args[1]
+    tested = {kind for _, kind, _, _ in parameters}
+    assert set(KINDS) - tested == {"error"}  # any other exception: the catch-all

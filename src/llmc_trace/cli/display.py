@@ -10,6 +10,7 @@ from rich.text import Text
 
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.report import TraceReport
+from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.units import human_bytes
 
 
@@ -104,7 +105,21 @@ def fix_snippet(report: TraceReport) -> str:
         "\n# command line\n"
         f"llmc-trace attempt --model {report.model} --modality {report.modality}{extra_cli} "
         + " ".join(f"--ignore '{name}'" for name in ignore)
+        + "".join(rewrite_comment(rewrite) for rewrite in report.applied_fix.rewrites)
     )
+
+
+def rewrite_comment(rewrite: StatementRewrite) -> str:
+    """An autowrapped statement's before/after source, as comments below the snippet."""
+
+    def commented(text: str) -> str:
+        return "".join(f"#   {line}\n" if line else "#\n" for line in text.splitlines())
+
+    return (
+        f"\n\n# {rewrite.entry} rewrites, while tracing only (no file is edited),\n"
+        f"# {rewrite.file}:{rewrite.line} in {rewrite.function}\n"
+        f"# before:\n{commented(rewrite.before)}# after:\n{commented(rewrite.after)}"
+    ).rstrip("\n")
 
 
 def show_report(console: Console, report: TraceReport) -> None:

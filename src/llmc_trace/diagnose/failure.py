@@ -27,10 +27,8 @@ KINDS: dict[str, str] = {
     "membership": "an `in` test on a traced value that depends on tensor data",
     "tensor_to_python": ".item()/.tolist()/.cpu()/.numpy() result used as a Python value",
     "data_dependent_shape": "a decision on a shape that depends on tensor data",
-    "unknown_on_meta": "a decision on a value the meta device cannot compute",
     "constructor": "a tensor constructor (torch.tensor, torch.zeros, ...) fed a traced value",
     "unsupported_argument": "a value the graph cannot hold passed to a traced operation",
-    "missing_source": "a forward whose source code cannot be read",
     "error": "an exception raised by the model code while tracing",
 }
 _TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
@@ -118,9 +116,7 @@ def failure_from_exception(err: BaseException) -> TraceFailure:
         kind = _QUESTION_KINDS.get(err.question, "control_flow")
         if any(step in _TO_PYTHON for step in origin[:-1]):
             kind = "tensor_to_python"
-        elif "meta device" in err.reason:
-            kind = "unknown_on_meta"
-        elif kind != "iteration" and (
+        elif kind not in ("iteration", "len") and (  # those two are about lengths already
             err.reason.startswith(("shape", "length")) or any(step in _SHAPE_OPS for step in origin)
         ):
             kind = "data_dependent_shape"
@@ -145,8 +141,10 @@ def _classify_other(err: BaseException) -> tuple[str, str]:
     text = str(err)
     if isinstance(err, NotImplementedError) and "argument of type" in text:
         return "unsupported_argument", text
-    if isinstance(err, (OSError, TypeError)) and "source code" in text:
-        return "missing_source", text
-    if "Proxy" in text and any(word in text for word in ("tensor", "zeros", "ones", "full")):
+    # a proxy reaching a constructor's argument parser: "not a storage 'MetaProxy'" from the
+    # legacy torch.Tensor(...), "must be tuple of ints, but found ... MetaProxy" from sizes
+    if "Proxy" in text and any(
+        word in text for word in ("storage", "tensor", "zeros", "ones", "full", "ints")
+    ):
         return "constructor", text
     return "error", f"{type(err).__name__}: {text}"

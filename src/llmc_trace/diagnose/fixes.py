@@ -1,8 +1,16 @@
 """Fixes for an untraceable model, each proven by re-tracing and verifying.
 
-The fix searched for is an **opaque** call: the innermost function or method around the
-failing line that is not a module's ``forward`` is recorded as one graph node, which runs for
-real at calibration time with whatever batch arrives.
+Tried in this order, each as an entry in ``ignore`` so a recipe can carry it:
+
+* **opaque**: the innermost function or method around the failing line that is not a
+  module's ``forward`` is recorded as one graph node, which runs for real at calibration
+  time with whatever batch arrives;
+* **autowrap**: the failing statement itself (an ``if`` on a traced value, a loop, an
+  ``assert``, a line calling a shape-dependent helper) is moved into a function of its own
+  and recorded as one node (:mod:`~llmc_trace.tracing.autowrap`); this reaches statements
+  written directly in a ``forward``, which cannot be opaque when it calls the targets;
+* **definition**: a traceable subclass registered in ``tracing_models/`` for a class of the
+  model, for what neither of the above can fix.
 
 Ignoring a module is never needed as a fix here: the leaf rule already keeps every module that
 holds no sequential target out of the trace, so a failure can only occur in a target's
@@ -20,16 +28,25 @@ from dataclasses import dataclass
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.tracing.autowrap import StatementRewrite, autowrap_entry, preview_rewrite
+from llmc_trace.tracing.rewrite import RewriteRefused
+from llmc_trace.tracing.definitions import definition_entry, definitions_for
 
 
 @dataclass(frozen=True)
 class Fix:
-    """One candidate fix: what to add to ``ignore`` (or which statement to rewrite)."""
+    """One candidate fix: what to add to ``ignore``, and what it changes.
 
-    kind: str  # "opaque"
+    ``rewrite`` holds the before/after source of an autowrapped statement. A candidate with a
+    ``refusal`` cannot be applied; the reason is reported instead of an outcome.
+    """
+
+    kind: str  # "opaque", "autowrap" or "definition"
     ignore: tuple[str, ...]
     description: str
     cost: str = ""
+    rewrite: StatementRewrite | None = None
+    refusal: str = ""
 
 
 def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
@@ -59,7 +76,50 @@ def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
     return None
 
 
+def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
+    """(c): the failing statement, in the innermost frame that autowrap can address."""
+    for frame in reversed(failure.call_stack):
+        if "<" in frame.function:  # decorator wrappers, lambdas: no source to rewrite there
+            continue
+        entry = autowrap_entry(frame.function, frame.line)
+        description = f"autowrap {frame.file}:{frame.line} in {frame.function}"
+        try:
+            rewrite = preview_rewrite(model, frame.function, frame.line)
+        except RewriteRefused as err:
+            return Fix("autowrap", (entry,), description, refusal=err.message)
+        if failure.module_path == "" and rewrite.passes_receiver:
+            return Fix(
+                "autowrap",
+                (entry,),
+                description,
+                rewrite=rewrite,
+                refusal="the statement reads `self` of the root module, which a graph "
+                "cannot pass to a call as a value",
+            )
+        return Fix(
+            "autowrap",
+            (entry,),
+            description,
+            f"the statement at line {frame.line} runs as one graph node",
+            rewrite=rewrite,
+        )
+    return None
+
+
+def definition_fixes(model: torch.nn.Module) -> list[Fix]:
+    """(d): the traceable definitions registered in ``tracing_models/`` for the model's classes."""
+    return [
+        Fix(
+            "definition",
+            (definition_entry(name),),
+            f"trace {name} by its definition in tracing_models/",
+            f"{name} is traced through its traceable definition; eager runs keep the original",
+        )
+        for name in definitions_for(model)
+    ]
+
+
 def candidate_fixes(failure: TraceFailure, model: torch.nn.Module) -> list[Fix]:
     """Fixes that apply to ``failure``, in the order they are tried."""
-    candidates = [opaque_fix(failure, model)]
-    return [fix for fix in candidates if fix is not None]
+    candidates = [opaque_fix(failure, model), autowrap_fix(failure, model)]
+    return [fix for fix in candidates if fix is not None] + definition_fixes(model)

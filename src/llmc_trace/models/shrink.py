@@ -82,7 +82,13 @@ LAYER_LIST_KEYS = (
     "hybrid_override_pattern",
 )
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "top_k", "moe_topk", "num_experts_per_token")
+TOP_K_KEYS = (
+    "num_experts_per_tok",
+    "top_k",
+    "moe_topk",
+    "num_experts_per_token",
+    "top_k_experts",  # Gemma 4
+)
 VOCAB_LIMIT = 1024
 EXPERTS = 4
 MIN_LAYERS = 2

@@ -85,10 +85,17 @@ def current_model_location() -> SourceLocation | None:
 
 
 def model_frames_of_traceback(tb: types.TracebackType | None) -> list[SourceLocation]:
-    """Every frame of model code in an exception's traceback, outermost first."""
+    """Every frame of model code in an exception's traceback, outermost first.
+
+    Frames before the first library frame belong to whoever called the tracer (a script, a
+    test), not to the model, and are left out.
+    """
     frames: list[SourceLocation] = []
+    entered = False
     while tb is not None:
-        if not is_library_frame(tb.tb_frame.f_code.co_filename):
+        library = is_library_frame(tb.tb_frame.f_code.co_filename)
+        entered = entered or library
+        if entered and not library:
             frames.append(location_of_frame(tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
     return frames

@@ -10,10 +10,13 @@ from typing import Any
 import torch
 from torch import fx
 
+from llmc_trace.errors import BadInputError
+from llmc_trace.tracing.autowrap import StatementRewrite, install_autowraps, is_autowrap_entry
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.opaque import default_opaque_functions
 from llmc_trace.tracing.targets import LeafPlan, plan_leaves, split_ignore
 from llmc_trace.tracing.tracer import LlmcTracer
+from llmc_trace.tracing.definitions import is_definition_entry, use_definitions
 
 
 @dataclass
@@ -35,6 +38,8 @@ class TraceResult:
     leaf_reasons: dict[str, str]
     input_names: list[str]
     elapsed_s: float
+    rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrapped statements
+    definitions: list[str] = field(default_factory=list)  # module paths traced by a definition
 
 
 def concrete_arguments(model: torch.nn.Module, sample: dict[str, Any]) -> dict[str, Any]:
@@ -65,10 +70,17 @@ def trace_graph(
     ``ignore=None`` means llmc-trace's defaults (the mask builders of
     ``transformers.masking_utils`` are opaque calls). Names in ``ignore`` that match a module
     (class name or ``re:`` path pattern) make it a leaf; other names are functions or methods
-    to record as opaque calls.
+    to record as opaque calls. ``autowrap:<function>@<line>`` entries move that statement into
+    a function recorded as one call (:mod:`~llmc_trace.tracing.autowrap`), and
+    ``tracing_models:<class>`` entries trace that class's registered definition
+    (:mod:`tracing_models`); both are installed for this trace only.
     """
     start = time.perf_counter()
-    module_patterns, function_names = split_ignore(model, list(ignore or []))
+    entries = list(ignore or [])
+    autowraps = [e for e in entries if is_autowrap_entry(e)]
+    definitions = [e for e in entries if is_definition_entry(e)]
+    plain = [e for e in entries if e not in autowraps and e not in definitions]
+    module_patterns, function_names = split_ignore(model, plain)
     opaque = default_opaque_functions() + [
         n for n in function_names if n not in default_opaque_functions()
     ]
@@ -79,7 +91,12 @@ def trace_graph(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        # definitions first: a statement of a definition's method can be autowrapped too
+        with (
+            torch.no_grad(),
+            use_definitions(model, definitions) as replaced,
+            install_autowraps(model, autowraps, tracer.opaque_call) as rewrites,
+        ):
             graph = tracer.trace_model(model, tensors, concrete)
     except Exception as err:
         # the graph traced up to the failure, for the failure view
@@ -91,6 +108,16 @@ def trace_graph(
     target_nodes = [
         node for node in graph.nodes if node.op == "call_module" and node.target in target_set
     ]
+    hidden = target_set - {node.target for node in target_nodes}
+    if rewrites and hidden:
+        # the moved statement calls the targets itself: calibration would never see them
+        raise BadInputError(
+            f"Autowrapping {', '.join(r.entry for r in rewrites)} hides the sequential "
+            f"targets {', '.join(sorted(hidden)[:3])}{', ...' if len(hidden) > 3 else ''} "
+            "inside one graph call.",
+            hint="Autowrap a statement that does not call the targets.",
+            param="ignore",
+        )
     return TraceResult(
         graph=graph,
         model=model,
@@ -102,4 +129,6 @@ def trace_graph(
         leaf_reasons=tracer.state.leaf_calls,
         input_names=list(tensors),
         elapsed_s=time.perf_counter() - start,
+        rewrites=rewrites,
+        definitions=replaced,
     )

@@ -17,6 +17,7 @@ transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.T
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections import UserDict
@@ -482,6 +483,25 @@ class LlmcTracer(fx.Tracer):
         if fn.__name__ not in self.state.opaque_recorded:
             self.state.opaque_recorded.append(fn.__name__)
         return self.unpack(self.create_proxy("call_function", fn, args, kwargs))
+
+    def opaque_call(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` made into one graph node per call while tracing (autowrap's statements).
+
+        Unlike opaque names, which run directly when no proxy reaches them, every call is
+        recorded: a statement moved out of model code must run at calibration time, on the
+        batch, never once at trace time on the example.
+        """
+
+        @functools.wraps(fn)
+        def record(*args: Any, **kwargs: Any) -> Any:
+            if any(arg is self.root for arg in args):
+                raise TypeError(
+                    f"{fn.__name__} reads the root module, which a graph cannot pass as a value; "
+                    "autowrap a statement that does not use `self`."
+                )
+            return self._record_function(fn, args, kwargs)
+
+        return record
 
     def _record_constructor(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
