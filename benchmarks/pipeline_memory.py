@@ -19,11 +19,11 @@ the weights inside ``device_bytes`` (all of them for basic, the largest target f
 layer_sequential, the largest subgraph for sequential), since on one memory those are the same
 bytes. The target is an estimate within 25 % of the measurement.
 
-Part 2 runs ``sequential`` (nobody listening) on an 80-layer Llama of tiny width over 64
-samples and reports the intermediates cache: which values it stores once for all samples
-(``shared_names``: causal mask, rotary cos/sin, ...) and its peak bytes, against the bytes if
-every sample kept its own copy of those values, and the resident growth sampled in the first
-subgraphs, the others and the last (where the model's output of every batch is held).
+Part 2 runs ``sequential`` (with callbacks that change nothing) on an 80-layer Llama of tiny
+width over 64 samples and reports the intermediates cache: which values it stores once for all
+samples (``shared_names``: causal mask, rotary cos/sin, ...) and its peak bytes, against the
+bytes if every sample kept its own copy of those values, and the resident growth sampled in
+the first subgraphs, the others and the last.
 
     python benchmarks/pipeline_memory.py            # about 5 minutes on 2 idle cores
     python benchmarks/pipeline_memory.py --quick    # 4 layers, 16 samples: a smoke test
@@ -298,12 +298,32 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     }
 
 
+class ListenOnly:
+    """Callbacks that want every subgraph and change nothing: every subgraph runs, as in a real
+    run, and the cache is all there is to measure."""
+
+    def wants(self, modules: Any) -> bool:
+        return True
+
+    def on_subgraph_start(self, index: int, modules: Any) -> None:
+        return None
+
+    def on_batch(self, batch: Any) -> None:
+        return None
+
+    def on_calibrated(self, index: int, modules: Any) -> None:
+        return None
+
+    def on_subgraph_end(self, index: int, modules: Any) -> None:
+        return None
+
+
 def measure_cache(config_dir: str, samples: int, seq_len: int) -> dict:
-    """Run ``sequential`` with nobody listening; the cache's shared names and peak bytes."""
+    """Run ``sequential`` with callbacks that change nothing; the cache's shared names and peak
+    bytes."""
     import torch
 
     from llmc_trace.graph.partition import partition_trace
-    from llmc_trace.pipelines.callbacks import NoCallbacks
     from llmc_trace.pipelines.cache import nbytes
     from llmc_trace.pipelines.sequential import run_sequential
     from llmc_trace.tracing.trace import trace_graph
@@ -316,7 +336,7 @@ def measure_cache(config_dir: str, samples: int, seq_len: int) -> dict:
     start = time.perf_counter()
     with PeakMemory(device) as peak:
         stats = run_sequential(
-            model, subgraphs, batches, NoCallbacks(), device=device, progress=peak.sample
+            model, subgraphs, batches, ListenOnly(), device=device, progress=peak.sample
         )
     values = {node.name: node.meta.get("val") for node in trace.graph.nodes}
     return {
@@ -555,7 +575,7 @@ def print_cache(workload: Workload, result: dict, estimated_cache_bytes: int) ->
     per_sample = sum(shared.values())
     copies = result["peak_cache_bytes"] + (workload.samples - 1) * per_sample
     print(f"Part 2: sequential's intermediates cache on {workload.describe()}")
-    print(f"  {result['num_subgraphs']} subgraphs, nobody listening, {result['elapsed_s']:.0f} s")
+    print(f"  {result['num_subgraphs']} subgraphs, callbacks that change nothing, {result['elapsed_s']:.0f} s")
     print("  stored once for all samples (shared_names):")
     for name in result["shared_names"]:
         print(f"    {name:<32}{shared[name] / 1024:10.1f} KiB per sample")

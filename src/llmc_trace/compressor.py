@@ -129,12 +129,11 @@ class LayerCompressor:
     def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self._mask = batch.get("attention_mask")
 
-    def on_calibrated(self, index: int, modules: NamedModules) -> bool:
+    def on_calibrated(self, index: int, modules: NamedModules) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         leaders: dict[int, str] = {}
-        changed = False
         for name, module in self.targets(modules):
             start = time.perf_counter()
             entry = self._hessians.get(name)
@@ -148,8 +147,6 @@ class LayerCompressor:
                     None if shared_with == name else shared_with,
                 )
             )
-            changed = True
-        return changed
 
     def _compress(self, name: str, module: torch.nn.Linear, H: torch.Tensor | None) -> float:
         W = module.weight.data

@@ -34,6 +34,7 @@ from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_la
 from llmc_trace.pipelines.sequential import PipelineStats, run_sequential
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
 from llmc_trace.tracing.guards import check_guards, input_signature
+from llmc_trace.tracing.values import forget_example_data
 from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_graph
 
 logger = logging.getLogger(__name__)
@@ -172,16 +173,21 @@ def compress(
     calibration = load_calibration(
         dataset, tokenizer, samples=samples, seq_len=seq_len, seed=seed, batch_size=batch_size
     )
+    del tokenizer  # the checkpoint copies the tokenizer's files; the object is not needed
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
     _check_targets(loaded, compressor, source.name)
     needs_data = method in DATA_METHODS
     ignore = _working_ignore(source) if needs_data else []
+    dtype_bytes = next(loaded.parameters()).element_size()
     settings = RunSettings(
         samples,
         seq_len,
         batch_size,
-        dtype_bytes=next(loaded.parameters()).element_size(),
+        dtype_bytes=dtype_bytes,
         needs_data=needs_data,
+        kept_bytes_per_weight=0.0
+        if resolved_scheme is None
+        else 1.0 + (dtype_bytes if device.type != "cpu" else 0),
     )
     plan = plan_memory(source, settings, ignore=ignore or None)
     chosen = plan.chosen if pipeline == "auto" else pipeline
@@ -321,6 +327,7 @@ def _run(
             if name == "sequential":
                 _check_batches_fit(model, trace, batches)
                 subgraphs = partition_trace(trace).subgraphs
+                forget_example_data([trace.graph, *(s.graph for s in subgraphs)])
                 return (
                     run_sequential(
                         model,

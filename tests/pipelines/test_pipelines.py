@@ -34,20 +34,17 @@ class Recorder:
                 )
                 self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
-    def on_calibrated(self, index, modules) -> bool:
+    def on_calibrated(self, index, modules) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
         if not self.perturb:
-            return False
-        changed = False
+            return
         for _, module in modules:
             if id(module) in self.targets:
                 with torch.no_grad():
                     for p in module.parameters():
                         p.mul_(1.5)
-                changed = True
-        return changed
 
     def on_batch(self, batch) -> None:
         return None
@@ -111,7 +108,7 @@ def test_cache_drops_consumed_names_and_shares_invariant_values() -> None:
     same_shape = [token_batch(2, 12, seed=s) for s in range(3)]
     for b in same_shape:
         b["attention_mask"] = torch.ones_like(b["attention_mask"])
-    stats = run_sequential(model, subgraphs, same_shape, Recorder([]))
+    stats = run_sequential(model, subgraphs, same_shape, Recorder(list(model.model.layers)))
     assert "model_rotary_emb" in stats.shared_names and "create_causal_mask" in stats.shared_names
     assert "model_embed_tokens" not in stats.shared_names
     cache = IntermediatesCache.from_batches([dict(b) for b in same_shape], torch.device("cpu"))
@@ -195,3 +192,68 @@ def test_pipelines_agree_on_real_architectures(name: str) -> None:
         for key, tensors in seen["basic"].items():
             for got, want in zip(seen[kind][key], tensors, strict=True):
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("propagate", [True, False])
+def test_sequential_cache_holds_no_consumed_name_and_one_set_of_hidden_states(
+    monkeypatch: pytest.MonkeyPatch, propagate: bool
+) -> None:
+    """Sampled at every batch: no name a finished subgraph consumed is still cached, and the
+    cache never holds more than one set of hidden states (plus one batch and shared values)."""
+    model, batches, targets = setup()
+    subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
+    caches: list[IntermediatesCache] = []
+    original = IntermediatesCache.from_batches.__func__  # type: ignore[attr-defined]
+
+    def capture(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        caches.append(original(cls, *args, **kwargs))
+        return caches[-1]
+
+    monkeypatch.setattr(IntermediatesCache, "from_batches", classmethod(capture))
+    hidden = 2 * 12 * model.config.hidden_size * 4  # one batch's hidden states, float32
+    sizes: list[int] = []
+    finished: set[str] = set()
+
+    def check(label: str, done: int, total: int) -> None:
+        position = int(label.split()[1].split("/")[0]) - 1
+        if done == 0:
+            finished.update(n for s in subgraphs[:position] for n in s.consumed_names)
+        cached = caches[0].names()
+        assert not cached & finished, f"{label}: consumed names still cached"
+        sizes.append(caches[0].size_bytes())
+
+    stats = run_sequential(
+        model,
+        subgraphs,
+        batches,
+        Recorder(targets, perturb=True),
+        propagate_error=propagate,
+        progress=check,
+    )
+    shared = sum(
+        v.numel() * v.element_size()
+        for name in stats.shared_names
+        for v in [caches[0].batches[0].get(name)]
+        if isinstance(v, torch.Tensor)
+    )
+    assert sizes and max(sizes) <= len(batches) * hidden + hidden + shared + 2 * 12 * 8 * 3
+    # calibration + propagation for every target but the last, which nothing reads after
+    assert stats.passes == (
+        [1] + [2] * (len(subgraphs) - 2) + [1] if propagate else [1] * len(subgraphs)
+    )
+
+
+def test_layer_sequential_stores_arguments_equal_for_all_batches_once() -> None:
+    from llmc_trace.pipelines.layer_sequential import TargetCall, share_with
+
+    mask = torch.ones(1, 1, 4, 4)
+    first = TargetCall((torch.randn(1, 4, 8), mask), {"position_embeddings": (mask + 1, mask)})
+    second = TargetCall(
+        (torch.randn(1, 4, 8), mask.clone()), {"position_embeddings": (mask + 1, mask.clone())}
+    )
+    shared = share_with(second, first)
+    assert shared.args[0] is second.args[0]  # hidden states are never shared
+    assert shared.args[1] is first.args[1]
+    assert shared.kwargs["position_embeddings"] is first.kwargs["position_embeddings"]
+    different = TargetCall((torch.randn(1, 4, 8), mask * 2), {})
+    assert share_with(different, first).args[1] is different.args[1]

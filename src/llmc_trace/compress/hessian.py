@@ -9,7 +9,6 @@ Cholesky factor of the damped inverse that their column sweeps read from.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
@@ -55,16 +54,16 @@ class HessianAccumulator:
         in_features = self.H.shape[0]
         if x.shape[-1] != in_features:
             raise ValueError(f"expected inputs with {in_features} features, got {tuple(x.shape)}")
-        if mask is not None:
+        if mask is not None and not bool(mask.all()):  # indexing copies: only when padded
             x = x[mask.to(device=x.device, dtype=torch.bool)]
         x = x.reshape(-1, in_features).to(device=self.H.device, dtype=torch.float32)
         new_tokens = x.shape[0]
         if new_tokens == 0:
             return
-        self.H *= self.num_tokens / (self.num_tokens + new_tokens)
-        self.num_tokens += new_tokens
-        x = math.sqrt(2 / self.num_tokens) * x
-        self.H += x.T @ x
+        total = self.num_tokens + new_tokens
+        # H <- H * n / (n + m) + (2 / (n + m)) x^T x, as one in-place matrix product
+        self.H.addmm_(x.T, x, beta=self.num_tokens / total, alpha=2 / total)
+        self.num_tokens = total
 
 
 @dataclass(frozen=True)

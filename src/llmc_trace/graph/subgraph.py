@@ -68,5 +68,38 @@ class Subgraph:
                     names.add(node.args[0].name)
         return frozenset(names)
 
+    def restricted_to(self, paths: set[str]) -> Subgraph:
+        """This subgraph cut down to what the calls of the modules at ``paths`` depend on.
+
+        For a pass whose outputs nobody reads (the last one a compressor listens to, whose
+        tail computes the logits): it runs the listened-to modules on the same inputs and
+        skips the rest. In-place writes into kept values stay, with what they read.
+        """
+        calls = [n for n in self.graph.nodes if n.op == "call_module" and n.target in paths]
+        keep: set[fx.Node] = set()
+        frontier = list(calls)
+        while frontier:
+            while frontier:
+                node = frontier.pop()
+                if node not in keep:
+                    keep.add(node)
+                    frontier.extend(node.all_input_nodes)
+            frontier = [
+                n
+                for n in self.graph.nodes
+                if n not in keep
+                and is_mutation(n)
+                and n.args
+                and isinstance(n.args[0], fx.Node)
+                and n.args[0] in keep
+            ]
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for node in self.graph.nodes:
+            if node.op == "placeholder" or node in keep:
+                env[node] = graph.node_copy(node, lambda n: env[n])
+        graph.output({node.name: env[node] for node in calls})
+        return Subgraph(self.index, graph, list(self.input_names), [], list(self.targets))
+
     def module_paths(self) -> list[str]:
         return [str(node.target) for node in self.graph.nodes if node.op == "call_module"]

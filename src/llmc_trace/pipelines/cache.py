@@ -1,9 +1,15 @@
 """Intermediate values between subgraphs, one dict per batch, offloaded and de-duplicated.
 
-Two things keep host memory in check. Consumed names are dropped as soon as no later subgraph
-reads them. And values that do not depend on the sample's content (the causal mask and the
-rotary cos/sin for a given shape) are stored once: the reference tool keeps one copy per
-sample for the whole run, about 16 GiB of host memory for 512 samples of 4096 tokens.
+Three things keep host memory in check. Consumed names are dropped as soon as no later
+subgraph reads them, batch by batch. Values that do not depend on the sample's content (the
+causal mask and the rotary cos/sin for a given shape) are stored once: the reference tool keeps
+one copy per sample for the whole run, about 16 GiB of host memory for 512 samples of 4096
+tokens. And a tensor that differs per batch lives in one contiguous *slab* (``[batches, ...]``)
+instead of one allocation per batch: a subgraph's output takes over the slab of an input it
+consumes, row by row as each batch's input is dropped, so a decoder layer's hidden states
+replace its input's in place and the cache holds one set of hidden states, never two; and
+whole slabs go back to the system when freed instead of leaving the heap fragmented by
+thousands of batch-sized holes (on a GPU host the slab is pinned once, not per batch).
 
 Sharing is decided by exact equality, not by guessing from the graph: a value is compared with
 the first batch's value of the same name (same shape and dtype); once a name is seen to differ
@@ -12,12 +18,33 @@ it is never compared again, so hidden states cost one comparison in the whole ru
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from llmc_trace.tracing.values import map_leaves
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a
+    no-op). Between subgraphs, thousands of batch-sized temporaries have come and gone; glibc
+    keeps their pages resident unless asked, and they would count towards the next peak."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def move(value: Any, device: torch.device, pin: bool = False) -> Any:
@@ -45,16 +72,28 @@ def nbytes(value: Any) -> int:
     return total
 
 
-def _equal(a: Any, b: Any) -> bool:
+def values_equal(a: Any, b: Any) -> bool:
+    """Exact equality of two cached values: same structure, same tensors bit for bit."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b.to(a.device)))
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
     return a == b if isinstance(a, (int, float, str, bool, type(None))) else a is b
+
+
+@dataclass
+class _Slab:
+    """Rows ``[i]`` of one tensor, one per batch; ``free`` counts rows released from the front."""
+
+    tensor: torch.Tensor
+    free: int = 0
+
+    def fits(self, value: torch.Tensor) -> bool:
+        return value.shape == self.tensor.shape[1:] and value.dtype == self.tensor.dtype
 
 
 @dataclass
@@ -65,16 +104,17 @@ class IntermediatesCache:
     batches: list[dict[str, Any]] = field(default_factory=list)
     _first: dict[str, Any] = field(default_factory=dict)
     _varies: set[str] = field(default_factory=set)
+    _slabs: dict[str, _Slab] = field(default_factory=dict)
+    _retiring: dict[str, _Slab] = field(default_factory=dict)  # consumed, rows being freed
     shared_names: set[str] = field(default_factory=set)
 
     @classmethod
     def from_batches(
         cls, batches: list[dict[str, Any]], offload_device: torch.device
     ) -> IntermediatesCache:
-        cache = cls(offload_device)
-        for batch in batches:
-            cache.batches.append({})
-            cache.update(len(cache.batches) - 1, batch)
+        cache = cls(offload_device, [{} for _ in batches])
+        for index, batch in enumerate(batches):
+            cache.update(index, batch)
         return cache
 
     def __len__(self) -> int:
@@ -98,11 +138,12 @@ class IntermediatesCache:
         return values
 
     def update(self, index: int, values: dict[str, Any]) -> None:
-        pin = self.offload_device.type == "cpu" and torch.cuda.is_available()
+        """Store batch ``index``'s ``values`` (after :meth:`delete` of what it consumed, so a
+        consumed input's slab row is free for an output to take)."""
         for name, value in values.items():
             stored = self._shared_copy(name, value)
             if stored is None:
-                stored = move(value, self.offload_device, pin)
+                stored = self._store(name, index, value)
                 if name not in self._first:
                     self._first[name] = stored
             self.batches[index][name] = stored
@@ -110,34 +151,110 @@ class IntermediatesCache:
     def _shared_copy(self, name: str, value: Any) -> Any | None:
         if name in self._varies or name not in self._first:
             return None
-        if _equal(value, self._first[name]):
+        if values_equal(value, self._first[name]):
             self.shared_names.add(name)
             return self._first[name]
         self._varies.add(name)
         return None
 
-    def delete(self, names: list[str]) -> None:
-        for batch in self.batches:
+    def _store(self, name: str, index: int, value: Any) -> Any:
+        """``value`` on the offload device: in a slab row when it is a per-batch tensor."""
+        if not isinstance(value, torch.Tensor):
+            return self._owned(move(value, self.offload_device, self._pin))
+        slab = self._slabs.get(name) or self._slab_for(name, index, value)
+        if slab is None or not slab.fits(value):
+            return self._owned(move(value, self.offload_device, self._pin))
+        row = slab.tensor[index]
+        if value.untyped_storage().data_ptr() == row.untyped_storage().data_ptr():
+            value = value.clone()  # a view of the row it is about to overwrite
+        row.copy_(value)
+        return row
+
+    def _slab_for(self, name: str, index: int, value: torch.Tensor) -> _Slab | None:
+        """Adopt a retiring slab whose rows up to ``index`` are free, or start a new slab once
+        ``name`` is known to differ between batches (its earlier rows are copied in)."""
+        for old, slab in list(self._retiring.items()):
+            if slab.fits(value) and slab.free > index:
+                del self._retiring[old]
+                self._slabs[name] = slab
+                return slab
+        if name not in self._varies or index == 0:
+            return None
+        earlier = [self.batches[i].get(name) for i in range(index)]
+        if not all(isinstance(t, torch.Tensor) and t.shape == value.shape for t in earlier):
+            return None
+        tensor = torch.empty(
+            (len(self.batches), *value.shape),
+            dtype=value.dtype,
+            device=self.offload_device,
+            pin_memory=self._pin,
+        )
+        slab = self._slabs[name] = _Slab(tensor)
+        for i, previous in enumerate(earlier):
+            tensor[i].copy_(previous)
+            self.batches[i][name] = tensor[i]
+        self._first[name] = tensor[0]
+        return slab
+
+    def _owned(self, value: Any) -> Any:
+        """``value`` itself unless it aliases a slab row, which a later batch may overwrite."""
+        storages = {s.tensor.untyped_storage().data_ptr() for s in self._all_slabs()}
+
+        def own(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and leaf.untyped_storage().data_ptr() in storages:
+                return leaf.clone()
+            return leaf
+
+        return map_leaves(own, value) if storages else value
+
+    def _all_slabs(self) -> list[_Slab]:
+        return [*self._slabs.values(), *self._retiring.values()]
+
+    @property
+    def _pin(self) -> bool:
+        return self.offload_device.type == "cpu" and torch.cuda.is_available()
+
+    def delete(self, names: list[str], index: int | None = None) -> None:
+        """Drop ``names`` from batch ``index``, or from every batch.
+
+        Dropping batch by batch (in batch order) frees a slab's rows from the front: an output
+        stored for the same batch may take the slab over."""
+        for batch in self.batches if index is None else [self.batches[index]]:
             for name in names:
                 batch.pop(name, None)
+        last = index is None or index == len(self.batches) - 1
         for name in names:
-            self._first.pop(name, None)
+            if name in self._slabs and not last:
+                self._retiring[name] = self._slabs.pop(name)
+            if name in self._retiring:
+                self._retiring[name].free = len(self.batches) if index is None else index + 1
+                if last:
+                    del self._retiring[name]
+            if last:
+                self._slabs.pop(name, None)
+                self._first.pop(name, None)
+                self._varies.discard(name)  # a name stored again is compared afresh
 
     def names(self) -> set[str]:
         return {name for batch in self.batches for name in batch}
 
     def size_bytes(self) -> int:
-        """Bytes held, counting each shared value once."""
+        """Bytes held: every slab whole (its free rows included), each shared value once."""
         seen: set[int] = set()
         total = 0
+        for slab in self._all_slabs():
+            seen.add(slab.tensor.untyped_storage().data_ptr())
+            total += slab.tensor.numel() * slab.tensor.element_size()
         for batch in self.batches:
             for value in batch.values():
 
                 def visit(leaf: Any) -> Any:
                     nonlocal total
-                    if isinstance(leaf, torch.Tensor) and leaf.data_ptr() not in seen:
-                        seen.add(leaf.data_ptr())
-                        total += leaf.numel() * leaf.element_size()
+                    if isinstance(leaf, torch.Tensor):
+                        pointer = leaf.untyped_storage().data_ptr()
+                        if pointer not in seen:
+                            seen.add(pointer)
+                            total += leaf.numel() * leaf.element_size()
                     return leaf
 
                 map_leaves(visit, value)

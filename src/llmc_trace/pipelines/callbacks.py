@@ -3,8 +3,8 @@
 Pipelines know nothing of GPTQ; compressors know nothing of tracing. A pipeline tells its
 callbacks which modules are about to run (``on_subgraph_start``: register hooks, they will see
 every calibration sample), that calibration of those modules is complete (``on_calibrated``:
-compress now; return whether any weight changed, so the pipeline knows whether the outputs
-must be recomputed), and that it moved on (``on_subgraph_end``: remove hooks, free state).
+compress now; with error propagation the pipeline then recomputes the outputs), and that it
+moved on (``on_subgraph_end``: remove hooks, free state).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ NamedModules = Sequence[tuple[str, torch.nn.Module]]
 
 
 class Callbacks(Protocol):
-    """What a pipeline calls; every method has a do-nothing meaning in :class:`NoCallbacks`."""
+    """What a pipeline calls."""
 
     def wants(self, modules: NamedModules) -> bool:
         """Whether any of ``modules`` needs calibration data (else the pipeline runs them once)."""
@@ -30,28 +30,9 @@ class Callbacks(Protocol):
         """The model inputs of the batch about to run (compressors read its attention mask)."""
         ...
 
-    def on_calibrated(self, index: int, modules: NamedModules) -> bool: ...
+    def on_calibrated(self, index: int, modules: NamedModules) -> None: ...
 
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None: ...
-
-
-class NoCallbacks:
-    """Calibration with nobody listening: pipelines still run (useful to measure them)."""
-
-    def wants(self, modules: NamedModules) -> bool:
-        return False
-
-    def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
-        return None
-
-    def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
-        return None
-
-    def on_calibrated(self, index: int, modules: NamedModules) -> bool:
-        return False
-
-    def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
-        return None
 
 
 def named_submodules(

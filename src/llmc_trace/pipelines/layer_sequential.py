@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from llmc_trace.errors import LlmcTraceError
-from llmc_trace.pipelines.cache import move
+from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
 from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
 from llmc_trace.pipelines.sequential import PipelineStats, Progress
 
@@ -109,45 +109,109 @@ def run_layer_sequential(
     callbacks: Callbacks,
     *,
     device: torch.device | None = None,
+    offload_device: torch.device | None = None,
     propagate_error: bool = True,
     progress: Progress | None = None,
     forward_kwargs: dict[str, Any] | None = None,
 ) -> PipelineStats:
-    """Run each target over every batch's captured call, feeding outputs forward."""
+    """Run each target over every batch's captured call, feeding outputs forward.
+
+    Only one target and one batch's call sit on ``device`` at a time: the model's head runs
+    where the model is to capture the calls, which then wait on ``offload_device``, with the
+    arguments every batch shares (mask, rotary tables) stored once.
+    """
     device = device or torch.device("cpu")
+    offload = offload_device or torch.device("cpu")
     report = progress or (lambda description, done, total: None)
     kwargs = forward_kwargs or {}
-    calls = [capture_first_inputs(model, targets[0], move(b, device), kwargs) for b in batches]
+    home = next(model.parameters()).device
+    calls: list[TargetCall] = []
+    for batch in batches:
+        call = capture_first_inputs(model, targets[0], move(batch, home), kwargs)
+        calls.append(share_with(move_call(call, offload), calls[0] if calls else None))
     stats = PipelineStats()
+    on_device = device != offload
     for position, target in enumerate(targets):
         label = f"target {position + 1}/{len(targets)}"
         named = named_submodules(model, list(target.modules()))
+        if on_device:
+            target.to(device)
+        # as in sequential: a calibration pass that a propagation pass will follow keeps no
+        # outputs, and the pass that keeps them replaces each batch's call as it goes
+        will_propagate = propagate_error and position < len(targets) - 1
         callbacks.on_subgraph_start(position, named)
-        outputs = _run_target(target, calls, label, report, batches, callbacks)
-        changed = callbacks.on_calibrated(position, named)
+        _run_target(
+            target,
+            calls,
+            device,
+            offload,
+            label,
+            report,
+            batches,
+            callbacks,
+            store=not will_propagate,
+        )
+        callbacks.on_calibrated(position, named)
         callbacks.on_subgraph_end(position, named)
-        passes = 1
-        if changed and propagate_error and position < len(targets) - 1:
-            outputs = _run_target(target, calls, label + " · propagate", report)
-            passes = 2
-        calls = [chain(call, out) for call, out in zip(calls, outputs)]
-        stats.passes.append(passes)
+        if will_propagate:
+            _run_target(target, calls, device, offload, label + " · propagate", report)
+        stats.passes.append(2 if will_propagate else 1)
+        if on_device:
+            target.to(offload)
+        release_free_memory()
     return stats
+
+
+def move_call(call: TargetCall, device: torch.device) -> TargetCall:
+    return TargetCall(move(call.args, device), move(call.kwargs, device))
+
+
+def share_with(call: TargetCall, first: TargetCall | None) -> TargetCall:
+    """``call`` with every argument equal to ``first``'s replaced by ``first``'s own object.
+
+    The mask and rotary tables of a batch shape are the same for every batch; captured per
+    batch they would cost one copy each for the whole run."""
+    if first is None:
+        return call
+    args = tuple(
+        mine
+        if i == 0 or i >= len(first.args) or not values_equal(mine, first.args[i])
+        else first.args[i]
+        for i, mine in enumerate(call.args)
+    )
+    kwargs = {
+        key: first.kwargs[key]
+        if key in first.kwargs and values_equal(value, first.kwargs[key])
+        else value
+        for key, value in call.kwargs.items()
+    }
+    return TargetCall(args, kwargs)
 
 
 def _run_target(
     target: torch.nn.Module,
     calls: list[TargetCall],
+    device: torch.device,
+    offload: torch.device,
     label: str,
     report: Progress,
     batches: list[dict[str, Any]] | None = None,
     callbacks: Callbacks | None = None,
-) -> list[Any]:
-    outputs = []
+    *,
+    store: bool = True,
+) -> None:
+    """Run ``target`` on every call; with ``store``, replace each call by the next target's
+    (this output, on ``offload``, as its hidden states) as soon as it is computed."""
     with torch.no_grad():
         for index, call in enumerate(calls):
             report(label, index, len(calls))
             if callbacks is not None and batches is not None:
                 callbacks.on_batch(batches[index])
-            outputs.append(target(*call.args, **call.kwargs))
-    return outputs
+            on_device = move_call(call, device)
+            output = target(*on_device.args, **on_device.kwargs)
+            del on_device
+            if store:
+                hidden = output[0] if isinstance(output, (tuple, list)) else output
+                calls[index] = chain(call, move(hidden, offload))
+            del output
+    report(label, len(calls), len(calls))

@@ -1,13 +1,17 @@
 """The sequential pipeline: calibrate subgraph by subgraph over the verified partition.
 
 For each subgraph: onload its modules, run every batch once with the callbacks listening
-(calibration), let the callbacks compress, and, when a weight changed and error propagation is
-on, run the batches again so the next subgraph sees the *compressed* outputs. A subgraph that
-no callback wants (the head) runs once, with nobody listening; a subgraph whose weights did
-not change keeps the outputs of its calibration pass. Nothing runs that cannot change anything.
+(calibration), let the callbacks compress, and, with error propagation on, run the batches
+again so the next subgraph sees the *compressed* outputs. A subgraph that no callback wants
+runs once, with nobody listening, to feed later ones; the last subgraph a callback wants is
+not propagated, and the ones after it (the head: norm, ``lm_head``, logits) do not run at
+all. Nothing runs that cannot change anything.
 
 Memory: only one subgraph's modules sit on the device at a time; intermediates wait on the
-offload device (see :class:`~llmc_trace.pipelines.cache.IntermediatesCache`).
+offload device (see :class:`~llmc_trace.pipelines.cache.IntermediatesCache`). A calibration
+pass that a propagation pass will follow keeps no outputs (they would be stale), and the pass
+that keeps them drops each batch's consumed inputs as soon as that batch is done, so the cache
+holds one set of hidden states plus one batch, never two sets.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
-from llmc_trace.pipelines.cache import IntermediatesCache, move
+from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
 from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
 
 #: ``progress(description, done, total)``
@@ -59,39 +63,60 @@ def run_sequential(
     cache = IntermediatesCache.from_batches(inputs, offload)
     stats = PipelineStats()
     on_device = device != offload
-    for position, subgraph in enumerate(subgraphs):
-        label = f"subgraph {position + 1}/{len(subgraphs)}"
+    named_of = [named_submodules(model, s.submodules(model)) for s in subgraphs]
+    wanted = [position for position, named in enumerate(named_of) if callbacks.wants(named)]
+    last = wanted[-1] if wanted else -1  # later subgraphs can change nothing anybody sees
+    for position, subgraph in enumerate(subgraphs[: last + 1]):
+        label = f"subgraph {position + 1}/{last + 1}"
         if subgraph.targets:
             label += f" · {subgraph.targets[0]}"
         modules = subgraph.submodules(model)
-        named = named_submodules(model, modules)
+        named = named_of[position]
         if on_device:
             _onload(modules, device)
-        listening = callbacks.wants(named)
-        passes = 1
+        listening = position in wanted
+        # When a propagation pass will follow, the calibration pass's outputs would be stale:
+        # they are not kept, so the cache never holds two sets of hidden states.
+        will_propagate = listening and propagate_error and position < last
+        stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
         if listening:
             callbacks.on_subgraph_start(subgraph.index, named)
-        outputs = _run_all(
-            model, subgraph, cache, device, label, report, batches if listening else None, callbacks
-        )
-        if listening:
-            changed = callbacks.on_calibrated(subgraph.index, named)
+            _run_all(
+                model,
+                subgraph if position < last else _listened_part(model, subgraph, callbacks),
+                cache,
+                device,
+                label,
+                report,
+                batches,
+                callbacks,
+                store=position < last and not will_propagate,
+            )
+            callbacks.on_calibrated(subgraph.index, named)
             callbacks.on_subgraph_end(subgraph.index, named)
-            is_last = position == len(subgraphs) - 1
-            if changed and propagate_error and not is_last:
-                outputs.clear()  # the uncompressed outputs are stale: free them first
-                outputs = _run_all(model, subgraph, cache, device, label + " · propagate", report)
-                passes = 2
-        for index, values in enumerate(outputs):
-            values.pop(MODEL_OUTPUT, None)
-            cache.update(index, values)
-        cache.delete(subgraph.consumed_names)
+        passes = int(listening)
+        if not listening or will_propagate:
+            suffix = " · propagate" if listening else ""
+            _run_all(model, subgraph, cache, device, label + suffix, report)
+            passes += 1
         stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
         stats.passes.append(passes)
         if on_device:
             _onload(modules, offload)
+        release_free_memory()
+    stats.passes.extend([0] * (len(subgraphs) - last - 1))
     stats.shared_names = sorted(cache.shared_names)
     return stats
+
+
+def _listened_part(model: torch.nn.Module, subgraph: Subgraph, callbacks: Callbacks) -> Subgraph:
+    """The last subgraph anybody listens to, without what only its outputs need (the head)."""
+    wanted = {
+        path
+        for path in subgraph.module_paths()
+        if callbacks.wants(named_submodules(model, list(model.get_submodule(path).modules())))
+    }
+    return subgraph.restricted_to(wanted)
 
 
 def _graph_inputs(subgraphs: list[Subgraph]) -> set[str]:
@@ -108,9 +133,16 @@ def _run_all(
     report: Progress,
     batches: list[dict[str, Any]] | None = None,
     callbacks: Callbacks | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``subgraph`` on every cached batch; with ``callbacks``, announce each batch first."""
-    outputs = []
+    *,
+    store: bool = True,
+) -> None:
+    """Run ``subgraph`` on every cached batch; with ``callbacks``, announce each batch first.
+
+    With ``store``, each batch's outputs go into the cache at once (values shared by all
+    batches are merged immediately) and the batch's consumed inputs leave it, so the cache
+    grows by one batch at most; without, the outputs are dropped (a calibration pass whose
+    outputs a propagation pass will recompute).
+    """
     private = subgraph.mutated_inputs()
     with torch.no_grad():
         for index in range(len(cache)):
@@ -119,7 +151,10 @@ def _run_all(
                 callbacks.on_batch(batches[index])
             values = cache.fetch(index, subgraph.input_names, device, private)
             result = subgraph.forward(model, **values)
-            result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
-            outputs.append({k: move(v, cache.offload_device) for k, v in result.items()})
+            del values
+            if store:
+                result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
+                cache.delete(subgraph.consumed_names, index)  # frees the row outputs may take
+                cache.update(index, result)
+            del result
     report(label, len(cache), len(cache))
-    return outputs

@@ -229,3 +229,22 @@ def runner_for(kind: str, target: Any, module: torch.nn.Module | None) -> Callab
     if kind == "call_function":
         return target
     raise AssertionError(f"no runner for node kind {kind}")
+
+
+def forget_example_data(graphs: list[Any]) -> None:
+    """Replace every node's example value by a ``meta`` tensor of the same shape and dtype.
+
+    A trace on a real batch holds one batch's every intermediate (tens of MiB for a small
+    model, far more for a big one); once the graph is partitioned, calibration needs none of
+    that data, while shapes and dtypes stay useful for reports.
+    """
+
+    def shape_only(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta")
+        return leaf
+
+    for graph in graphs:
+        for node in graph.nodes:
+            if "val" in node.meta:
+                node.meta["val"] = map_leaves(shape_only, node.meta["val"])

@@ -1,0 +1,84 @@
+"""The memory plan counts the compressor's state as the compressor keeps it."""
+
+from __future__ import annotations
+
+import torch
+
+from llmc_trace import trace_subgraphs
+from llmc_trace.graph.partition import partition_trace
+from llmc_trace.plan.estimate import (
+    RunSettings,
+    compressor_costs,
+    estimate_pipelines,
+    shared_input_groups,
+    solver_bytes,
+)
+from llmc_trace.tracing.trace import trace_graph
+from tests.conftest import tiny_llama, token_batch
+
+
+def test_linears_reading_the_same_input_share_one_hessian() -> None:
+    model = tiny_llama(layers=2, seed=0)
+    partitioned = partition_trace(trace_graph(model, token_batch(2, 12, seed=0)))
+    layer = model.model.layers[0]
+    groups = shared_input_groups(layer, partitioned.trace.target_nodes[0])
+    names = {id(m): n for n, m in layer.named_modules()}
+    assert sorted(sorted(names[id(m)] for m in g) for g in groups) == [
+        ["mlp.down_proj"],
+        ["mlp.gate_proj", "mlp.up_proj"],
+        ["self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj"],
+        ["self_attn.o_proj"],
+    ]
+    hidden, inner = model.config.hidden_size, model.config.intermediate_size
+    costs = compressor_costs(model, partitioned, RunSettings(4, 12))
+    assert [c.hessian_bytes for c in costs] == [4 * (3 * hidden**2 + inner**2)] * 2
+    assert costs[0].kept_bytes == sum(
+        m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear)
+    )
+    assert costs[0].solver_bytes == max(
+        solver_bytes(m) for m in layer.modules() if isinstance(m, torch.nn.Linear)
+    )
+
+
+def test_sequential_cache_estimate_is_one_set_of_hidden_states_plus_shared_values() -> None:
+    model = tiny_llama(layers=4, seed=0)
+    partitioned = partition_trace(trace_graph(model, token_batch(3, 29, seed=0)))
+    free = compressor_costs(model, partitioned, RunSettings(4, 29, needs_data=False))
+    assert all(c.hessian_bytes == 0 and c.solver_bytes == 0 for c in free)
+    first = partitioned.subgraphs[0]
+    invariant = {n for n in first.output_names if n != "model_embed_tokens"}
+    settings = RunSettings(64, 29, batch_size=3, dtype_bytes=4)
+    by_name = {e.pipeline: e for e in estimate_pipelines(model, partitioned, settings, invariant)}
+    values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
+    hidden_set = 22 * values["model_embed_tokens"].numel() * 4  # 22 batches of 3
+    shared = sum(
+        v.numel() * v.element_size()
+        for name in invariant
+        for v in ([values[name]] if isinstance(values[name], torch.Tensor) else values[name])
+    )
+    # the embeddings slab arrives while the token ids and mask are still cached; the layers'
+    # outputs reuse its rows
+    inputs = 2 * 22 * values["input_ids"].numel() * 8
+    assert by_name["sequential"].cache_bytes == hidden_set + shared + inputs
+    assert by_name["sequential"].device_bytes < by_name["basic"].device_bytes
+
+
+def test_last_subgraph_restricted_to_its_layer_sees_the_same_inputs() -> None:
+    model = tiny_llama(layers=2, seed=0)
+    batch = token_batch(2, 12, seed=1)
+    subgraphs = trace_subgraphs(model, batch, ["LlamaDecoderLayer"])
+    last = subgraphs[-1]
+    cut = last.restricted_to({"model.layers.1"})
+    assert "lm_head" in last.module_paths() and cut.module_paths() == ["model.layers.1"]
+    values = dict(batch)
+    for subgraph in subgraphs[:-1]:
+        values.update(subgraph.forward(model, **values))
+    seen: list[torch.Tensor] = []
+    handle = model.model.layers[1].register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        last.forward(model, **values)
+        cut_output = cut.forward(model, **values)
+    handle.remove()
+    assert len(seen) == 2
+    torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=0)
+    assert set(cut_output) == {"model_layers_1"}
