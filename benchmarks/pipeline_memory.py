@@ -244,7 +244,7 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     from llmc_trace.pipelines.basic import run_basic
     from llmc_trace.pipelines.layer_sequential import run_layer_sequential
     from llmc_trace.pipelines.sequential import run_sequential
-    from llmc_trace.plan.estimate import linear_hessian_bytes
+    from llmc_trace.plan.estimate import RunSettings, compressor_costs
     from llmc_trace.tracing.trace import concrete_arguments, trace_graph
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -282,7 +282,6 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
             stats = run_sequential(
                 model, subgraphs, batches, compressor, device=device, progress=peak.sample
             )
-    layer = model.get_submodule(trace.leaves.targets[0])
     return {
         "pipeline": pipeline,
         "device": device.type,
@@ -292,7 +291,9 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
         "layers_compressed": len(compressor.results),
         "kept_bytes": kept_bytes(compressor),
         "hessian_bytes_per_layer": unique_hessian_bytes(model, compressor, trace.leaves.targets[0]),
-        "estimated_hessian_bytes_per_layer": linear_hessian_bytes(layer, 4),
+        "estimated_hessian_bytes_per_layer": compressor_costs(
+            model, partition_trace(trace), RunSettings(samples, seq_len, dtype_bytes=4)
+        )[0].hessian_bytes,
         "peak_cache_bytes": stats.peak_cache_bytes,
         "gptq_working": gptq_working_bytes(model) if pipeline == "basic" else None,
     }
@@ -532,7 +533,8 @@ def print_breakdown(estimates: dict[str, Estimate], measured: dict[str, dict]) -
     print(
         f"    Hessians of one decoder layer: {basic['hessian_bytes_per_layer'] / MiB:.1f} "
         f"(q/k/v and gate/up share one each); the estimate counts "
-        f"{basic['estimated_hessian_bytes_per_layer'] / MiB:.1f} (one per Linear)"
+        f"{basic['estimated_hessian_bytes_per_layer'] / MiB:.1f} (one per distinct input, "
+        f"observed on meta)"
     )
     print(
         f"    one GPTQ call on {gptq['name']} ({out_features}×{in_features}): "
@@ -544,7 +546,7 @@ def print_breakdown(estimates: dict[str, Estimate], measured: dict[str, dict]) -
         f"{basic['kept_bytes'] / MiB:.1f} ({basic['layers_compressed']} Linears)"
     )
     print(
-        f"    sequential's cache at its peak (PipelineStats, after consumed names are deleted): "
+        f"    sequential's cache at its peak (PipelineStats, at subgraph boundaries): "
         f"{sequential['peak_cache_bytes'] / MiB:.1f}; estimated "
         f"{estimates['sequential'].cache_bytes / MiB:.1f}"
     )
@@ -575,7 +577,9 @@ def print_cache(workload: Workload, result: dict, estimated_cache_bytes: int) ->
     per_sample = sum(shared.values())
     copies = result["peak_cache_bytes"] + (workload.samples - 1) * per_sample
     print(f"Part 2: sequential's intermediates cache on {workload.describe()}")
-    print(f"  {result['num_subgraphs']} subgraphs, callbacks that change nothing, {result['elapsed_s']:.0f} s")
+    print(
+        f"  {result['num_subgraphs']} subgraphs, callbacks that change nothing, {result['elapsed_s']:.0f} s"
+    )
     print("  stored once for all samples (shared_names):")
     for name in result["shared_names"]:
         print(f"    {name:<32}{shared[name] / 1024:10.1f} KiB per sample")

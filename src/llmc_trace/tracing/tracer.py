@@ -326,7 +326,9 @@ class LlmcTracer(fx.Tracer):
 
         Eighty decoder layers of one class, with the same parameter shapes, called on inputs of
         the same shapes, give outputs of the same shapes: computing that once on ``meta`` is
-        enough. Only for shape-only (``meta``) evaluation: any real input could matter.
+        enough. Only for modules with ``meta`` state, whose evaluation converts every input to
+        ``meta`` first (:func:`~llmc_trace.tracing.values.compute_value`), so a real input such
+        as ``position_ids`` cannot change the result through its values either.
         """
         signature: list[Any] = []
         unkeyable = False
@@ -334,8 +336,6 @@ class LlmcTracer(fx.Tracer):
         def visit(leaf: Any) -> Any:
             nonlocal unkeyable
             if isinstance(leaf, torch.Tensor):
-                if not leaf.is_meta:
-                    unkeyable = True
                 signature.append((tuple(leaf.shape), leaf.dtype))
             elif leaf is None or isinstance(leaf, (int, float, str, bool, torch.dtype)):
                 signature.append(leaf)
