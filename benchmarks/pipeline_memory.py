@@ -516,16 +516,12 @@ def print_stages(measured: dict[str, dict]) -> None:
     print()
 
 
-def gptq_bound_bytes(out_features: int, in_features: int) -> int:
-    """float32 working set of one GPTQ call: four (in, in) matrices while the inverse factor is
-    taken, or about five weight-sized ones during the sweep, plus the weight's float copy."""
-    return 4 * (
-        max(4 * in_features**2, 5 * out_features * in_features) + out_features * in_features
-    )
-
-
 def print_breakdown(estimates: dict[str, Estimate], measured: dict[str, dict]) -> None:
     """The compressor state behind the measured peaks, from the workers' own accounting."""
+    import torch
+
+    from llmc_trace.plan.estimate import solver_bytes
+
     basic, sequential = measured["basic"], measured["sequential"]
     gptq = basic["gptq_working"]
     out_features, in_features = gptq["shape"]
@@ -539,7 +535,7 @@ def print_breakdown(estimates: dict[str, Estimate], measured: dict[str, dict]) -
     print(
         f"    one GPTQ call on {gptq['name']} ({out_features}×{in_features}): "
         f"{gptq['peak_bytes'] / MiB:.1f} of working memory "
-        f"(max(4·in², 5·out·in) + out·in floats: {gptq_bound_bytes(out_features, in_features) / MiB:.1f})"
+        f"(the plan's solver_bytes: {solver_bytes(torch.nn.Linear(in_features, out_features, device='meta')) / MiB:.1f})"
     )
     print(
         f"    quantized weights the compressor keeps until the checkpoint is written: "

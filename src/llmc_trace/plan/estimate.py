@@ -97,14 +97,15 @@ def linear_hessian_bytes(module: torch.nn.Module, per_column2: int) -> int:
 def solver_bytes(linear: torch.nn.Linear) -> int:
     """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear``, its Hessian given.
 
-    Factorising holds four ``in × in`` float32 matrices at once (the damped copy, its Cholesky
-    factor, the inverse and the inverse's factor); the column sweep holds about five
-    ``out × in`` float32-sized arrays (the working weight, the block's updates, the integer
-    grid, the dequantized result); a float32 copy of the weight lives through both. Measured on
-    this implementation: within 4 % for shapes from 2048×512 to 256×4096.
+    Factorising holds three ``in × in`` float32 matrices at its peak (two factors alive at a
+    time, plus the factorisation's workspace) next to two ``out × in`` ones (the float32
+    working weight and its dead-column copy); the column sweep holds about six ``out × in``
+    float32-sized arrays (the working weight, the block's updates, the integer grid, the
+    dequantized result). Measured on this implementation: within 5 % for shapes from 2048×512
+    to 256×4096 (``benchmarks/pipeline_memory.py`` prints one call's peak).
     """
     rows, cols = linear.out_features, linear.in_features
-    return 4 * (max(4 * cols * cols, 5 * rows * cols) + rows * cols)
+    return 4 * max(3 * cols * cols + 2 * rows * cols, 6 * rows * cols)
 
 
 def shared_input_groups(
