@@ -120,9 +120,8 @@ def test_act_order_beats_input_order_on_a_refmodel_layer(down_proj: LayerInputs)
 def test_group_scales_up_front_versus_fitted_in_the_sweep(
     source: str, problem: tuple[torch.Tensor, torch.Tensor], request: pytest.FixtureRequest
 ) -> None:
-    """Layer by layer, at 2 bits, symmetric, fitting up front from the original weights wins
-    clearly; asymmetric grids go the other way (as gptq's docstring says, with why the default
-    follows end-to-end perplexity instead)."""
+    """Why `static_groups=True` is the default: at 2 bits, symmetric, fitting up front from the
+    original weights wins clearly; asymmetric grids go the other way (as gptq's docstring says)."""
     if source == "random":
         W, X = problem
     else:
