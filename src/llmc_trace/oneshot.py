@@ -162,18 +162,24 @@ def compress(
     _check_inputs(
         source, method, target_dir, overwrite, pipeline, resolved_scheme, resolved_sparsity
     )
-    validate_source(dataset, samples=samples, seq_len=seq_len)
+    data = validate_source(dataset, samples=samples, seq_len=seq_len)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     report("load", 0, 1)
     loaded = load_pretrained(source)
     if dtype is not None:
         loaded.to(dtype)
-    tokenizer = _tokenizer(source)
+    # token ids need no tokenizer (checked against the embedding table instead); the
+    # checkpoint copies the tokenizer's files either way
     calibration = load_calibration(
-        dataset, tokenizer, samples=samples, seq_len=seq_len, seed=seed, batch_size=batch_size
+        dataset,
+        _tokenizer(source) if data.kind != "npy" else None,
+        samples=samples,
+        seq_len=seq_len,
+        seed=seed,
+        batch_size=batch_size,
+        vocab_size=loaded.get_input_embeddings().num_embeddings,
     )
-    del tokenizer  # the checkpoint copies the tokenizer's files; the object is not needed
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
     _check_targets(loaded, compressor, source.name)
     needs_data = method in DATA_METHODS

@@ -61,6 +61,7 @@ def load_calibration(
     split: str = "train",
     subset: str | None = None,
     column: str | None = None,
+    vocab_size: int | None = None,
 ) -> CalibrationSet:
     """Take `samples` samples of at most `seq_len` tokens from `source`, shuffled by `seed`.
 
@@ -70,8 +71,8 @@ def load_calibration(
     `messages`; they are tokenised without added special tokens, then packed (`pack=True`:
     joined with eos and cut into full windows) or truncated (one sample per text). Rows, texts
     or stream windows are visited in an order drawn from `seed`, or in file order with
-    `shuffle=False`. A token array needs no tokenizer (given one, its ids are checked against
-    the vocabulary) and is used as is: `pack`, `column`, `split` and `subset` do not apply to it.
+    `shuffle=False`. A token array needs no tokenizer (its ids are checked against the
+    tokenizer's vocabulary, else against `vocab_size` when given) and is used as is: `pack`, `column`, `split` and `subset` do not apply to it.
 
     Raises `DataError` (with a `hint`) for any bad source, and before tokenising wherever the
     problem is visible without it.
@@ -90,7 +91,11 @@ def load_calibration(
     order_seed = seed if shuffle else None
     if resolved.is_token_array:
         rows = _token_samples(
-            resolved, tokenizer, samples=samples, seq_len=seq_len, seed=order_seed
+            resolved,
+            len(tokenizer) if tokenizer is not None else vocab_size,
+            samples=samples,
+            seq_len=seq_len,
+            seed=order_seed,
         )
     else:
         if tokenizer is None:
@@ -125,7 +130,7 @@ def _visiting_order(count: int, seed: int | None) -> np.ndarray:
 
 def _token_samples(
     resolved: ResolvedSource,
-    tokenizer: PreTrainedTokenizerBase | None,
+    vocab_size: int | None,
     *,
     samples: int,
     seq_len: int,
@@ -136,7 +141,6 @@ def _token_samples(
     available = count_windows(array, seq_len, resolved.description)
     check_enough(available, samples=samples, seq_len=seq_len, description=resolved.description)
     windows = take_windows(array, _visiting_order(available, seed)[:samples], seq_len)
-    vocab_size = len(tokenizer) if tokenizer is not None else None
     check_token_range(windows, vocab_size, resolved.description)
     return windows
 

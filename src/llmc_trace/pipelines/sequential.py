@@ -61,6 +61,7 @@ def run_sequential(
     report = progress or (lambda description, done, total: None)
     inputs = [{k: v for k, v in b.items() if k in _graph_inputs(subgraphs)} for b in batches]
     cache = IntermediatesCache.from_batches(inputs, offload)
+    release_free_memory()  # what loading and tracing freed would count towards our peak
     stats = PipelineStats()
     on_device = device != offload
     named_of = [named_submodules(model, s.submodules(model)) for s in subgraphs]
