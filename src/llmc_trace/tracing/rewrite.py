@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.errors import LlmcTraceError
+from llmc_trace.tracing.names import statement_names
 
 #: Prefix of every extracted function's name (``_llmc_autowrap_forward_L2692``).
 EXTRACTED_PREFIX = "_llmc_autowrap_"
@@ -168,88 +169,6 @@ def _bodies(statement: ast.stmt) -> list[list[ast.stmt]]:
     return bodies
 
 
-class _Names(ast.NodeVisitor):
-    """Locals read and bound by a statement, in order of first appearance.
-
-    Names bound inside a nested scope (a lambda's parameters, a comprehension's targets, a
-    nested ``def``'s body) belong to that scope; names read there may still be the enclosing
-    function's locals and count as reads.
-    """
-
-    def __init__(self) -> None:
-        self.reads: list[str] = []
-        self.binds: list[str] = []
-        self._nested = 0
-
-    def _add(self, names: list[str], name: str) -> None:
-        if name not in names:
-            names.append(name)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Load) or isinstance(node.ctx, ast.Del):
-            self._add(self.reads, node.id)
-        elif not self._nested:
-            self._add(self.binds, node.id)
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        if isinstance(node.target, ast.Name):
-            self._add(self.reads, node.target.id)
-        self.generic_visit(node)
-        self._store_base(node.target)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        self.generic_visit(node)
-        method = node.func
-        if (
-            isinstance(method, ast.Attribute)
-            and method.attr.endswith("_")
-            and not method.attr.startswith("__")
-        ):
-            self._store_base(method.value)  # x.add_(...), x.masked_fill_(...): x changes
-
-    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        self.visit(node.value)
-        self._add(self.binds, node.target.id)  # binds in the function even in a comprehension
-
-    def _store_base(self, target: ast.expr) -> None:
-        """``x[i] = v`` and ``x.a = v`` mutate ``x``: later readers must depend on this call."""
-        while isinstance(target, (ast.Subscript, ast.Attribute)):
-            target = target.value
-        if isinstance(target, ast.Name) and not self._nested:
-            self._add(self.binds, target.id)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self.generic_visit(node)
-        for target in node.targets:
-            for element in ast.walk(target):
-                if isinstance(element, (ast.Subscript, ast.Attribute)) and isinstance(
-                    element.ctx, ast.Store
-                ):
-                    self._store_base(element)
-
-    def _visit_nested(self, node: ast.AST) -> None:
-        self._nested += 1
-        self.generic_visit(node)
-        self._nested -= 1
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self._add(self.binds, node.name)
-        self._visit_nested(node)
-
-    visit_Lambda = _visit_nested
-    visit_ListComp = _visit_nested
-    visit_SetComp = _visit_nested
-    visit_DictComp = _visit_nested
-    visit_GeneratorExp = _visit_nested
-
-
-def _names(nodes: list[ast.AST]) -> _Names:
-    visitor = _Names()
-    for node in nodes:
-        visitor.visit(node)
-    return visitor
-
-
 def _check_extractable(statement: ast.stmt) -> None:
     """Refuse statements whose control flow reaches outside them."""
 
@@ -327,7 +246,7 @@ def _extract(
             bound_before.add(node.id)
         if isinstance(node.ctx, ast.Load) and (_position(node) > end or id(node) in in_loops):
             read_after.add(node.id)
-    used = _names([statement])
+    used = statement_names([statement])
     receiver = arguments[0] if arguments and "." in code.co_qualname else None
     if receiver and any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super"
