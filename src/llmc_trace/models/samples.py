@@ -54,7 +54,10 @@ def supported_modalities(config: PretrainedConfig) -> list[str]:
 
 
 def is_audio_model(config: PretrainedConfig) -> bool:
-    return hasattr(config, "num_mel_bins") and getattr(config, "is_encoder_decoder", False)
+    """Speech recognition encoder-decoders: their encoder takes audio and nothing else."""
+    return ("audio", config.model_type) in _BUILDERS and getattr(
+        config, "is_encoder_decoder", False
+    )
 
 
 def make_sample(config: PretrainedConfig, modality: str, options: SampleOptions) -> dict[str, Any]:
@@ -191,6 +194,33 @@ def whisper_audio(
     decoder_len = max(2, min(options.seq_len, config.max_target_positions))
     return {
         "input_features": features,
+        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+    }
+
+
+@sample_builder("audio", "speech_to_text")
+def speech_to_text_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Filter-bank frames, as the feature extractor makes them: (batch, frames, features)."""
+    frames = 4 * max(8, min(options.seq_len, 64))  # the subsampler's stride-2 convs shorten it
+    width = config.input_feat_per_channel * config.input_channels
+    decoder_len = max(2, min(options.seq_len, config.max_target_positions))
+    return {
+        "input_features": torch.randn(options.batch_size, frames, width, generator=generator),
+        "attention_mask": torch.ones(options.batch_size, frames, dtype=torch.long),
+        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+    }
+
+
+@sample_builder("audio", "moonshine")
+def moonshine_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """One second of raw 16 kHz waveform, as Moonshine's processor passes it."""
+    decoder_len = max(2, min(options.seq_len, config.max_position_embeddings))
+    return {
+        "input_values": 0.1 * torch.randn(options.batch_size, 16000, generator=generator),
         "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
     }
 
