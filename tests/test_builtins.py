@@ -26,9 +26,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("suno/bark-small", "text"): ("input", "no vocabulary size"),
     ("microsoft/speecht5_tts", "text"): ("input", "match no module"),
-    # the twin does not run: the shrunk config breaks an assumption of the model code
-    ("nari-labs/Dia-1.6B-0626", "text"): ("verify", "the eager forward failed"),
-    ("rhymes-ai/Aria", "text"): ("verify", "the eager forward failed"),
     # traced and replayed, but the proof does not carry over or the outputs differ
     ("HuggingFaceTB/SmolVLM2-256M-Video-Instruct", "image"): (
         "verify",

@@ -184,6 +184,31 @@ def mm_token_type_ids(config: PretrainedConfig, input_ids: torch.Tensor) -> torc
     return types
 
 
+@sample_builder("text", "dia")
+def dia_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Text for the encoder; for the decoder, audio codes of every codebook channel:
+    ``decoder_input_ids`` is (batch, frames, channels), below the decoder's special ids."""
+    sample = text_sample(config, options, generator)
+    decoder = config.decoder_config
+    frames = max(2, options.seq_len // 2)
+    high = min(
+        i
+        for i in (
+            decoder.pad_token_id,
+            decoder.eos_token_id,
+            decoder.bos_token_id,
+            decoder.vocab_size,
+        )
+        if isinstance(i, int)
+    )
+    sample["decoder_input_ids"] = torch.randint(
+        0, high, (options.batch_size, frames, decoder.num_channels), generator=generator
+    )
+    return sample
+
+
 # ---------------------------------------------------------------- audio
 @sample_builder("audio", "whisper")
 def whisper_audio(

@@ -243,10 +243,12 @@ def _shrink_experts(config: PretrainedConfig) -> None:
     experts = _get(config, EXPERT_KEYS)
     if experts is None or experts[1] <= EXPERTS:
         return
-    setattr(config, experts[0], EXPERTS)
-    top_k = _get(config, TOP_K_KEYS)
-    if top_k is not None and top_k[1] > 2:
-        setattr(config, top_k[0], 2)
+    for key in EXPERT_KEYS:  # some configs name the count twice; the model may read either
+        if isinstance(attrs.get(key), int):
+            setattr(config, key, EXPERTS)
+    for key in TOP_K_KEYS:
+        if isinstance(attrs.get(key), int) and attrs[key] > 2:
+            setattr(config, key, 2)
     if isinstance(attrs.get("n_group"), int):
         config.n_group = 1
     if isinstance(attrs.get("topk_group"), int):
