@@ -376,6 +376,7 @@ def plan_estimates(config_dir: Path, workload: Workload) -> tuple[str, dict[str,
     from llmc_trace.models.samples import SampleOptions, make_sample
     from llmc_trace.models.source import resolve_model
     from llmc_trace.plan import RunSettings, plan_memory
+    from llmc_trace.plan.estimate import parameter_bytes
     from llmc_trace.tracing.trace import trace_graph
 
     settings = RunSettings(workload.samples, workload.seq_len, batch_size=1, dtype_bytes=4)
@@ -386,8 +387,7 @@ def plan_estimates(config_dir: Path, workload: Workload) -> tuple[str, dict[str,
     )
 
     def param_bytes(modules: list[Any]) -> int:
-        unique = {id(p): p for m in modules for p in m.parameters(recurse=False)}
-        return sum(p.numel() for p in unique.values()) * settings.dtype_bytes
+        return parameter_bytes(modules, settings.dtype_bytes)
 
     weights = param_bytes(list(model.modules()))
     device_weights = {

@@ -18,6 +18,7 @@ import torch
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
 from llmc_trace.diagnose.fixes import Fix, candidate_fixes
 from llmc_trace.errors import BadInputError, LlmcTraceError
+from llmc_trace.plan.estimate import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace, partition_trace
 from llmc_trace.graph.structure import compare_structure
 from llmc_trace.graph.subgraph import Subgraph
@@ -67,7 +68,6 @@ def summarize(model: torch.nn.Module, partitioned: PartitionedTrace) -> list[Sub
     values = {node.name: node.meta.get("val") for node in partitioned.trace.graph.nodes}
     summaries = []
     for subgraph in partitioned.subgraphs:
-        params = {id(p): p for m in subgraph.submodules(model) for p in m.parameters(recurse=False)}
         summaries.append(
             SubgraphSummary(
                 index=subgraph.index,
@@ -77,7 +77,7 @@ def summarize(model: torch.nn.Module, partitioned: PartitionedTrace) -> list[Sub
                 output_names=subgraph.output_names,
                 consumed_names=subgraph.consumed_names,
                 output_bytes=sum(value_bytes(values.get(n)) for n in subgraph.output_names),
-                parameter_bytes=sum(p.numel() * p.element_size() for p in params.values()),
+                parameter_bytes=parameter_bytes(subgraph.submodules(model)),
             )
         )
     return summaries

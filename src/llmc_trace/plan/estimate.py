@@ -85,15 +85,6 @@ def scaled_bytes(value: Any, batch: int, seq: int) -> int:
     return 0
 
 
-def linear_hessian_bytes(module: torch.nn.Module, per_column2: int) -> int:
-    """Hessian bytes if every Linear in ``module`` had its own (no shared inputs)."""
-    return sum(
-        m.in_features * m.in_features * per_column2
-        for m in module.modules()
-        if isinstance(m, torch.nn.Linear)
-    )
-
-
 def solver_bytes(linear: torch.nn.Linear) -> int:
     """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear``, its Hessian given.
 
@@ -226,7 +217,7 @@ def estimate_pipelines(
     """
     batches = -(-settings.samples // settings.batch_size)
     b, s = settings.batch_size, settings.seq_len
-    weights = _param_bytes(list(model.modules()), settings.dtype_bytes)
+    weights = parameter_bytes(list(model.modules()), settings.dtype_bytes)
     targets = _target_modules(model, partitioned)
     costs = compressor_costs(model, partitioned, settings)
     kept = sum(c.kept_bytes for c in costs)
@@ -238,10 +229,10 @@ def estimate_pipelines(
     estimates = []
     if partitioned is not None:
         estimates.append(
-            _sequential(model, partitioned, settings, batches, costs, working, invariant)
+            _sequential(model, partitioned, settings, batches, weights, costs, working, invariant)
         )
     largest_target = max(
-        (_param_bytes(list(t.modules()), settings.dtype_bytes) for t in targets), default=0
+        (parameter_bytes(list(t.modules()), settings.dtype_bytes) for t in targets), default=0
     )
     varying, shared = _target_arguments(partitioned, invariant, b, s)
     # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
@@ -288,6 +279,7 @@ def _sequential(
     partitioned: PartitionedTrace,
     settings: RunSettings,
     batches: int,
+    weights: int,
     costs: list[CompressorCost],
     working: int,
     invariant: set[str],
@@ -306,7 +298,7 @@ def _sequential(
     peak_cache = 0
     peak_device = 0
     for subgraph in partitioned.subgraphs:
-        param_bytes = _param_bytes(subgraph.submodules(model), settings.dtype_bytes)
+        param_bytes = parameter_bytes(subgraph.submodules(model), settings.dtype_bytes)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         state = sum(c.hessian_bytes for c in mine) + max((c.solver_bytes for c in mine), default=0)
         io = sum(
@@ -332,7 +324,7 @@ def _sequential(
     return PipelineEstimate(
         "sequential",
         device_bytes=peak_device,
-        host_bytes=_param_bytes(list(model.modules()), settings.dtype_bytes) + peak_cache + kept,
+        host_bytes=weights + peak_cache + kept,
         cache_bytes=peak_cache,
         detail="one subgraph on the device; cross-subgraph values of every batch on the host",
     )
@@ -360,9 +352,11 @@ def _target_arguments(
     return varying, shared
 
 
-def _param_bytes(modules: list[torch.nn.Module], dtype_bytes: int) -> int:
+def parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = None) -> int:
+    """Bytes of the parameters ``modules`` hold themselves, a tied parameter counted once; at
+    ``dtype_bytes`` per element when given (a plan for another dtype), else as stored."""
     unique = {id(p): p for m in modules for p in m.parameters(recurse=False)}
-    return sum(p.numel() for p in unique.values()) * dtype_bytes
+    return sum(p.numel() * (dtype_bytes or p.element_size()) for p in unique.values())
 
 
 def _target_modules(
