@@ -34,11 +34,8 @@ On a shared CPU, check the load averages printed at the start and end.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -49,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _rss import peak_rss_since_reset, reset_peak_rss
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -88,28 +86,6 @@ SETTINGS = (
 
 
 # ---- measurement, inside each fresh process -------------------------------------------------
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_since_reset() -> int:
-    with open("/proc/self/status") as status:
-        match = re.search(r"VmHWM:\s+(\d+) kB", status.read())
-    assert match is not None, "/proc/self/status has no VmHWM line"
-    return int(match.group(1)) * 1024
-
-
-def reset_peak_rss() -> int:
-    """Return the resident set of live data, and restart the high-water mark from it."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    baseline = resident_bytes()
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return baseline
 
 
 def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:

@@ -37,11 +37,9 @@ threads waiting on each other, and memory is per process either way.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _rss import peak_rss_since_reset, reset_peak_rss, resident_bytes
 
 MiB = 1024 * 1024
 PIPELINES = ("basic", "layer_sequential", "sequential")
@@ -110,18 +110,6 @@ def write_config(workload: Workload, folder: Path) -> Path:
 
 
 # ---------------------------------------------------------------- measuring (child process)
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_since_reset() -> int:
-    with open("/proc/self/status") as status:
-        match = re.search(r"VmHWM:\s+(\d+) kB", status.read())
-    assert match is not None, "/proc/self/status has no VmHWM line"
-    return int(match.group(1)) * 1024
-
-
 class PeakMemory:
     """Peak bytes allocated inside the ``with`` block above what was allocated at its start.
 
@@ -155,10 +143,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.start_bytes = torch.cuda.memory_allocated()
         else:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            self.start_bytes = resident_bytes()
-            with open("/proc/self/clear_refs", "w") as clear_refs:
-                clear_refs.write("5")
+            self.start_bytes = reset_peak_rss()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -257,19 +242,9 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     forward_kwargs = concrete_arguments(model, batches[0])
     start = time.perf_counter()
     with PeakMemory(device) as peak:
-        if pipeline == "basic":
-            stats = run_basic(
-                model,
-                targets,
-                batches,
-                compressor,
-                device=device,
-                forward_kwargs=forward_kwargs,
-                progress=peak.sample,
-            )
-        elif pipeline == "layer_sequential":
-            model.to(device)  # it runs the model's head on the device to capture the inputs
-            stats = run_layer_sequential(
+        if pipeline in ("basic", "layer_sequential"):
+            run = run_basic if pipeline == "basic" else run_layer_sequential
+            stats = run(
                 model,
                 targets,
                 batches,

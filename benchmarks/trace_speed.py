@@ -45,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from _rss import peak_rss_since_reset, reset_peak_rss
+
 HERE = Path(__file__).resolve().parent
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_WORKER = HERE / "_reference" / "trace_llmcompressor.py"
@@ -57,28 +59,6 @@ MiB = 1024 * 1024
 
 
 # ---------------------------------------------------------------- measuring (child process)
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_peak_rss() -> bool:
-    """Make the kernel's high-water mark (VmHWM) start again from the current resident set."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_since_reset() -> int:
-    with open("/proc/self/status") as status:
-        match = re.search(r"VmHWM:\s+(\d+) kB", status.read())
-    assert match is not None, "/proc/self/status has no VmHWM line"
-    return int(match.group(1)) * 1024
-
-
 def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str]) -> dict:
     """Timed calls of llmc-trace in this process: ``trace`` twice or ``attempt`` once."""
     import torch
@@ -119,7 +99,10 @@ def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str
 
 def time_calls(call: Callable[[], int], calls: int) -> dict[str, object]:
     """Seconds of each call (``first_s``, ``second_s``), and the first call's RSS growth."""
-    before, exact = resident_bytes(), reset_peak_rss()
+    try:
+        before, exact = reset_peak_rss(), True
+    except OSError:  # the high-water mark cannot be reset here: no RSS figure
+        before, exact = 0, False
     result: dict[str, object] = {}
     for key in CALL_KEYS[:calls]:
         start = time.perf_counter()

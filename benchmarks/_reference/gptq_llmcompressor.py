@@ -29,36 +29,15 @@ Prints one line ``RESULT {json}``, or with ``error`` when oneshot fails.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
-import os
-import re
 import resource
 import time
+import sys
 import traceback
+from pathlib import Path
 
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_since_reset() -> int:
-    with open("/proc/self/status") as status:
-        match = re.search(r"VmHWM:\s+(\d+) kB", status.read())
-    assert match is not None, "/proc/self/status has no VmHWM line"
-    return int(match.group(1)) * 1024
-
-
-def reset_peak_rss() -> int:
-    """Return the resident set of live data, and restart the high-water mark from it."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    baseline = resident_bytes()
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return baseline
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
 
 
 def build_recipe(bits: int, group_size: int):  # type: ignore[no-untyped-def]

@@ -19,31 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import resource
 import time
+import sys
 import traceback
+from pathlib import Path
 
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_peak_rss() -> bool:
-    """Make the kernel's high-water mark (VmHWM) start again from the current resident set."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_since_reset() -> int:
-    with open("/proc/self/status") as status:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1)) * 1024
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
 
 
 def build_meta_model(config_dir: str, dtype_name: str):  # type: ignore[no-untyped-def]
@@ -87,8 +70,10 @@ def main() -> None:
         model = build_meta_model(args.config_dir, args.dtype)
         sample = torch.load(args.sample)
         ignore = DatasetArguments().tracing_ignore
-        before = resident_bytes()
-        exact = reset_peak_rss()
+        try:
+            before, exact = reset_peak_rss(), True
+        except OSError:  # the high-water mark cannot be reset here: no RSS figure
+            before, exact = 0, False
         for key in ("first_s", "second_s"):
             start = time.perf_counter()
             subgraphs = trace_subgraphs(model, sample, list(args.targets), ignore)
