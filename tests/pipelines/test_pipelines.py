@@ -60,9 +60,16 @@ def setup(seed: int = 0):
     return model, batches, targets
 
 
-def run(kind: str, perturb: bool = False, propagate: bool = True) -> dict[int, list[torch.Tensor]]:
-    model, batches, targets = setup()
-    recorder = Recorder(targets, perturb)
+def run_pipeline(
+    kind: str,
+    model: torch.nn.Module,
+    batches: list[dict],
+    targets: list[torch.nn.Module],
+    recorder: Recorder,
+    target_classes: list[str],
+    propagate: bool = True,
+) -> None:
+    """Run the pipeline ``kind`` over ``batches`` with ``recorder`` listening on ``targets``."""
     if kind == "basic":
         run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
     elif kind == "layer_sequential":
@@ -75,8 +82,14 @@ def run(kind: str, perturb: bool = False, propagate: bool = True) -> dict[int, l
             forward_kwargs={"use_cache": False},
         )
     else:
-        subgraphs = trace_subgraphs(model, batches[0], ["LlamaDecoderLayer"])
+        subgraphs = trace_subgraphs(model, batches[0], target_classes)
         run_sequential(model, subgraphs, batches, recorder, propagate_error=propagate)
+
+
+def run(kind: str, perturb: bool = False, propagate: bool = True) -> dict[int, list[torch.Tensor]]:
+    model, batches, targets = setup()
+    recorder = Recorder(targets, perturb)
+    run_pipeline(kind, model, batches, targets, recorder, ["LlamaDecoderLayer"], propagate)
     return recorder.seen
 
 
@@ -172,20 +185,7 @@ def test_pipelines_agree_on_real_architectures(name: str) -> None:
     seen = {}
     for kind in ("basic", "layer_sequential", "sequential"):
         recorder = Recorder(targets)
-        if kind == "basic":
-            run_basic(model, targets, batches, recorder, forward_kwargs={"use_cache": False})
-        elif kind == "layer_sequential":
-            run_layer_sequential(
-                model,
-                targets,
-                batches,
-                recorder,
-                propagate_error=False,
-                forward_kwargs={"use_cache": False},
-            )
-        else:
-            subgraphs = trace_subgraphs(model, batches[0], pattern)
-            run_sequential(model, subgraphs, batches, recorder, propagate_error=False)
+        run_pipeline(kind, model, batches, targets, recorder, pattern, propagate=False)
         seen[kind] = recorder.seen
     assert len(seen["basic"]) == len(targets)
     for kind in ("layer_sequential", "sequential"):
