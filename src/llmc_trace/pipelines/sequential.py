@@ -64,15 +64,15 @@ def run_sequential(
     release_free_memory()  # what loading and tracing freed would count towards our peak
     stats = PipelineStats()
     on_device = device != offload
-    named_of = [named_submodules(model, s.submodules(model)) for s in subgraphs]
+    modules_of = [s.submodules(model) for s in subgraphs]
+    named_of = [named_submodules(model, modules) for modules in modules_of]
     wanted = [position for position, named in enumerate(named_of) if callbacks.wants(named)]
     last = wanted[-1] if wanted else -1  # later subgraphs can change nothing anybody sees
     for position, subgraph in enumerate(subgraphs[: last + 1]):
         label = f"subgraph {position + 1}/{last + 1}"
         if subgraph.targets:
             label += f" · {subgraph.targets[0]}"
-        modules = subgraph.submodules(model)
-        named = named_of[position]
+        modules, named = modules_of[position], named_of[position]
         if on_device:
             _onload(modules, device)
         listening = position in wanted

@@ -158,9 +158,9 @@ def compressor_costs(
     costs = []
     for index, target in enumerate(targets):
         linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
-        names = {id(m): n for n, m in target.named_modules()}
         key = (type(target), tuple((n, tuple(p.shape)) for n, p in target.named_parameters()))
         if key not in memo:
+            names = {id(m): n for n, m in target.named_modules()}
             node = nodes.get(paths[index]) if index < len(paths) else None
             groups = shared_input_groups(target, node)
             memo[key] = None if groups is None else [[names[id(m)] for m in g] for g in groups]
