@@ -32,7 +32,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
         "outputs differ in structure",
     ),
     ("RWKV/rwkv-4-169m-pile", "text"): ("verify", "replay failed"),
-    ("google/switch-large-128", "text"): ("verify", "head subgraph differs"),
 }
 
 #: (model, modality) -> the fix that must make it verify (the start of its ignore entry).

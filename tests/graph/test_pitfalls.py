@@ -38,6 +38,39 @@ def test_config_is_referenced_not_rebuilt() -> None:
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
 
 
+def test_a_dtype_is_a_literal_not_a_read_of_the_module_that_stores_it() -> None:
+    """Switch's router stores ``self.dtype = torch.float32``; an fp32 model's own
+    ``x.dtype`` is the same singleton and must not become a read of the router."""
+
+    class Router(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtype = torch.float32
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x.to(self.dtype))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Router(), Router()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = (1.0 - x.to(dtype=x.dtype)) * torch.finfo(x.dtype).min
+            for layer in self.layers:
+                x = layer(x) + mask
+            return x
+
+    model = Model()
+    sample = {"x": torch.rand(2, 4)}
+    subgraphs = trace_subgraphs(model, sample, ["Router"])
+    reads = [n.target for s in subgraphs for n in s.graph.nodes if n.op == "get_attr"]
+    assert not any(str(target).endswith("dtype") for target in reads), reads
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, sample), model(**sample))
+
+
 def test_every_target_alone_and_last_subgraph_returns_the_output() -> None:
     model = tiny_llama(layers=4)
     subgraphs = trace_subgraphs(model, token_batch(), ["LlamaDecoderLayer"])

@@ -42,6 +42,22 @@ from llmc_trace.tracing.values import (
     runner_for,
 )
 
+#: Values a graph holds as literals, never as a read of the module attribute that stores them.
+_LITERALS = (
+    int,
+    float,
+    str,
+    bool,
+    type(None),
+    tuple,
+    list,
+    dict,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
 #: Methods and functions whose result depends only on the *shape* of their tensor argument.
 METADATA_OPS = frozenset(
     {
@@ -464,13 +480,19 @@ class LlmcTracer(fx.Tracer):
 
     @staticmethod
     def _collect_object_paths(model: torch.nn.Module) -> dict[int, str]:
-        """Attribute paths of the non-tensor objects modules hold (configs, chiefly)."""
+        """Attribute paths of the non-tensor objects modules hold (configs, chiefly).
+
+        Values the graph can hold as literals are left out: a dtype or device is a shared
+        singleton, so ``torch.float32`` reached through ``inputs_embeds.dtype`` would otherwise
+        be recorded as a read of whichever module happens to store float32 (Switch's router),
+        and the graph would change with the checkpoint's dtype.
+        """
         paths: dict[int, str] = {}
         for module_path, module in model.named_modules():
             for key, value in vars(module).items():
                 if key.startswith("_") or isinstance(value, (torch.Tensor, torch.nn.Module)):
                     continue
-                if isinstance(value, (int, float, str, bool, type(None), tuple, list, dict)):
+                if isinstance(value, _LITERALS):
                     continue
                 paths.setdefault(id(value), f"{module_path}.{key}" if module_path else key)
         return paths
