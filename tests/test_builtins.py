@@ -18,14 +18,8 @@ from llmc_trace.models.source import builtin_names, resolve_model
 #: ("trace", model file, function) for a located trace failure, ("verify", problem fragment)
 #: for a trace that verification rejects, ("input", message fragment) for bad input.
 EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
-    # samples: these architectures need inputs the text sample does not provide
-    ("Salesforce/instructblip-flan-t5-xl", "text"): (
-        "trace",
-        "transformers/utils/generic.py",
-        "can_return_tuple.<locals>.wrapper",
-    ),
+    # samples: BarkModel generates with three sub-models and has no forward of its own
     ("suno/bark-small", "text"): ("input", "no vocabulary size"),
-    ("microsoft/speecht5_tts", "text"): ("input", "match no module"),
     # traced and replayed, but the proof does not carry over or the outputs differ
     ("HuggingFaceTB/SmolVLM2-256M-Video-Instruct", "image"): (
         "verify",
@@ -102,3 +96,19 @@ def test_gemma4_fails_in_its_top_level_forward_without_a_fix() -> None:
 
 def test_required_architectures_are_built_in() -> None:
     assert set(REQUIRED) <= set(cases())
+
+
+def test_a_model_whose_forward_needs_an_image_refuses_text() -> None:
+    """InstructBLIP's forward requires pixel_values: text alone is bad input, not a trace
+    failure deep inside transformers."""
+    assert supported_modalities(resolve_model("Salesforce/instructblip-flan-t5-xl").config()) == [
+        "image"
+    ]
+    with pytest.raises(BadInputError, match="--modality image"):
+        attempt_trace("Salesforce/instructblip-flan-t5-xl", modality="text")
+
+
+def test_without_no_split_modules_both_stacks_of_an_encoder_decoder_are_targets() -> None:
+    report = attempt_trace("microsoft/speecht5_tts", modality="text", verify=False)
+    kinds = {path.split(".layers.")[0] for path in report.sequential_targets}
+    assert kinds == {"speecht5.encoder.wrapped_encoder", "speecht5.decoder.wrapped_decoder"}

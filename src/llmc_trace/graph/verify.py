@@ -4,6 +4,10 @@ The reference is computed another way: an ordinary eager ``model(**sample)`` cal
 keeps an intermediates dict exactly as a calibration pipeline would, dropping each subgraph's
 ``consumed_names`` after it runs, so a name dropped too early shows up as a missing input
 here rather than as a crash (or silently stale data) halfway through a calibration run.
+
+Both runs start from the same random state (in a forked RNG, so the caller's is untouched):
+some models draw random numbers in eval mode on purpose (SpeechT5's decoder prenet keeps its
+dropout on), and a replay that draws them in the eager order must reproduce them exactly.
 """
 
 from __future__ import annotations
@@ -109,7 +113,8 @@ def verify_subgraphs(
                 f"subgraph {subgraph.index} holds {len(subgraph.targets)} targets "
                 f"({', '.join(subgraph.targets)}), more than {targets_per_subgraph}"
             )
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
         start = time.perf_counter()
         try:
             expected = model(**sample, **(eager_kwargs or {}))
@@ -117,6 +122,7 @@ def verify_subgraphs(
             problems.append(f"the eager forward failed: {type(err).__name__}: {err}")
             return Verification(False, tolerance or 0.0, [], problems)
         eager_s = time.perf_counter() - start
+        torch.manual_seed(0)
         start = time.perf_counter()
         try:
             actual = replay(model, subgraphs, {k: sample[k] for k in graph_inputs}, problems)

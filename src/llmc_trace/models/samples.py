@@ -8,6 +8,7 @@ processor files at hand, each builder derives them from the config; values are s
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,22 @@ def supported_modalities(config: PretrainedConfig) -> list[str]:
     found = [m for m in MODALITIES if (m, config.model_type) in _BUILDERS]
     if is_audio_model(config):
         return [m for m in found if m == "audio"] or ["audio"]
+    if requires_pixels(config):
+        return [m for m in found if m in ("image", "video")] or ["image"]
     return ["text", *[m for m in found if m != "text"]]
+
+
+def requires_pixels(config: PretrainedConfig) -> bool:
+    """Models whose forward cannot run without an image (InstructBLIP's Q-Former reads one
+    for every prompt): a text-only sample is not an input they accept."""
+    from llmc_trace.models.build import model_class  # build imports this module's users
+
+    try:
+        forward = model_class(config, config.model_type).forward
+    except BadInputError:
+        return False
+    parameter = inspect.signature(forward).parameters.get("pixel_values")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def is_audio_model(config: PretrainedConfig) -> bool:
@@ -209,6 +225,24 @@ def dia_text(
     return sample
 
 
+@sample_builder("text", "speecht5")
+def speecht5_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Text-to-speech: text for the encoder; for the decoder, the mel frames spoken so far
+    (batch, frames, mel bins) and a speaker x-vector, as its generation loop feeds them."""
+    frames = max(2, options.seq_len // 2)
+    return {
+        **text_sample(config, options, generator),
+        "decoder_input_values": torch.randn(
+            options.batch_size, frames, config.num_mel_bins, generator=generator
+        ),
+        "speaker_embeddings": torch.randn(
+            options.batch_size, config.speaker_embedding_dim, generator=generator
+        ),
+    }
+
+
 # ---------------------------------------------------------------- audio
 @sample_builder("audio", "whisper")
 def whisper_audio(
@@ -323,6 +357,38 @@ def llava_image(
     sample["pixel_values"] = torch.randn(
         options.batch_size, vision.num_channels, side, side, generator=generator
     )
+    return sample
+
+
+# ---------------------------------------------------------------- images: InstructBLIP
+@sample_builder("image", "instructblip")
+def instructblip_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """An image, the instruction tokenized twice (for the Q-Former and for the language
+    model), and ``num_query_tokens`` image tokens that the Q-Former's outputs replace."""
+    vision = config.vision_config
+    side = vision.image_size
+    middle = [token_id(config, "image_token_id", "image_token_index")] * config.num_query_tokens
+    sample: dict[str, Any] = with_placeholders(config, options, generator, [])
+    text = sample["input_ids"]
+    sample["input_ids"] = torch.cat(
+        [torch.tensor([middle] * options.batch_size, dtype=torch.long), text], dim=1
+    )
+    sample["attention_mask"] = torch.ones_like(sample["input_ids"])
+    qformer_vocab = config.qformer_config.vocab_size
+    sample["qformer_input_ids"] = torch.randint(
+        1, qformer_vocab, tuple(text.shape), generator=generator
+    )
+    sample["qformer_attention_mask"] = torch.ones_like(text)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, vision.num_channels, side, side, generator=generator
+    )
+    if not config.use_decoder_only_language_model:
+        decoder_len = max(2, options.seq_len // 2)
+        sample["decoder_input_ids"] = random_tokens(
+            config, (options.batch_size, decoder_len), generator
+        )
     return sample
 
 

@@ -22,8 +22,8 @@ from llmc_trace.errors import BadInputError
 
 #: Path components that mark a vision or audio tower (or its projector).
 TOWER_PATTERN = re.compile(
-    r"(^|\.)(visual|vision\w*|image\w*|img\w*|audio\w*|speech\w*|patch_embed\w*|"
-    r"multi_modal_projector|mm_projector|vqmodel|connector|perceiver\w*)(\.|$)"
+    r"(^|\.)(visual|vision\w*|image\w*|img\w*|audio\w*|speech_\w*|patch_embed\w*|"
+    r"multi_modal_projector|mm_projector|vqmodel|connector|perceiver\w*|qformer\w*)(\.|$)"
 )
 
 LEAF_TARGET = "sequential target"
@@ -91,7 +91,8 @@ def no_split_classes(model: torch.nn.Module) -> list[str]:
 
 
 def default_target_patterns(model: torch.nn.Module) -> list[str]:
-    """Classes from ``_no_split_modules`` that have instances outside every tower."""
+    """Classes from ``_no_split_modules`` that have instances outside every tower; failing
+    that, the repeated block classes (:func:`repeated_block_classes`)."""
     towers = audio_tower_paths(model)
     present = {
         type(module).__name__
@@ -101,21 +102,32 @@ def default_target_patterns(model: torch.nn.Module) -> list[str]:
     classes = [name for name in no_split_classes(model) if name in present]
     if classes:
         return classes
-    return _largest_repeated_class(model, towers)
+    return repeated_block_classes(model, towers)
 
 
-def _largest_repeated_class(model: torch.nn.Module, towers: set[str]) -> list[str]:
-    best: tuple[int, str] | None = None
+def repeated_block_classes(model: torch.nn.Module, towers: set[str]) -> list[str]:
+    """Classes of the blocks a model stacks, for models that name no ``_no_split_modules``.
+
+    A stack is a ``ModuleList`` of two or more modules of one class, outside every tower,
+    whose class is the model's own (not a bare ``torch.nn`` layer such as a prenet's Linear
+    list) and holds a weight matrix to compress (a Linear, or GPT's transposed Conv1D). An encoder-decoder stacks two classes (SpeechT5's
+    encoder and decoder layers) and both are targets.
+    """
+    found: list[str] = []
     for path, module in model.named_modules():
-        if (
-            isinstance(module, torch.nn.ModuleList)
-            and len(module) > 1
-            and not is_in_tower(path, towers)
-        ):
-            classes = {type(child).__name__ for child in module}
-            if len(classes) == 1 and (best is None or len(module) > best[0]):
-                best = (len(module), classes.pop())
-    return [best[1]] if best else []
+        if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
+            continue
+        if is_in_tower(path, towers):
+            continue
+        classes = {type(child) for child in module}
+        if len(classes) != 1:
+            continue
+        cls = classes.pop()
+        if cls.__module__.startswith("torch.nn") or cls.__name__ in found:
+            continue
+        if any(p.dim() == 2 for p in module[0].parameters()):
+            found.append(cls.__name__)
+    return found
 
 
 def resolve_targets(
