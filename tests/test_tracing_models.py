@@ -86,3 +86,62 @@ def test_a_definition_overrides_methods_only() -> None:
     with pytest.raises(TypeError, match="overrides methods only"):
         tracing_models.register(WithState)
     assert patterns.EarlyReturn not in tracing_models.REGISTRY
+
+
+# ---------------------------------------------------------------- RWKV (shipped definition)
+def rwkv_twin() -> torch.nn.Module:
+    from llmc_trace.models.build import build_twin
+    from llmc_trace.models.source import resolve_model
+
+    return build_twin(resolve_model("RWKV/rwkv-4-169m-pile"), seed=0).eval()
+
+
+def test_rwkv_without_its_definition_fails_where_it_writes_its_weights() -> None:
+    from llmc_trace.models.samples import SampleOptions, make_sample
+
+    model = rwkv_twin()
+    sample = make_sample(model.config, "text", SampleOptions())
+    with pytest.raises(Exception) as info:
+        trace_graph(model, sample, ["RwkvBlock"])
+    failure = failure_from_exception(info.value)
+    assert failure.kind == "weight_mutation"
+    assert failure.location is not None and failure.location.file.endswith("modeling_rwkv.py")
+    assert failure.location.function == "RwkvModel._rescale_layers"
+    assert failure.origin == ["rwkv.blocks.0.attention.output.weight", "div_"]
+
+
+def test_rwkv_definition_rescales_once_and_replays_like_the_original() -> None:
+    """Replay (twice: the weights must be divided once, not per batch) equals the original
+    eager forward, and leaves the weights exactly as the original's first call does."""
+    import copy
+
+    from llmc_trace.graph.verify import replay
+    from llmc_trace.models.samples import SampleOptions, make_sample
+
+    model = rwkv_twin()
+    assert model.config.rescale_every == 2 and model.config.num_hidden_layers == 4
+    original = copy.deepcopy(model)
+    sample = make_sample(model.config, "text", SampleOptions())
+    with torch.no_grad():
+        expected = original(**sample).logits  # rescales `original` in place, once
+    trace = trace_graph(model, sample, ["RwkvBlock"], ignore=["tracing_models:RwkvModel"])
+    assert not any(str(n.target).endswith("_") for n in trace.graph.nodes if n.op == "call_method")
+    subgraphs = partition_trace(trace).subgraphs
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(
+                replay(model, subgraphs, sample).logits, expected, rtol=0, atol=0
+            )
+    for (name, got), (_, want) in zip(
+        model.state_dict().items(), original.state_dict().items(), strict=True
+    ):
+        assert torch.equal(got, want), name
+    stored = rwkv_twin().rwkv.blocks[3].attention.output.weight
+    torch.testing.assert_close(model.rwkv.blocks[3].attention.output.weight, stored / 2)
+
+
+def test_compress_refuses_a_model_whose_definition_changes_its_weights() -> None:
+    from llmc_trace.tracing.definitions import weight_changing
+
+    assert weight_changing(["tracing_models:RwkvModel", "autowrap:f@1"]) == ["RwkvModel"]
+    assert weight_changing(["tracing_models:EarlyReturn", "rotary_emb"]) == []

@@ -8,7 +8,8 @@ subgraphs replayed afterwards equal the original model's eager forward on the sa
 How to add one: ``tracing_models/README.md``. The machinery is
 :mod:`llmc_trace.tracing.definitions`.
 
-No definition ships today: autowrap fixes every built-in architecture that needed one.
+One definition ships: ``rwkv`` (RWKV's forward rescales its own weights in place, which
+no graph can hold); autowrap fixes every other built-in architecture that needed a fix.
 """
 
 from llmc_trace.tracing.definitions import REGISTRY, register, unregister

@@ -34,6 +34,7 @@ from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_la
 from llmc_trace.pipelines.sequential import PipelineStats, run_sequential
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
 from llmc_trace.tracing.guards import check_guards, input_signature
+from llmc_trace.tracing.definitions import weight_changing
 from llmc_trace.tracing.values import forget_example_data
 from llmc_trace.tracing.trace import TraceResult, concrete_arguments, trace_graph
 
@@ -300,7 +301,17 @@ def _tokenizer(source: ModelSource) -> Any:
 def _working_ignore(source: ModelSource) -> list[str]:
     """The ignore list ``attempt --fix`` settles on for text (empty when it traces as is)."""
     report = attempt_trace(source, fix=True)
-    return list(report.applied_fix.ignore) if report.applied_fix else []
+    ignore = list(report.applied_fix.ignore) if report.applied_fix else []
+    changing = weight_changing(ignore)
+    if changing:
+        raise BadInputError(
+            f"{source.name} traces only through the definition of {', '.join(changing)} in "
+            "tracing_models/, which rescales the weights in place before calibration; the "
+            "checkpoint would store them rescaled, and loading rescales them again.",
+            hint="Compress another architecture; llmc-trace attempt still traces and verifies it.",
+            param="model",
+        )
+    return ignore
 
 
 def _run(

@@ -142,6 +142,16 @@ class PlainObjectArgument(Stack):
         return x.to(object())
 
 
+class RescalesOwnWeights(Stack):
+    """Weights divided in place by the forward (based on modeling_rwkv.py's _rescale_layers)."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for index, layer in enumerate(self.layers):
+                layer.proj.weight.div_(2**index)
+        return x
+
+
 class ForwardBranch(nn.Module):
     """An `if` on tensor data directly in the top-level forward, after the layers.
 

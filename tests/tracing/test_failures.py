@@ -50,6 +50,12 @@ def fail(cls: type) -> object:
         (patterns.LoopOverSelection, "iteration", "for row in", ["x", "getitem", "iter"]),
         (patterns.LegacyConstructor, "constructor", "torch.Tensor(grid.prod())", []),
         (patterns.PlainObjectArgument, "unsupported_argument", "x.to(object())", []),
+        (
+            patterns.RescalesOwnWeights,
+            "weight_mutation",
+            "layer.proj.weight.div_(",
+            ["model.layers.0.proj.weight", "div_"],
+        ),
     ],
 )
 def test_failure_is_located_and_classified(

@@ -17,6 +17,7 @@ from torch import fx
 
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback
+from llmc_trace.tracing.tracer import WeightMutation
 
 #: Kinds of failure, each with the sentence that explains it.
 KINDS: dict[str, str] = {
@@ -29,6 +30,8 @@ KINDS: dict[str, str] = {
     "data_dependent_shape": "a decision on a shape that depends on tensor data",
     "constructor": "a tensor constructor (torch.tensor, torch.zeros, ...) fed a traced value",
     "unsupported_argument": "a value the graph cannot hold passed to a traced operation",
+    "weight_mutation": "an in-place write to the model's own weights or buffers, which a "
+    "calibration pass would repeat on every batch",
     "error": "an exception raised by the model code while tracing",
 }
 _TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
@@ -121,6 +124,10 @@ def failure_from_exception(err: BaseException) -> TraceFailure:
         ):
             kind = "data_dependent_shape"
         message = f"{err.question}() needs a concrete value, but the {err.reason}"
+    elif isinstance(err, WeightMutation):
+        kind = "weight_mutation"
+        origin = [*origin_chain(err.node), err.operation]
+        message = str(err)
     else:
         kind, message = _classify_other(err)
     return TraceFailure(

@@ -5,7 +5,8 @@ keeps an intermediates dict exactly as a calibration pipeline would, dropping ea
 ``consumed_names`` after it runs, so a name dropped too early shows up as a missing input
 here rather than as a crash (or silently stale data) halfway through a calibration run.
 
-Both runs start from the same random state (in a forked RNG, so the caller's is untouched):
+The replay runs first, on the weights the trace saw, since an eager forward may change the
+model it runs. Both runs start from the same random state (in a forked RNG, so the caller's is untouched):
 some models draw random numbers in eval mode on purpose (SpeechT5's decoder prenet keeps its
 dropout on), and a replay that draws them in the eager order must reproduce them exactly.
 """
@@ -113,7 +114,18 @@ def verify_subgraphs(
                 f"subgraph {subgraph.index} holds {len(subgraph.targets)} targets "
                 f"({', '.join(subgraph.targets)}), more than {targets_per_subgraph}"
             )
+    # the replay runs first, on the weights the trace saw: a forward may change the model it
+    # runs (RWKV rescales its weights on its first eager call)
+    actual: Any = None
+    replay_error: Exception | None = None
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        try:
+            actual = replay(model, subgraphs, {k: sample[k] for k in graph_inputs}, problems)
+        except Exception as err:  # a replay crash is a verification verdict, not a bug here
+            replay_error = err
+        replay_s = time.perf_counter() - start
         torch.manual_seed(0)
         start = time.perf_counter()
         try:
@@ -122,14 +134,9 @@ def verify_subgraphs(
             problems.append(f"the eager forward failed: {type(err).__name__}: {err}")
             return Verification(False, tolerance or 0.0, [], problems)
         eager_s = time.perf_counter() - start
-        torch.manual_seed(0)
-        start = time.perf_counter()
-        try:
-            actual = replay(model, subgraphs, {k: sample[k] for k in graph_inputs}, problems)
-        except Exception as err:  # a replay crash is a verification verdict, not a bug here
-            problems.append(f"replay failed: {type(err).__name__}: {err}")
-            return Verification(False, tolerance or 0.0, [], problems, 0.0, eager_s)
-        replay_s = time.perf_counter() - start
+    if replay_error is not None:
+        problems.append(f"replay failed: {type(replay_error).__name__}: {replay_error}")
+        return Verification(False, tolerance or 0.0, [], problems, 0.0, eager_s)
     expected_flat = flatten_output(expected)
     actual_flat = flatten_output(actual)
     if expected_flat.keys() != actual_flat.keys():

@@ -81,6 +81,20 @@ def is_definition_entry(entry: str) -> bool:
     return entry.startswith(PREFIX)
 
 
+def weight_changing(entries: list[str]) -> list[str]:
+    """Class names of the definitions in ``entries`` that change the model's weights while
+    tracing (``changes_weights = True``, RWKV's one-off rescaling): a checkpoint written
+    afterwards would hold the changed weights."""
+    wanted = {entry[len(PREFIX) :] for entry in entries if is_definition_entry(entry)}
+    if not wanted:
+        return []
+    return sorted(
+        base.__name__
+        for base, definition in load_definitions().items()
+        if base.__name__ in wanted and getattr(definition, "changes_weights", False)
+    )
+
+
 def definitions_for(model: torch.nn.Module) -> list[str]:
     """Names of the model's classes that have a registered definition, in module order."""
     registry = load_definitions()

@@ -49,6 +49,9 @@ class MetaProxy(fx.Proxy):
             return getattr(value, name)
         if name == "shape":
             return self.tracer.create_proxy("call_method", "size", (self,), {})
+        if isinstance(value, torch.Tensor) and not hasattr(value, name):
+            # as the tensor itself would: hasattr(weight, "SCB") must be False on a plain weight
+            raise AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'")
         return MetaAttribute(self, name)
 
     def __len__(self) -> int:

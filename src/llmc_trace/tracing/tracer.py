@@ -58,6 +58,32 @@ _LITERALS = (
     torch.memory_format,
 )
 
+#: In-place operators that reach the graph as functions (``weight += x``, ``buf[i] = x``).
+_IN_PLACE_FUNCTIONS = frozenset(
+    {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem}
+)
+
+
+def _is_in_place(kind: str, target: Any) -> bool:
+    if kind == "call_method":
+        return isinstance(target, str) and target.endswith("_") and not target.startswith("_")
+    return kind == "call_function" and target in _IN_PLACE_FUNCTIONS
+
+
+class WeightMutation(Exception):
+    """Model code writes, in place, to one of the model's own parameters or buffers.
+
+    One graph cannot hold such a write: a calibration pass would repeat it on every batch
+    (RWKV's forward divides its output weights by powers of two the first time it runs).
+    """
+
+    def __init__(self, node: fx.Node, weight: str, operation: str) -> None:
+        super().__init__(f"{operation} writes in place to the model's own tensor {weight}")
+        self.node = node
+        self.weight = weight
+        self.operation = operation
+
+
 #: Methods and functions whose result depends only on the *shape* of their tensor argument.
 METADATA_OPS = frozenset(
     {
@@ -249,9 +275,27 @@ class LlmcTracer(fx.Tracer):
         if kind == "call_module" or id(target) in self._opaque_targets:
             args = tuple(self._shared_container(a) for a in args)
             kwargs = {k: self._shared_container(v) for k, v in kwargs.items()}
+        if _is_in_place(kind, target) and args and isinstance(args[0], fx.Proxy):
+            weight = self._weight_behind(args[0].node)
+            if weight is not None:
+                raise WeightMutation(args[0].node, weight, str(getattr(target, "__name__", target)))
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr)
         self._annotate(proxy.node, kind, target, args, kwargs)
         return proxy  # type: ignore[return-value]
+
+    def _weight_behind(self, node: fx.Node) -> str | None:
+        """The parameter or buffer ``node`` reads (directly or through attribute reads)."""
+        while node.op == "call_function" and node.target is getattr:
+            node = node.args[0]  # type: ignore[assignment]
+        if node.op != "get_attr":
+            return None
+        path = str(node.target)
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and (
+            id(value) in self._param_paths or id(value) in self._buffer_paths
+        ):
+            return path
+        return None
 
     def _annotate(
         self, node: fx.Node, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
