@@ -18,13 +18,7 @@ from llmc_trace.models.source import builtin_names, resolve_model
 #: ("trace", model file, function) for a located trace failure, ("verify", problem fragment)
 #: for a trace that verification rejects, ("input", message fragment) for bad input.
 EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
-    # samples: BarkModel generates with three sub-models and has no forward of its own
-    ("suno/bark-small", "text"): ("input", "no vocabulary size"),
-    # traced and replayed, but the proof does not carry over or the outputs differ
-    ("HuggingFaceTB/SmolVLM2-256M-Video-Instruct", "image"): (
-        "verify",
-        "outputs differ in structure",
-    ),
+    # empty: every built-in traces and verifies in every modality it supports
 }
 
 #: (model, modality) -> the fix that must make it verify (the start of its ignore entry).

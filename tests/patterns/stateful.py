@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import BaseModelOutput
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
 from tests.patterns.untraceable import Block
 
@@ -92,6 +92,37 @@ class SharedState(nn.Module):
         return x + shared["last"]
 
 
+class Encoder(nn.Module):
+    """A leaf returning a ModelOutput (a vision tower)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> BaseModelOutputWithPooling:
+        return BaseModelOutputWithPooling(last_hidden_state=self.proj(x))
+
+
+class FieldAssignment(nn.Module):
+    """A field set on a traced ModelOutput and read back as a list (based on
+    modeling_smolvlm.py: ``image_outputs.pooler_output = [...]``, then ``torch.cat``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.layers = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, BaseModelOutputWithPooling]:
+        out = self.encoder(x)
+        out.pooler_output = [f.reshape(-1, 8) for f in out.last_hidden_state.split(1)]
+        features = out.pooler_output
+        if isinstance(features, list):
+            features = torch.cat(features, dim=0)
+        for layer in self.layers:
+            x = layer(x) + features.sum()
+        return x, out  # the updated output object itself, as SmolVLM returns it
+
+
 @dataclass
 class Case:
     model: nn.Module
@@ -109,4 +140,5 @@ def cases() -> dict[str, Case]:
         "write_after_read": Case(WriteAfterRead(), {"x": torch.randn(1, 4, 8)}, ["Block"]),
         "model_output": Case(ModelOutputChain(), {"x": torch.randn(1, 4, 8)}, ["OutputLayer"]),
         "shared_state": Case(SharedState(), {"x": torch.randn(1, 4, 8)}, ["Recorder"]),
+        "field_assignment": Case(FieldAssignment(), {"x": torch.randn(2, 4, 8)}, ["Block"]),
     }

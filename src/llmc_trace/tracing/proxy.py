@@ -38,6 +38,16 @@ class DataDependentQuestion(Exception):
         self.reason = reason
 
 
+#: Attributes of the proxy objects themselves (set by fx and by :class:`MetaAttribute`).
+_PROXY_FIELDS = frozenset({"node", "tracer", "root", "attr", "_node"})
+
+
+def set_field(obj: Any, name: str, value: Any) -> Any:
+    """Graph target of an attribute assignment on a traced object: set it, return the object."""
+    setattr(obj, name, value)
+    return obj
+
+
 class MetaProxy(fx.Proxy):
     """Proxy whose node holds an example value; see the module docstring."""
 
@@ -68,6 +78,18 @@ class MetaProxy(fx.Proxy):
 
     def __contains__(self, item: object) -> bool:
         return self.tracer.answer(self, "contains", item)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PROXY_FIELDS:
+            object.__setattr__(self, name, value)
+            return
+        # `outputs.pooler_output = features` (SmolVLM's image features): plain fx sets the
+        # attribute on the Proxy object and the graph never sees it. Record the update as a
+        # node returning the updated object, and let this proxy stand for it from now on;
+        # reading the field back gives the value set, as Python would (a list stays a list).
+        updated = self.tracer.create_proxy("call_function", set_field, (self, name, value), {})
+        object.__setattr__(self, "node", updated.node)
+        object.__setattr__(self, name, value)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         # torch.fx records no item assignment; without this, Python falls back to __index__
