@@ -56,6 +56,8 @@ DEFAULT_MODEL = Path("/work/shared/refmodel")
 SEQ_LEN = 512
 SEED = 0
 THREADS = 2
+#: Attention kernel for every side: ``compress``'s default, llm-compressor's model, evaluation.
+ATTENTION = "sdpa"
 EVAL_BATCH_SIZE = 8
 
 
@@ -121,6 +123,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         samples=spec["samples"],
         seq_len=SEQ_LEN,
         seed=SEED,
+        attn_implementation=ATTENTION,
         progress=note_pipeline_start,
     )
     end = time.perf_counter()
@@ -144,7 +147,7 @@ def load_float32(model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
+        model_dir, dtype=torch.float32, attn_implementation=ATTENTION
     ).eval()
 
 
@@ -248,7 +251,7 @@ def run_theirs(
 ) -> dict[str, Any]:
     command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(model_dir), str(calib_rows)]
     command += ["--bits", str(setting.bits), "--group-size", str(setting.group_size)]
-    command += ["--threads", str(THREADS)]
+    command += ["--threads", str(THREADS), "--attn-implementation", ATTENTION]
     if save is not None:
         check_row = save.with_suffix(".row.npy")
         np.save(check_row, np.load(model_dir / "eval.npy")[0])

@@ -3,10 +3,10 @@
 Runs inside ``benchmarks/.venv-llmc`` (see ``benchmarks/reference_env.sh``), started by
 ``benchmarks/compress_quality.py`` in a fresh process per measurement, so the peak resident set
 is this run's own. It imports nothing from llmc-trace: the model is loaded the way a user would
-load it (``AutoModelForCausalLM.from_pretrained``, float32, eager attention like llmc-trace's
-loader), the calibration rows are the very token rows llmc-trace calibrated on (a ``.npy`` of
-shape ``(samples, seq_len)``, passed as a ``datasets.Dataset`` of ``input_ids`` and
-``attention_mask``, unshuffled), and the recipe is ``GPTQModifier(targets="Linear",
+load it (``AutoModelForCausalLM.from_pretrained``, float32, with the attention kernel that
+llmc-trace's ``compress`` runs, sdpa by default), the calibration rows are the very token rows
+llmc-trace calibrated on (a ``.npy`` of shape ``(samples, seq_len)``, passed as a
+``datasets.Dataset`` of ``input_ids`` and ``attention_mask``, unshuffled), and the recipe is ``GPTQModifier(targets="Linear",
 ignore=["lm_head"])`` with the preset ``W4A16`` or, for other widths, the same arguments
 through ``config_groups``.
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
-        "--attn-implementation", default="eager", help="as llmc-trace loads models (default)"
+        "--attn-implementation", default="sdpa", help="as llmc-trace's compress (default)"
     )
     parser.add_argument("--save", help="torch.save the compressed Linear weights here")
     parser.add_argument("--check-row", help=".npy of one token row whose logits to save too")

@@ -146,6 +146,7 @@ def compress(
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
     device: torch.device | None = None,
+    attn_implementation: str = "sdpa",
     progress: Progress | None = None,
 ) -> CompressionResult:
     """Compress ``model`` (a folder with weights) and write the checkpoint to ``out_dir``.
@@ -153,6 +154,10 @@ def compress(
     ``method``: ``gptq`` (with ``scheme``), ``sparsegpt`` (with ``sparsity``, and ``scheme`` to
     also quantize), ``rtn`` or ``magnitude`` (the baselines). ``pipeline="auto"`` takes the
     memory plan's choice. ``out_dir=None`` compresses in memory only (for evaluation).
+    ``attn_implementation``: the attention kernel calibration runs, ``sdpa`` by default (what
+    transformers and vLLM serve with: it computes the same function as ``eager`` without
+    holding each head's full attention matrix, so calibration is faster and peaks lower);
+    architectures without it fall back to ``eager``.
     """
     start = time.perf_counter()
     report = progress or (lambda description, done, total: None)
@@ -167,7 +172,7 @@ def compress(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     report("load", 0, 1)
-    loaded = load_pretrained(source)
+    loaded = _load(source, attn_implementation)
     if dtype is not None:
         loaded.to(dtype)
     # token ids need no tokenizer (checked against the embedding table instead); the
@@ -218,6 +223,7 @@ def compress(
             seed,
             compressor.percdamp if needs_data else None,
             compressor.blocksize if needs_data else None,
+            loaded.config._attn_implementation if needs_data else None,
         )
         save_compressed(
             loaded,
@@ -242,6 +248,16 @@ def compress(
         time.perf_counter() - start,
         fallbacks,
     )
+
+
+def _load(source: ModelSource, attn_implementation: str) -> torch.nn.Module:
+    """The model with ``attn_implementation``, or eager where the architecture lacks it."""
+    try:
+        return load_pretrained(source, attn_implementation)
+    except ValueError:
+        if attn_implementation == "eager":
+            raise
+        return load_pretrained(source, "eager")
 
 
 def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> None:

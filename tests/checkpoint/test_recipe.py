@@ -9,7 +9,14 @@ from llmc_trace.compress import W4A16, W8A8
 
 
 def test_recipe_is_yaml_that_states_what_was_done() -> None:
-    recipe = Recipe("sparsegpt", num_samples=256, seq_len=512, pipeline="sequential", seed=7)
+    recipe = Recipe(
+        "sparsegpt",
+        num_samples=256,
+        seq_len=512,
+        pipeline="sequential",
+        seed=7,
+        attn_implementation="sdpa",
+    )
     text = render_recipe(recipe, [W4A16.with_weights(actorder=None), W8A8], (2, 4))
     assert text == render_recipe(recipe, [W4A16.with_weights(actorder=None), W8A8], (2, 4))
     parsed = yaml.safe_load(text)
@@ -19,6 +26,7 @@ def test_recipe_is_yaml_that_states_what_was_done() -> None:
         "seq_len": 512,
         "pipeline": "sequential",
         "seed": 7,
+        "attn_implementation": "sdpa",
     }
     assert parsed["sparsity"] == {"structure": "2:4", "fraction": 0.5}
     first, second = parsed["schemes"]

@@ -66,6 +66,13 @@ from llmc_trace.cli.options import SHOW_DEFAULT
     "--no-propagate", is_flag=True, help="Do not rerun compressed subgraphs (no error propagation)."
 )
 @click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
+@click.option(
+    "--attn-implementation",
+    default="sdpa",
+    **SHOW_DEFAULT,
+    type=click.Choice(["sdpa", "eager"]),
+    help="Attention kernel for calibration (eager where the model has no sdpa).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete).")
 @pass_cli
 def compress(
@@ -82,6 +89,7 @@ def compress(
     pipeline: str,
     no_propagate: bool,
     seed: int,
+    attn_implementation: str,
     overwrite: bool,
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
@@ -107,6 +115,7 @@ def compress(
             pipeline=pipeline,
             propagate_error=not no_propagate,
             overwrite=overwrite,
+            attn_implementation=attn_implementation,
             progress=progress,
         )
     ctx.out.print(
