@@ -71,16 +71,22 @@ class Setting:
     bits: int | None = None
     group_size: int | None = None
     sparsity: str | None = None
+    true_sequential: bool = False
 
     @property
     def has_reference(self) -> bool:
-        """Whether llm-compressor's GPTQ runs beside ours (W4A16 and 3-bit group 128)."""
-        return self.method == "gptq" and self.bits in (3, 4)
+        """Whether llm-compressor's GPTQ runs beside ours (W4A16 and 3-bit group 128); the
+        true-sequential rows are compared with the same runs of theirs."""
+        return self.method == "gptq" and self.bits in (3, 4) and not self.true_sequential
 
 
 SETTINGS = (
     Setting("W4A16 (4-bit g128 sym)", "gptq", "rtn", bits=4, group_size=128),
     Setting("3-bit g128", "gptq", "rtn", bits=3, group_size=128),
+    Setting("W4A16, true-sequential", "gptq", "rtn", bits=4, group_size=128, true_sequential=True),
+    Setting(
+        "3-bit g128, true-sequential", "gptq", "rtn", bits=3, group_size=128, true_sequential=True
+    ),
     Setting("2-bit g64", "gptq", "rtn", bits=2, group_size=64),
     Setting("SparseGPT 50%", "sparsegpt", "magnitude", sparsity="0.5"),
     Setting("SparseGPT 2:4", "sparsegpt", "magnitude", sparsity="2:4"),
@@ -124,6 +130,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         seq_len=SEQ_LEN,
         seed=SEED,
         attn_implementation=ATTENTION,
+        true_sequential=spec["true_sequential"],
         progress=note_pipeline_start,
     )
     end = time.perf_counter()
@@ -232,6 +239,7 @@ def run_ours(
         "bits": setting.bits,
         "group_size": setting.group_size,
         "sparsity": setting.sparsity,
+        "true_sequential": setting.true_sequential,
         "samples": samples,
         "evaluate": evaluate,
     }
@@ -365,7 +373,7 @@ def print_results(rows: list[Row], fp_ppl: float, repeat: int) -> None:
             f"| {ratio_text(ours_bytes, theirs_bytes)} |"
         )
     print("\nDetails (medians over runs):")
-    for row in compared:
+    for row in (r for r in compared if not r.setting.true_sequential):
         label = row.setting.label
         pipeline_s = values(row.ours, "pipeline_s")
         if pipeline_s:
@@ -444,6 +452,17 @@ def main() -> None:
                 if reference and setting.has_reference:
                     save = Path(folder) / f"theirs_{setting.bits}bit.pt" if index == 0 else None
                     theirs.append(run_theirs(model_dir, setting, calib_rows, save))
+            if setting.true_sequential:  # the same llm-compressor runs as its plain row
+                theirs = next(
+                    (
+                        r.theirs
+                        for r in rows
+                        if (r.setting.bits, r.setting.group_size)
+                        == (setting.bits, setting.group_size)
+                        and r.theirs
+                    ),
+                    [],
+                )
             rows.append(Row(setting, baseline, ours, theirs))
 
     print_results(rows, fp_ppl, args.repeat)

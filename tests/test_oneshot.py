@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from llmc_trace.compress.scheme import W4A16
@@ -46,6 +47,27 @@ def test_checkpoint_reloads_in_transformers_with_our_numbers(
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
     again = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
     assert [r.loss for r in again.layers] == [r.loss for r in result.layers]  # deterministic
+
+
+def test_true_sequential_calibrates_in_stages_and_says_so(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    result = compress(
+        str(folder), dataset=data, out_dir=out, samples=8, seq_len=64, true_sequential=True
+    )
+    assert result.stats.passes == [1, 5, 4]  # embeddings; 4 stages + propagation; 4 stages
+    shared = [layer for layer in result.layers if layer.shares_hessian_with]
+    assert {layer.name.rsplit(".", 1)[1] for layer in shared} == {"k_proj", "v_proj", "up_proj"}
+    recipe = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert recipe["calibration"]["true_sequential"] is True
+    assert recipe["calibration"]["attn_implementation"] == "sdpa"
+    plain = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    o_proj = "model.layers.0.self_attn.o_proj"
+    assert [r.loss for r in result.layers if r.name == o_proj] != [
+        r.loss for r in plain.layers if r.name == o_proj
+    ]  # o_proj saw the compressed q/k/v outputs
 
 
 def test_interrupted_write_leaves_no_folder(

@@ -16,6 +16,7 @@ def test_recipe_is_yaml_that_states_what_was_done() -> None:
         pipeline="sequential",
         seed=7,
         attn_implementation="sdpa",
+        true_sequential=False,
     )
     text = render_recipe(recipe, [W4A16.with_weights(actorder=None), W8A8], (2, 4))
     assert text == render_recipe(recipe, [W4A16.with_weights(actorder=None), W8A8], (2, 4))
@@ -27,6 +28,7 @@ def test_recipe_is_yaml_that_states_what_was_done() -> None:
         "pipeline": "sequential",
         "seed": 7,
         "attn_implementation": "sdpa",
+        "true_sequential": False,
     }
     assert parsed["sparsity"] == {"structure": "2:4", "fraction": 0.5}
     first, second = parsed["schemes"]

@@ -29,6 +29,7 @@ class Recipe:
     percdamp: float | None = None
     blocksize: int | None = None
     attn_implementation: str | None = None
+    true_sequential: bool | None = None
 
 
 def render_recipe(
@@ -62,7 +63,14 @@ def render_recipe(
             f"sparsity: {_yaml_mapping({'structure': sparsity_structure(sparsity), 'fraction': fraction})}"
         )
     lines.append("calibration:")
-    for key in ("num_samples", "seq_len", "pipeline", "seed", "attn_implementation"):
+    for key in (
+        "num_samples",
+        "seq_len",
+        "pipeline",
+        "seed",
+        "attn_implementation",
+        "true_sequential",
+    ):
         lines.append(f"  {key}: {_yaml_value(getattr(recipe, key))}")
     lines.append(f"percdamp: {_yaml_value(recipe.percdamp)}")
     lines.append(f"blocksize: {_yaml_value(recipe.blocksize)}")

@@ -65,6 +65,11 @@ from llmc_trace.cli.options import SHOW_DEFAULT
 @click.option(
     "--no-propagate", is_flag=True, help="Do not rerun compressed subgraphs (no error propagation)."
 )
+@click.option(
+    "--true-sequential",
+    is_flag=True,
+    help="Calibrate each layer's projections in dependency stages (sequential pipeline).",
+)
 @click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
 @click.option(
     "--attn-implementation",
@@ -88,6 +93,7 @@ def compress(
     batch_size: int,
     pipeline: str,
     no_propagate: bool,
+    true_sequential: bool,
     seed: int,
     attn_implementation: str,
     overwrite: bool,
@@ -114,6 +120,7 @@ def compress(
             seed=seed,
             pipeline=pipeline,
             propagate_error=not no_propagate,
+            true_sequential=true_sequential,
             overwrite=overwrite,
             attn_implementation=attn_implementation,
             progress=progress,

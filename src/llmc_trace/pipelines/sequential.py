@@ -24,7 +24,8 @@ import torch
 
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
-from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
+from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
+from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
 
 #: ``progress(description, done, total)``
 Progress = Callable[[str, int, int], None]
@@ -53,9 +54,14 @@ def run_sequential(
     device: torch.device | None = None,
     offload_device: torch.device | None = None,
     propagate_error: bool = True,
+    true_sequential: bool = False,
     progress: Progress | None = None,
 ) -> PipelineStats:
-    """Run ``subgraphs`` over ``batches`` (see the module docstring); returns statistics."""
+    """Run ``subgraphs`` over ``batches`` (see the module docstring); returns statistics.
+
+    With ``true_sequential`` (and error propagation), a subgraph's layers are calibrated in
+    dependency stages (:mod:`~llmc_trace.pipelines.stages`).
+    """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
     report = progress or (lambda description, done, total: None)
@@ -80,22 +86,32 @@ def run_sequential(
         # they are not kept, so the cache never holds two sets of hidden states.
         will_propagate = listening and propagate_error and position < last
         stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
+        passes = 0
         if listening:
-            callbacks.on_subgraph_start(subgraph.index, named)
-            _run_all(
-                model,
-                subgraph if position < last else _listened_part(model, subgraph, callbacks),
-                cache,
-                device,
-                label,
-                report,
-                batches,
-                callbacks,
-                store=position < last and not will_propagate,
+            part = subgraph if position < last else _listened_part(model, subgraph, callbacks)
+            stages = (
+                _stages(model, part, cache, device, named, callbacks)
+                if true_sequential and propagate_error
+                else [named]
             )
-            callbacks.on_calibrated(subgraph.index, named)
-            callbacks.on_subgraph_end(subgraph.index, named)
-        passes = int(listening)
+            for number, stage in enumerate(stages, start=1):
+                final = number == len(stages)
+                callbacks.on_subgraph_start(subgraph.index, stage)
+                _run_all(
+                    model,
+                    part,
+                    cache,
+                    device,
+                    label if len(stages) == 1 else f"{label} · stage {number}/{len(stages)}",
+                    report,
+                    batches,
+                    callbacks,
+                    store=final and position < last and not will_propagate,
+                    stop_after=None if final and not will_propagate else stage,
+                )
+                callbacks.on_calibrated(subgraph.index, stage)
+                callbacks.on_subgraph_end(subgraph.index, stage)
+                passes += 1
         if not listening or will_propagate:
             suffix = " · propagate" if listening else ""
             _run_all(model, subgraph, cache, device, label + suffix, report)
@@ -108,6 +124,26 @@ def run_sequential(
     stats.passes.extend([0] * (len(subgraphs) - last - 1))
     stats.shared_names = sorted(cache.shared_names)
     return stats
+
+
+def _stages(
+    model: torch.nn.Module,
+    subgraph: Subgraph,
+    cache: IntermediatesCache,
+    device: torch.device,
+    named: NamedModules,
+    callbacks: Callbacks,
+) -> list[list[tuple[str, torch.nn.Module]]]:
+    """The subgraph's wanted layers in dependency stages, from a dry run on the first batch;
+    the modules nobody wants go with every stage (their hooks, if any, are the callbacks')."""
+    layers = [(name, module) for name, module in named if callbacks.wants([(name, module)])]
+
+    def run_once() -> None:
+        values = cache.fetch(0, subgraph.input_names, device, subgraph.mutated_inputs())
+        subgraph.forward(model, **values)
+
+    stages = dependency_stages(run_once, layers)
+    return stages if len(stages) > 1 else [list(named)]
 
 
 def _listened_part(model: torch.nn.Module, subgraph: Subgraph, callbacks: Callbacks) -> Subgraph:
@@ -136,6 +172,7 @@ def _run_all(
     callbacks: Callbacks | None = None,
     *,
     store: bool = True,
+    stop_after: NamedModules | None = None,
 ) -> None:
     """Run ``subgraph`` on every cached batch; with ``callbacks``, announce each batch first.
 
@@ -145,17 +182,28 @@ def _run_all(
     outputs a propagation pass will recompute).
     """
     private = subgraph.mutated_inputs()
-    with torch.no_grad():
-        for index in range(len(cache)):
-            report(label, index, len(cache))
-            if callbacks is not None and batches is not None:
-                callbacks.on_batch(batches[index])
-            values = cache.fetch(index, subgraph.input_names, device, private)
-            result = subgraph.forward(model, **values)
-            del values
-            if store:
-                result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
-                cache.delete(subgraph.consumed_names, index)  # frees the row outputs may take
-                cache.update(index, result)
-            del result
+    stop = StopWhenSeen(stop_after) if stop_after is not None and not store else None
+    try:
+        with torch.no_grad():
+            for index in range(len(cache)):
+                report(label, index, len(cache))
+                if callbacks is not None and batches is not None:
+                    callbacks.on_batch(batches[index])
+                values = cache.fetch(index, subgraph.input_names, device, private)
+                if stop is not None:
+                    stop.next_batch()
+                try:
+                    result = subgraph.forward(model, **values)
+                except StageComplete:  # the stage's layers saw this batch; nothing is kept
+                    continue
+                finally:
+                    del values
+                if store:
+                    result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
+                    cache.delete(subgraph.consumed_names, index)  # frees the row outputs take
+                    cache.update(index, result)
+                del result
+    finally:
+        if stop is not None:
+            stop.remove()
     report(label, len(cache), len(cache))
