@@ -354,7 +354,7 @@ def print_results(rows: list[Row], fp_ppl: float, repeat: int) -> None:
     compared = [row for row in rows if row.theirs]
     if not compared:
         return
-    print("\nSide by side with llm-compressor's GPTQ (same model, same calibration rows):")
+    print("\nSide by side with llm-compressor's GPTQ (same model, same calibration rows):\n")
     print(
         "| setting | ppl ours / theirs | recovered ours / theirs | seconds ours | seconds theirs "
         "| ours/theirs s | MiB ours | MiB theirs | ours/theirs MiB |"
