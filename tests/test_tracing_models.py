@@ -140,8 +140,34 @@ def test_rwkv_definition_rescales_once_and_replays_like_the_original() -> None:
     torch.testing.assert_close(model.rwkv.blocks[3].attention.output.weight, stored / 2)
 
 
-def test_compress_refuses_a_model_whose_definition_changes_its_weights() -> None:
+def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Before loading anything: the checkpoint would hold RWKV's rescaled weights."""
+    import numpy as np
+
+    from llmc_trace.oneshot import compress
     from llmc_trace.tracing.definitions import weight_changing
 
     assert weight_changing(["tracing_models:RwkvModel", "autowrap:f@1"]) == ["RwkvModel"]
     assert weight_changing(["tracing_models:EarlyReturn", "rotary_emb"]) == []
+    folder = tmp_path / "rwkv"
+    rwkv_twin().save_pretrained(folder)
+    np.save(tmp_path / "calib.npy", np.zeros((4, 16), dtype=np.int32))
+    with pytest.raises(BadInputError, match="rescales the weights in place") as info:
+        compress(
+            str(folder), dataset=tmp_path / "calib.npy", scheme="W8A16", samples=4, seq_len=16
+        )
+    assert info.value.param == "model"
+
+
+def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
+    """An opaque call or an autowrapped statement would repeat the write per batch."""
+    from llmc_trace.attempt import attempt_trace
+
+    report = attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
+    assert [(fix.description.split()[0], fix.outcome) for fix in report.fixes] == [
+        ("record", "refused"),
+        ("autowrap", "refused"),
+        ("trace", "verified"),
+    ]
+    assert report.applied_fix is not None
+    assert report.applied_fix.ignore == ["tracing_models:RwkvModel"]

@@ -175,6 +175,10 @@ def compress(
     data = validate_source(dataset, samples=samples, seq_len=seq_len)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+    needs_data = method in DATA_METHODS
+    # the fixes `attempt --fix` settles on, found on the tiny twin: a model that cannot be
+    # compressed (its definition changes weights) is refused before anything heavy loads
+    ignore = _working_ignore(source) if needs_data else []
     report("load", 0, 1)
     loaded = _load(source, attn_implementation)
     if dtype is not None:
@@ -192,8 +196,6 @@ def compress(
     )
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
     _check_targets(loaded, compressor, source.name)
-    needs_data = method in DATA_METHODS
-    ignore = _working_ignore(source) if needs_data else []
     dtype_bytes = next(loaded.parameters()).element_size()
     settings = RunSettings(
         samples,

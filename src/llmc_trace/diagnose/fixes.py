@@ -23,6 +23,8 @@ tower's Linear layers now sit in one subgraph.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import torch
@@ -119,7 +121,22 @@ def definition_fixes(model: torch.nn.Module) -> list[Fix]:
     ]
 
 
+#: Why neither an opaque call nor autowrap can fix a write into the model's own weights.
+WEIGHT_WRITE_REFUSAL = (
+    "the code writes into the model's own weights; recorded as one graph call, the write "
+    "would repeat on every calibration batch"
+)
+
+
 def candidate_fixes(failure: TraceFailure, model: torch.nn.Module) -> list[Fix]:
-    """Fixes that apply to ``failure``, in the order they are tried."""
+    """Fixes that apply to ``failure``, in the order they are tried.
+
+    A ``weight_mutation`` is never fixed by recording the code that writes: the graph node
+    would rescale (or otherwise change) the weights once per batch, and a twin whose write
+    happens to be exact (a factor of 1) would not notice. Only a definition can remove it.
+    """
     candidates = [opaque_fix(failure, model), autowrap_fix(failure, model)]
-    return [fix for fix in candidates if fix is not None] + definition_fixes(model)
+    fixes = [fix for fix in candidates if fix is not None]
+    if failure.kind == "weight_mutation":
+        fixes = [dataclasses.replace(fix, refusal=WEIGHT_WRITE_REFUSAL) for fix in fixes]
+    return fixes + definition_fixes(model)

@@ -215,7 +215,7 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         if isinstance(period, int) and period > 1:
             keep = max(keep, period + (attrs.get("attn_layer_offset", 0) or 0) % period + 1)
     rescale = attrs.get("rescale_every")
-    if isinstance(rescale, int) and rescale > 2:
+    if isinstance(rescale, int) and rescale >= 2:
         # RWKV halves its hidden state after every `rescale_every`-th block and rescales the
         # weights from there on: the twin has blocks with and without, and a halving in its last
         config.rescale_every = 2

@@ -284,18 +284,20 @@ class LlmcTracer(fx.Tracer):
         return proxy  # type: ignore[return-value]
 
     def _weight_behind(self, node: fx.Node) -> str | None:
-        """The parameter or buffer ``node`` reads (directly or through attribute reads)."""
-        while node.op == "call_function" and node.target is getattr:
+        """The parameter or buffer ``node`` is, or holds as an attribute (``weight.SCB``).
+
+        Judged by the example value, not by how the node was reached: a weight read through
+        the module a recorded call returned is still the weight.
+        """
+        while True:
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                path = self._param_paths.get(id(value)) or self._buffer_paths.get(id(value))
+                if path is not None:
+                    return path
+            if not (node.op == "call_function" and node.target is getattr):
+                return None
             node = node.args[0]  # type: ignore[assignment]
-        if node.op != "get_attr":
-            return None
-        path = str(node.target)
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor) and (
-            id(value) in self._param_paths or id(value) in self._buffer_paths
-        ):
-            return path
-        return None
 
     def _annotate(
         self, node: fx.Node, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
