@@ -95,6 +95,8 @@ def test_interrupted_write_leaves_no_folder(
         ({"samples": 100}, None),
         ({"scheme": W4A16.with_weights(group_size=256)}, "scheme"),
         ({"scheme": W4A16.__class__("none", W4A16.weights, targets=("Conv2d",))}, "scheme"),
+        ({"true_sequential": True, "pipeline": "basic"}, "true_sequential"),
+        ({"true_sequential": True, "propagate_error": False}, "true_sequential"),
     ],
 )
 def test_bad_input_fails_before_heavy_work(

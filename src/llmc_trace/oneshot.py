@@ -96,6 +96,8 @@ def _check_inputs(
     pipeline: str,
     scheme: QuantizationScheme | None,
     sparsity: Sparsity | None,
+    true_sequential: bool = False,
+    propagate_error: bool = True,
 ) -> None:
     if method not in METHODS:
         raise BadInputError(
@@ -106,6 +108,13 @@ def _check_inputs(
             f"unknown pipeline {pipeline!r}.",
             hint=f"Use one of {', '.join(PIPELINES)}.",
             param="pipeline",
+        )
+    if true_sequential and (pipeline not in ("auto", "sequential") or not propagate_error):
+        raise BadInputError(
+            "true-sequential calibration needs the sequential pipeline with error propagation "
+            f"(got pipeline {pipeline!r}{', no propagation' if not propagate_error else ''}).",
+            hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
+            param="true_sequential",
         )
     if method in ("sparsegpt", "magnitude") and sparsity is None:
         raise BadInputError(
@@ -170,7 +179,15 @@ def compress(
     resolved_sparsity = parse_sparsity(sparsity)
     target_dir = Path(out_dir) if out_dir is not None else None
     _check_inputs(
-        source, method, target_dir, overwrite, pipeline, resolved_scheme, resolved_sparsity
+        source,
+        method,
+        target_dir,
+        overwrite,
+        pipeline,
+        resolved_scheme,
+        resolved_sparsity,
+        true_sequential,
+        propagate_error,
     )
     data = validate_source(dataset, samples=samples, seq_len=seq_len)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -221,6 +238,11 @@ def compress(
         true_sequential,
         report,
     )
+    if true_sequential and used != "sequential" and needs_data:
+        fallbacks.append(
+            f"true-sequential: {used} ran instead of sequential; it calibrates each target in "
+            "one stage"
+        )
     if target_dir is not None:
         recipe = Recipe(
             method,
