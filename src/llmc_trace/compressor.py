@@ -11,7 +11,6 @@ weight replaced by the result, so error propagation sees compressed outputs.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import weakref
@@ -32,20 +31,6 @@ logger = logging.getLogger(__name__)
 #: Methods that need calibration data (a Hessian); the others work from weights alone.
 DATA_METHODS = frozenset({"gptq", "sparsegpt"})
 METHODS = ("gptq", "rtn", "sparsegpt", "magnitude")
-
-
-def _on_host(quantized: QuantizedWeight) -> QuantizedWeight:
-    def host(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to("cpu")
-
-    return dataclasses.replace(
-        quantized,
-        weight=host(quantized.weight),
-        int_weight=host(quantized.int_weight),
-        scale=host(quantized.scale),
-        zero_point=host(quantized.zero_point),
-        g_idx=host(quantized.g_idx),
-    )
 
 
 @dataclass
@@ -170,7 +155,7 @@ class LayerCompressor:
             module.weight.data = pruned.weight.to(W.dtype)
             self.pruned.append(name)
             if pruned.quantized is not None:
-                self.quantized[name] = _on_host(pruned.quantized)
+                self.quantized[name] = pruned.quantized.integers_only()
             return pruned.loss
         if self.method == "magnitude":
             assert self.sparsity is not None
@@ -184,9 +169,11 @@ class LayerCompressor:
         raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
 
     def _store(self, name: str, module: torch.nn.Linear, quantized: QuantizedWeight) -> None:
+        assert quantized.weight is not None
         module.weight.data = quantized.weight.to(module.weight.dtype)
-        # kept until the checkpoint is written: on the host, or a GPU fills up layer by layer
-        self.quantized[name] = _on_host(quantized)
+        # kept until the checkpoint is written: integers only (the module holds the dense
+        # weight), on the host, or a GPU fills up layer by layer
+        self.quantized[name] = quantized.integers_only()
 
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:

@@ -220,9 +220,7 @@ def compress(
         batch_size,
         dtype_bytes=dtype_bytes,
         needs_data=needs_data,
-        kept_bytes_per_weight=0.0
-        if resolved_scheme is None
-        else 1.0 + (dtype_bytes if device.type != "cpu" else 0),
+        kept_bytes_per_weight=0.0 if resolved_scheme is None else 1.0,
     )
     plan = plan_memory(source, settings, ignore=ignore or None)
     chosen = plan.chosen if pipeline == "auto" else pipeline

@@ -118,3 +118,20 @@ def test_group_size_must_divide_the_input_width() -> None:
     with pytest.raises(SchemeError) as info:
         compute_qparams(torch.randn(4, 100), QuantizationArgs(group_size=64))
     assert "group_size" in str(info.value) and info.value.hint
+
+
+def test_a_compressor_keeps_integers_only_and_the_module_the_dense_weight() -> None:
+    """The checkpoint needs the grid values; a dense copy per layer would double host memory."""
+    from llmc_trace.compress import W4A16
+    from llmc_trace.compressor import LayerCompressor
+    from llmc_trace.pipelines.basic import run_data_free
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(layers=1, hidden=128)
+    compressor = LayerCompressor("rtn", W4A16)
+    targets = [m for n, m in model.named_modules() if compressor.is_target(n, m)]
+    run_data_free(model, targets, compressor)
+    assert len(compressor.quantized) == 7
+    for name, kept in compressor.quantized.items():
+        assert kept.weight is None and kept.int_weight.dtype == torch.int8
+        assert torch.equal(kept.dequantized(), model.get_submodule(name).weight.data)

@@ -84,8 +84,8 @@ def save_compressed(
 
     `quantized` maps module paths to their `QuantizedWeight`; each must be targeted by exactly
     one of `schemes` (by `targets` alone) and use that scheme's weight arguments, and its scales
-    must be in the model's dtype, so that the stored integers dequantize exactly to
-    `QuantizedWeight.weight`. Every other tensor, including pruned but unquantized weights, is
+    must be in the model's dtype, so that the stored integers dequantize exactly to the weight
+    they were computed from. Every other tensor, including pruned but unquantized weights, is
     written as it is in `model`. With `sparsity`, the config states the structure and the
     measured sparsity of those modules; their weights stay dense (see
     `llmc_trace.checkpoint.layout.quantization_config` for why).
@@ -254,10 +254,13 @@ def _checkpoint_tensors(
 def _global_sparsity(
     model: torch.nn.Module, quantized: Mapping[str, QuantizedWeight], modules: Sequence[str]
 ) -> float:
-    """Fraction of zeros over the weights of `modules`, as they will be stored."""
+    """Fraction of zeros over the weights of `modules`, as they will be stored (quantized ones
+    counted from their integers: what loads is what the integers dequantize to)."""
     zeros, total = 0, 0
     for name in modules:
-        weight = quantized[name].weight if name in quantized else model.get_submodule(name).weight
+        weight = (
+            quantized[name].dequantized() if name in quantized else model.get_submodule(name).weight
+        )
         zeros += int((weight == 0).sum().item())
         total += weight.numel()
     return round(zeros / total, 6) if total else 0.0

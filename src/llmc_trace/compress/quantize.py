@@ -38,14 +38,36 @@ class QuantizedWeight:
 
     Invariant: `weight == dequantize(int_weight, scale, zero_point, args, g_idx, weight.dtype)`
     exactly, so a checkpoint holding `int_weight`, `scale` and `zero_point` loads as `weight`.
+    `weight` is `None` in what a compressor keeps for the checkpoint (:meth:`integers_only`):
+    the dense copy lives in the module, and a second one per layer would cost a model's worth
+    of host memory on a GPU run.
     """
 
-    weight: torch.Tensor  # (out, in) dequantized, in the dtype of the weight it came from
+    weight: torch.Tensor | None  # (out, in) dequantized, in the dtype of the weight it came from
     int_weight: torch.Tensor  # (out, in) int8 in [args.qmin, args.qmax]
     scale: torch.Tensor  # (out, groups), (out, 1) for channel, (1,) for tensor; weight dtype
     zero_point: torch.Tensor  # int8, same shape as scale; all zeros when symmetric
     args: QuantizationArgs
     g_idx: torch.Tensor | None = None  # (in,) int32 group of each input column; actorder "group"
+
+    def integers_only(self, device: torch.device | str = "cpu") -> QuantizedWeight:
+        """What a checkpoint needs (integers, scales, zero points, group map) on `device`."""
+
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return QuantizedWeight(
+            None,
+            self.int_weight.to(device),
+            self.scale.to(device),
+            self.zero_point.to(device),
+            self.args,
+            moved(self.g_idx),
+        )
+
+    def dequantized(self) -> torch.Tensor:
+        """The dense weight the integers stand for, in the scale's dtype (the model's)."""
+        return dequantize(self.int_weight, self.scale, self.zero_point, self.args, self.g_idx)
 
 
 def compute_qparams(

@@ -122,7 +122,8 @@ def sparsegpt(
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
     quantized = grid.result(None, dtype) if grid is not None else None
-    weight = quantized.weight if quantized is not None else Q.to(dtype)
+    weight = Q.to(dtype) if quantized is None else quantized.weight
+    assert weight is not None  # a fresh result always carries its dense weight
     return SparseGPTResult(weight, pruned, quantized, loss.item(), factor.percdamp)
 
 

@@ -43,8 +43,8 @@ class RunSettings:
     hessian_bytes_per_column2: int = 4  # a float32 Hessian: cols² × 4 bytes per distinct input
     needs_data: bool = True
     #: Host bytes kept per compressed weight until the checkpoint is written: the int8 grid
-    #: values (scales add under 2 % at group 128). Compressing on a GPU keeps a host copy of
-    #: the dequantized weight too (add the dtype's bytes); pruning alone keeps nothing.
+    #: values (scales add under 2 % at group 128); the dense weight stays in its module, on a
+    #: GPU run too. Pruning alone keeps nothing.
     kept_bytes_per_weight: float = 1.0
 
 
