@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import tracing_models
-from llmc_trace.diagnose.failure import failure_from_exception
 from llmc_trace.diagnose.fixes import candidate_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.graph.partition import partition_trace
@@ -54,9 +53,7 @@ def model() -> patterns.EarlyReturn:
 
 def test_definition_is_the_last_candidate_and_replays_like_the_original(registered: type) -> None:
     original = model()
-    with pytest.raises(Exception) as info:
-        trace_graph(original, sample([1, 2, 2]), ["Block"])
-    failure = failure_from_exception(info.value)
+    failure = patterns.failure_of(original, sample([1, 2, 2]), ["Block"])
     candidates = candidate_fixes(failure, original)
     assert [f.kind for f in candidates] == ["autowrap", "definition"]
     assert candidates[0].refusal  # the early return cannot be autowrapped
@@ -101,9 +98,7 @@ def test_rwkv_without_its_definition_fails_where_it_writes_its_weights() -> None
 
     model = rwkv_twin()
     sample = make_sample(model.config, "text", SampleOptions())
-    with pytest.raises(Exception) as info:
-        trace_graph(model, sample, ["RwkvBlock"])
-    failure = failure_from_exception(info.value)
+    failure = patterns.failure_of(model, sample, ["RwkvBlock"])
     assert failure.kind == "weight_mutation"
     assert failure.location is not None and failure.location.file.endswith("modeling_rwkv.py")
     assert failure.location.function == "RwkvModel._rescale_layers"

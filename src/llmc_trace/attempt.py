@@ -162,21 +162,16 @@ def search_fixes(
         accepted = False
         for fix in candidate_fixes(failure, step.model):
             rewrites = [fix.rewrite] if fix.rewrite else []
-            if fix.refusal:
+            refusal = fix.refusal
+            if not refusal:
+                names = [n for f in applied for n in f.ignore] + list(fix.ignore)
+                try:
+                    trial, trial_step = run(names)
+                except BadInputError as err:  # the fix's own entry cannot be installed
+                    refusal = err.message
+            if refusal:
                 tried.append(
-                    FixAttempt(
-                        fix.description, list(fix.ignore), "refused", "", fix.refusal, rewrites
-                    )
-                )
-                continue
-            names = [n for f in applied for n in f.ignore] + list(fix.ignore)
-            try:
-                trial, trial_step = run(names)
-            except BadInputError as err:  # the fix's own entry cannot be installed
-                tried.append(
-                    FixAttempt(
-                        fix.description, list(fix.ignore), "refused", "", err.message, rewrites
-                    )
+                    FixAttempt(fix.description, list(fix.ignore), "refused", "", refusal, rewrites)
                 )
                 continue
             moved_on = trial.failure is not None and trial.failure.location != failure.location

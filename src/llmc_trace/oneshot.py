@@ -96,8 +96,8 @@ def _check_inputs(
     pipeline: str,
     scheme: QuantizationScheme | None,
     sparsity: Sparsity | None,
-    true_sequential: bool = False,
-    propagate_error: bool = True,
+    true_sequential: bool,
+    propagate_error: bool,
 ) -> None:
     if method not in METHODS:
         raise BadInputError(
@@ -213,12 +213,11 @@ def compress(
     )
     compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
     _check_targets(loaded, compressor, source.name)
-    dtype_bytes = next(loaded.parameters()).element_size()
     settings = RunSettings(
         samples,
         seq_len,
         batch_size,
-        dtype_bytes=dtype_bytes,
+        dtype_bytes=next(loaded.parameters()).element_size(),
         needs_data=needs_data,
         kept_bytes_per_weight=0.0 if resolved_scheme is None else 1.0,
     )
@@ -251,7 +250,7 @@ def compress(
             compressor.percdamp if needs_data else None,
             compressor.blocksize if needs_data else None,
             loaded.config._attn_implementation if needs_data else None,
-            true_sequential and propagate_error and used == "sequential" if needs_data else None,
+            true_sequential and used == "sequential" if needs_data else None,
         )
         save_compressed(
             loaded,

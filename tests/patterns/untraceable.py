@@ -6,8 +6,21 @@ the right kind, file, line, module path and origin chain for each.
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
+
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.tracing.trace import trace_graph
+
+
+def failure_of(model: nn.Module, sample: dict[str, Any], targets: list[str]) -> TraceFailure:
+    """Trace ``model``, which must fail, and return the failure as llmc-trace reports it."""
+    with pytest.raises(Exception) as info:
+        trace_graph(model, sample, sequential_targets=targets)
+    return failure_from_exception(info.value)
 
 
 class Block(nn.Module):

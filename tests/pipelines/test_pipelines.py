@@ -28,11 +28,14 @@ class Recorder:
     def on_subgraph_start(self, index, modules) -> None:
         for _, module in modules:
             if id(module) in self.targets:
-                key = self.targets[id(module)]
-                hook = lambda m, args, kwargs, key=key: self.seen.setdefault(key, []).append(
-                    args[0].clone()
-                )
+                hook = self._record(self.targets[id(module)])
                 self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _record(self, key: int):  # type: ignore[no-untyped-def]
+        def record(module, args, kwargs) -> None:  # type: ignore[no-untyped-def]
+            self.seen.setdefault(key, []).append(args[0].clone())
+
+        return record
 
     def on_calibrated(self, index, modules) -> None:
         for handle in self.handles:

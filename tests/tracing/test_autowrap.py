@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmc_trace.diagnose.failure import failure_from_exception
 from llmc_trace.diagnose.fixes import Fix, candidate_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.graph.partition import partition_trace
@@ -46,29 +45,28 @@ CASES = [
 ]
 
 
+each_case = pytest.mark.parametrize(
+    ("cls", "wrapped", "text", "kind", "grids"), CASES, ids=lambda v: getattr(v, "__name__", None)
+)
+
+
 def build(cls: type, wrapped: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     return (patterns.Wrapper(cls()) if wrapped else cls()).eval()
 
 
 def autowrap_fix_for(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Fix:
-    with pytest.raises(Exception) as info:
-        trace_graph(model, batch, sequential_targets=["Block"])
-    failure = failure_from_exception(info.value)
+    failure = patterns.failure_of(model, batch, ["Block"])
     [fix] = [f for f in candidate_fixes(failure, model) if f.kind == "autowrap"]
     return fix
 
 
-@pytest.mark.parametrize(
-    ("cls", "wrapped", "text", "kind", "grids"), CASES, ids=lambda v: getattr(v, "__name__", None)
-)
+@each_case
 def test_statement_in_forward_fails_where_written(
     cls: type, wrapped: bool, text: str, kind: str, grids: tuple[list[int], ...]
 ) -> None:
     model = build(cls, wrapped)
-    with pytest.raises(Exception) as info:
-        trace_graph(model, sample(grids[0]), sequential_targets=["Block"])
-    failure = failure_from_exception(info.value)
+    failure = patterns.failure_of(model, sample(grids[0]), ["Block"])
     assert failure.kind == kind
     assert failure.location is not None
     assert failure.location.abs_file == inspect.getsourcefile(cls)
@@ -79,9 +77,7 @@ def test_statement_in_forward_fails_where_written(
     assert [f.kind for f in candidate_fixes(failure, model)] == ["autowrap"]
 
 
-@pytest.mark.parametrize(
-    ("cls", "wrapped", "text", "kind", "grids"), CASES, ids=lambda v: getattr(v, "__name__", None)
-)
+@each_case
 def test_autowrap_traces_and_replays_like_eager(
     cls: type, wrapped: bool, text: str, kind: str, grids: tuple[list[int], ...]
 ) -> None:

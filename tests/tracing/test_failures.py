@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from llmc_trace.diagnose.failure import KINDS, failure_from_exception
+from llmc_trace.diagnose.failure import KINDS
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
 
@@ -22,9 +22,7 @@ def line_of(cls: type, text: str) -> int:
 def fail(cls: type) -> object:
     model = patterns.Wrapper(cls()).eval()
     sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}
-    with pytest.raises(Exception) as info:
-        trace_graph(model, sample, sequential_targets=["Block"])
-    return failure_from_exception(info.value)
+    return patterns.failure_of(model, sample, ["Block"])
 
 
 @pytest.mark.parametrize(

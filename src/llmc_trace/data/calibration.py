@@ -72,7 +72,8 @@ def load_calibration(
     joined with eos and cut into full windows) or truncated (one sample per text). Rows, texts
     or stream windows are visited in an order drawn from `seed`, or in file order with
     `shuffle=False`. A token array needs no tokenizer (its ids are checked against the
-    tokenizer's vocabulary, else against `vocab_size` when given) and is used as is: `pack`, `column`, `split` and `subset` do not apply to it.
+    tokenizer's vocabulary, else against `vocab_size` when given) and is used as is: `pack`,
+    `column`, `split` and `subset` do not apply to it.
 
     Raises `DataError` (with a `hint`) for any bad source, and before tokenising wherever the
     problem is visible without it.

@@ -23,9 +23,7 @@ tower's Linear layers now sit in one subgraph.
 
 from __future__ import annotations
 
-import dataclasses
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -138,5 +136,5 @@ def candidate_fixes(failure: TraceFailure, model: torch.nn.Module) -> list[Fix]:
     candidates = [opaque_fix(failure, model), autowrap_fix(failure, model)]
     fixes = [fix for fix in candidates if fix is not None]
     if failure.kind == "weight_mutation":
-        fixes = [dataclasses.replace(fix, refusal=WEIGHT_WRITE_REFUSAL) for fix in fixes]
+        fixes = [replace(fix, refusal=WEIGHT_WRITE_REFUSAL) for fix in fixes]
     return fixes + definition_fixes(model)

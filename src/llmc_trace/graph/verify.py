@@ -6,9 +6,10 @@ keeps an intermediates dict exactly as a calibration pipeline would, dropping ea
 here rather than as a crash (or silently stale data) halfway through a calibration run.
 
 The replay runs first, on the weights the trace saw, since an eager forward may change the
-model it runs. Both runs start from the same random state (in a forked RNG, so the caller's is untouched):
-some models draw random numbers in eval mode on purpose (SpeechT5's decoder prenet keeps its
-dropout on), and a replay that draws them in the eager order must reproduce them exactly.
+model it runs (RWKV rescales its weights on its first call). Both runs start from the same
+random state, in a forked RNG so the caller's is untouched: some models draw random numbers in
+eval mode on purpose (SpeechT5's decoder prenet keeps its dropout on), and a replay that draws
+them in the eager order must reproduce them exactly.
 """
 
 from __future__ import annotations
@@ -114,9 +115,7 @@ def verify_subgraphs(
                 f"subgraph {subgraph.index} holds {len(subgraph.targets)} targets "
                 f"({', '.join(subgraph.targets)}), more than {targets_per_subgraph}"
             )
-    # the replay runs first, on the weights the trace saw: a forward may change the model it
-    # runs (RWKV rescales its weights on its first eager call)
-    actual: Any = None
+    actual: Any = None  # the replay runs first (see the module docstring)
     replay_error: Exception | None = None
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -17,6 +17,7 @@ import torch
 from transformers import PretrainedConfig
 
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.build import model_class
 
 MODALITIES = ("text", "image", "video", "audio")
 
@@ -59,8 +60,6 @@ def supported_modalities(config: PretrainedConfig) -> list[str]:
 def requires_pixels(config: PretrainedConfig) -> bool:
     """Models whose forward cannot run without an image (InstructBLIP's Q-Former reads one
     for every prompt): a text-only sample is not an input they accept."""
-    from llmc_trace.models.build import model_class  # build imports this module's users
-
     try:
         forward = model_class(config, config.model_type).forward
     except BadInputError:
@@ -141,6 +140,23 @@ def random_tokens(
     return tokens
 
 
+def decoder_length(options: SampleOptions, limit: int | None = None) -> int:
+    """Decoder positions of an encoder-decoder sample: half the text length (at least 2), or
+    the text length up to the decoder's ``limit`` for a speech recogniser's transcript."""
+    if limit is None:
+        return max(2, options.seq_len // 2)
+    return max(2, min(options.seq_len, limit))
+
+
+def decoder_tokens(
+    config: PretrainedConfig,
+    options: SampleOptions,
+    generator: torch.Generator,
+    limit: int | None = None,
+) -> torch.Tensor:
+    return random_tokens(config, (options.batch_size, decoder_length(options, limit)), generator)
+
+
 def text_sample(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
 ) -> dict[str, Any]:
@@ -150,10 +166,7 @@ def text_sample(
         "attention_mask": torch.ones(shape, dtype=torch.long),
     }
     if getattr(config, "is_encoder_decoder", False):
-        decoder_len = max(2, options.seq_len // 2)
-        sample["decoder_input_ids"] = random_tokens(
-            config, (options.batch_size, decoder_len), generator
-        )
+        sample["decoder_input_ids"] = decoder_tokens(config, options, generator)
     return sample
 
 
@@ -208,7 +221,7 @@ def dia_text(
     ``decoder_input_ids`` is (batch, frames, channels), below the decoder's special ids."""
     sample = text_sample(config, options, generator)
     decoder = config.decoder_config
-    frames = max(2, options.seq_len // 2)
+    frames = decoder_length(options)
     high = min(
         i
         for i in (
@@ -231,7 +244,7 @@ def speecht5_text(
 ) -> dict[str, Any]:
     """Text-to-speech: text for the encoder; for the decoder, the mel frames spoken so far
     (batch, frames, mel bins) and a speaker x-vector, as its generation loop feeds them."""
-    frames = max(2, options.seq_len // 2)
+    frames = decoder_length(options)
     return {
         **text_sample(config, options, generator),
         "decoder_input_values": torch.randn(
@@ -250,10 +263,11 @@ def whisper_audio(
 ) -> dict[str, Any]:
     frames = 2 * config.max_source_positions  # the encoder's two stride-2 convolutions halve it
     features = torch.randn(options.batch_size, config.num_mel_bins, frames, generator=generator)
-    decoder_len = max(2, min(options.seq_len, config.max_target_positions))
     return {
         "input_features": features,
-        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+        "decoder_input_ids": decoder_tokens(
+            config, options, generator, config.max_target_positions
+        ),
     }
 
 
@@ -264,11 +278,12 @@ def speech_to_text_audio(
     """Filter-bank frames, as the feature extractor makes them: (batch, frames, features)."""
     frames = 4 * max(8, min(options.seq_len, 64))  # the subsampler's stride-2 convs shorten it
     width = config.input_feat_per_channel * config.input_channels
-    decoder_len = max(2, min(options.seq_len, config.max_target_positions))
     return {
         "input_features": torch.randn(options.batch_size, frames, width, generator=generator),
         "attention_mask": torch.ones(options.batch_size, frames, dtype=torch.long),
-        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+        "decoder_input_ids": decoder_tokens(
+            config, options, generator, config.max_target_positions
+        ),
     }
 
 
@@ -277,10 +292,11 @@ def moonshine_audio(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
 ) -> dict[str, Any]:
     """One second of raw 16 kHz waveform, as Moonshine's processor passes it."""
-    decoder_len = max(2, min(options.seq_len, config.max_position_embeddings))
     return {
         "input_values": 0.1 * torch.randn(options.batch_size, 16000, generator=generator),
-        "decoder_input_ids": random_tokens(config, (options.batch_size, decoder_len), generator),
+        "decoder_input_ids": decoder_tokens(
+            config, options, generator, config.max_position_embeddings
+        ),
     }
 
 
@@ -369,26 +385,22 @@ def instructblip_image(
     model), and ``num_query_tokens`` image tokens that the Q-Former's outputs replace."""
     vision = config.vision_config
     side = vision.image_size
-    middle = [token_id(config, "image_token_id", "image_token_index")] * config.num_query_tokens
-    sample: dict[str, Any] = with_placeholders(config, options, generator, [])
-    text = sample["input_ids"]
-    sample["input_ids"] = torch.cat(
-        [torch.tensor([middle] * options.batch_size, dtype=torch.long), text], dim=1
-    )
-    sample["attention_mask"] = torch.ones_like(sample["input_ids"])
-    qformer_vocab = config.qformer_config.vocab_size
-    sample["qformer_input_ids"] = torch.randint(
-        1, qformer_vocab, tuple(text.shape), generator=generator
-    )
-    sample["qformer_attention_mask"] = torch.ones_like(text)
-    sample["pixel_values"] = torch.randn(
-        options.batch_size, vision.num_channels, side, side, generator=generator
-    )
+    queries = [token_id(config, "image_token_id", "image_token_index")] * config.num_query_tokens
+    text = random_tokens(config, (options.batch_size, options.seq_len), generator)
+    input_ids = torch.cat([torch.tensor([queries] * options.batch_size), text], dim=1)
+    sample: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "qformer_input_ids": torch.randint(
+            1, config.qformer_config.vocab_size, tuple(text.shape), generator=generator
+        ),
+        "qformer_attention_mask": torch.ones_like(text),
+        "pixel_values": torch.randn(
+            options.batch_size, vision.num_channels, side, side, generator=generator
+        ),
+    }
     if not config.use_decoder_only_language_model:
-        decoder_len = max(2, options.seq_len // 2)
-        sample["decoder_input_ids"] = random_tokens(
-            config, (options.batch_size, decoder_len), generator
-        )
+        sample["decoder_input_ids"] = decoder_tokens(config, options, generator)
     return sample
 
 

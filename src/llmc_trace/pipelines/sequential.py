@@ -135,7 +135,7 @@ def _stages(
     callbacks: Callbacks,
 ) -> list[list[tuple[str, torch.nn.Module]]]:
     """The subgraph's wanted layers in dependency stages, from a dry run on the first batch;
-    the modules nobody wants go with every stage (their hooks, if any, are the callbacks')."""
+    one stage of all its modules when the layers do not depend on each other."""
     layers = [(name, module) for name, module in named if callbacks.wants([(name, module)])]
 
     def run_once() -> None:

@@ -8,7 +8,8 @@ for every sample (masks, rotary tables) are counted once, as the caches store th
 
 Inside a sequential target the graph is opaque, so a decoder layer's working memory comes from
 its config: eager attention scores (``B·H·S²`` in float32 plus a copy in the model dtype) and
-the MLP's intermediate activations.
+the MLP's intermediate activations. ``compress`` calibrates with sdpa by default, which holds
+no score matrix, so there the scores term is an upper bound.
 
 The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
 float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one), found by

@@ -110,8 +110,9 @@ def repeated_block_classes(model: torch.nn.Module, towers: set[str]) -> list[str
 
     A stack is a ``ModuleList`` of two or more modules of one class, outside every tower,
     whose class is the model's own (not a bare ``torch.nn`` layer such as a prenet's Linear
-    list) and holds a weight matrix to compress (a Linear, or GPT's transposed Conv1D). An encoder-decoder stacks two classes (SpeechT5's
-    encoder and decoder layers) and both are targets.
+    list) and holds a weight matrix to compress (a Linear, or GPT's transposed Conv1D). An
+    encoder-decoder stacks two classes (SpeechT5's encoder and decoder layers): both are
+    targets.
     """
     found: list[str] = []
     for path, module in model.named_modules():

@@ -520,7 +520,7 @@ class LlmcTracer(fx.Tracer):
             fields = {key: self.create_arg(value) for key, value in a.items()}
             class_path = f"{type(a).__module__}.{type(a).__qualname__}"
             return self.create_node("call_function", build_model_output, (class_path, fields), {})
-        if id(a) in self._object_paths and not isinstance(a, (int, float, str, bool, type(None))):
+        if id(a) in self._object_paths:  # never a literal: those are left out of the paths
             return self.create_node("get_attr", self._object_paths[id(a)], (), {})
         return super().create_arg(a)
 
