@@ -4,7 +4,10 @@ The README's results table: the trained refmodel (``/work/shared/refmodel``), ca
 ``--samples`` rows of 512 tokens from its ``calib.npy`` (seed 0) and evaluated on all of
 ``eval.npy``, one row per setting: GPTQ W4A16 (4-bit, group 128, symmetric), 3-bit group 128
 and 2-bit group 64 against round-to-nearest (RTN) at the same setting, and SparseGPT 50 % and
-2:4 against magnitude pruning; the fp perplexity is measured in the same run.
+2:4 against magnitude pruning; the fp perplexity is measured in the same run. GPTQ runs as
+``compress`` runs it by default (the algorithm llm-compressor runs); the "refined" rows add
+coordinate-descent refinement (``--refine-passes 20``) and the "true-sequential" rows staged
+calibration, both opt-in.
 
 Beside it, llm-compressor's GPTQ (``benchmarks/_reference/gptq_llmcompressor.py`` in
 ``benchmarks/.venv-llmc``) runs on the same model and the very token rows llmc-trace calibrated
@@ -72,17 +75,25 @@ class Setting:
     group_size: int | None = None
     sparsity: str | None = None
     true_sequential: bool = False
+    refine_passes: int | None = None  # None: compress's default (no refinement)
+
+    @property
+    def is_variant(self) -> bool:
+        """A variant of a row above it (refined or true-sequential), compared with the same
+        llm-compressor runs as that row."""
+        return self.true_sequential or self.refine_passes is not None
 
     @property
     def has_reference(self) -> bool:
-        """Whether llm-compressor's GPTQ runs beside ours (W4A16 and 3-bit group 128); the
-        true-sequential rows are compared with the same runs of theirs."""
-        return self.method == "gptq" and self.bits in (3, 4) and not self.true_sequential
+        """Whether llm-compressor's GPTQ runs beside ours (W4A16 and 3-bit group 128)."""
+        return self.method == "gptq" and self.bits in (3, 4) and not self.is_variant
 
 
 SETTINGS = (
     Setting("W4A16 (4-bit g128 sym)", "gptq", "rtn", bits=4, group_size=128),
     Setting("3-bit g128", "gptq", "rtn", bits=3, group_size=128),
+    Setting("W4A16, refined", "gptq", "rtn", bits=4, group_size=128, refine_passes=20),
+    Setting("3-bit g128, refined", "gptq", "rtn", bits=3, group_size=128, refine_passes=20),
     Setting("W4A16, true-sequential", "gptq", "rtn", bits=4, group_size=128, true_sequential=True),
     Setting(
         "3-bit g128, true-sequential", "gptq", "rtn", bits=3, group_size=128, true_sequential=True
@@ -120,6 +131,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
     before_peak = peak_rss_since_reset()  # imports' peak, lost by the reset below
     before = reset_peak_rss()
     start = time.perf_counter()
+    options = {} if spec["refine_passes"] is None else {"refine_passes": spec["refine_passes"]}
     result = compress(
         model_dir,
         dataset=model_dir / "calib.npy",
@@ -132,6 +144,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         attn_implementation=ATTENTION,
         true_sequential=spec["true_sequential"],
         progress=note_pipeline_start,
+        **options,
     )
     end = time.perf_counter()
     peak = peak_rss_since_reset()
@@ -240,6 +253,7 @@ def run_ours(
         "group_size": setting.group_size,
         "sparsity": setting.sparsity,
         "true_sequential": setting.true_sequential,
+        "refine_passes": setting.refine_passes,
         "samples": samples,
         "evaluate": evaluate,
     }
@@ -373,7 +387,7 @@ def print_results(rows: list[Row], fp_ppl: float, repeat: int) -> None:
             f"| {ratio_text(ours_bytes, theirs_bytes)} |"
         )
     print("\nDetails (medians over runs):")
-    for row in (r for r in compared if not r.setting.true_sequential):
+    for row in (r for r in compared if not r.setting.is_variant):
         label = row.setting.label
         pipeline_s = values(row.ours, "pipeline_s")
         if pipeline_s:
@@ -452,7 +466,7 @@ def main() -> None:
                 if reference and setting.has_reference:
                     save = Path(folder) / f"theirs_{setting.bits}bit.pt" if index == 0 else None
                     theirs.append(run_theirs(model_dir, setting, calib_rows, save))
-            if setting.true_sequential:  # the same llm-compressor runs as its plain row
+            if setting.is_variant:  # the same llm-compressor runs as its plain row
                 theirs = next(
                     (
                         r.theirs

@@ -63,6 +63,7 @@ def test_true_sequential_calibrates_in_stages_and_says_so(
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
     assert recipe["calibration"]["true_sequential"] is True
     assert recipe["calibration"]["attn_implementation"] == "sdpa"
+    assert recipe["refine_passes"] == 0
     plain = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
     o_proj = "model.layers.0.self_attn.o_proj"
     assert [r.loss for r in result.layers if r.name == o_proj] != [
@@ -97,6 +98,7 @@ def test_interrupted_write_leaves_no_folder(
         ({"scheme": W4A16.__class__("none", W4A16.weights, targets=("Conv2d",))}, "scheme"),
         ({"true_sequential": True, "pipeline": "basic"}, "true_sequential"),
         ({"true_sequential": True, "propagate_error": False}, "true_sequential"),
+        ({"refine_passes": -1}, "refine_passes"),
     ],
 )
 def test_bad_input_fails_before_heavy_work(

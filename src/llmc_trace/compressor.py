@@ -62,6 +62,7 @@ class LayerCompressor:
     sparsity: Sparsity | None = None
     blocksize: int = 128
     percdamp: float = 0.01
+    refine_passes: int = 0
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     pruned: list[str] = field(default_factory=list)
     results: list[LayerResult] = field(default_factory=list)
@@ -140,7 +141,14 @@ class LayerCompressor:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
         if self.method == "gptq":
             assert args is not None and H is not None
-            result = gptq(W, H, args, blocksize=self.blocksize, percdamp=self.percdamp)
+            result = gptq(
+                W,
+                H,
+                args,
+                blocksize=self.blocksize,
+                percdamp=self.percdamp,
+                refine_passes=self.refine_passes,
+            )
             self._store(name, module, result.quantized)
             return result.loss
         if self.method == "rtn":

@@ -98,6 +98,7 @@ def _check_inputs(
     sparsity: Sparsity | None,
     true_sequential: bool,
     propagate_error: bool,
+    refine_passes: int,
 ) -> None:
     if method not in METHODS:
         raise BadInputError(
@@ -115,6 +116,12 @@ def _check_inputs(
             f"(got pipeline {pipeline!r}{', no propagation' if not propagate_error else ''}).",
             hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
             param="true_sequential",
+        )
+    if refine_passes < 0:
+        raise BadInputError(
+            f"refine passes must be 0 or more (got {refine_passes}).",
+            hint="Pass --refine-passes 0 for GPTQ without refinement, or a positive limit.",
+            param="refine_passes",
         )
     if method in ("sparsegpt", "magnitude") and sparsity is None:
         raise BadInputError(
@@ -153,6 +160,7 @@ def compress(
     pipeline: str = "auto",
     propagate_error: bool = True,
     true_sequential: bool = False,
+    refine_passes: int = 0,
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
     device: torch.device | None = None,
@@ -170,7 +178,9 @@ def compress(
     architectures without it fall back to ``eager``. ``true_sequential`` calibrates each
     subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then down), each on
     inputs from the stages before it already compressed; the sequential pipeline only, about
-    1.5x the calibration time.
+    1.5x the calibration time. ``refine_passes``: at most this many passes of coordinate
+    descent after each GPTQ sweep (`llmc_trace.compress.refine`; it stops once no integer can
+    move); 0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`).
     """
     start = time.perf_counter()
     report = progress or (lambda description, done, total: None)
@@ -188,6 +198,7 @@ def compress(
         resolved_sparsity,
         true_sequential,
         propagate_error,
+        refine_passes,
     )
     data = validate_source(dataset, samples=samples, seq_len=seq_len)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -211,7 +222,9 @@ def compress(
         batch_size=batch_size,
         vocab_size=loaded.get_input_embeddings().num_embeddings,
     )
-    compressor = LayerCompressor(method, resolved_scheme, resolved_sparsity)
+    compressor = LayerCompressor(
+        method, resolved_scheme, resolved_sparsity, refine_passes=refine_passes
+    )
     _check_targets(loaded, compressor, source.name)
     settings = RunSettings(
         samples,
@@ -251,6 +264,7 @@ def compress(
             compressor.blocksize if needs_data else None,
             loaded.config._attn_implementation if needs_data else None,
             true_sequential and used == "sequential" if needs_data else None,
+            refine_passes if method == "gptq" else None,
         )
         save_compressed(
             loaded,

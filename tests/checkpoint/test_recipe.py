@@ -43,7 +43,7 @@ def test_recipe_is_yaml_that_states_what_was_done() -> None:
     }
     assert first["ignore"][0] == "lm_head" and first["targets"] == ["Linear"]
     assert second["input_activations"] == {"num_bits": 8, "symmetric": True}
-    assert parsed["percdamp"] is None
+    assert parsed["percdamp"] is None and parsed["refine_passes"] is None
 
 
 def test_recipe_without_schemes_or_sparsity() -> None:

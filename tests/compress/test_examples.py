@@ -11,6 +11,7 @@ MODULES = [
     "llmc_trace.compress.scheme",
     "llmc_trace.compress.hessian",
     "llmc_trace.compress.gptq",
+    "llmc_trace.compress.refine",
     "llmc_trace.checkpoint.pack",
     "llmc_trace.checkpoint.writer",
 ]

@@ -185,9 +185,12 @@ def test_gptq_on_cuda_matches_cpu(problem: tuple[torch.Tensor, torch.Tensor]) ->
     W, X = problem
     H = hessian(X)
     args = dataclasses.replace(ARGS[0], actorder="static")
-    cpu = gptq(W, H, args)
-    cuda = gptq(W.cuda(), H.cuda(), args)
-    assert cuda.quantized.weight.device.type == "cuda"
-    assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2)
-    mismatched = (cuda.quantized.int_weight.cpu() != cpu.quantized.int_weight).float().mean()
-    assert mismatched < 1e-3  # float reductions differ; rounding ties may flip a few weights
+    for refine_passes, at_most in ((0, 1e-3), (20, 1e-2)):
+        cpu = gptq(W, H, args, refine_passes=refine_passes)
+        cuda = gptq(W.cuda(), H.cuda(), args, refine_passes=refine_passes)
+        assert cuda.quantized.weight.device.type == "cuda"
+        assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2)
+        mismatched = (cuda.quantized.int_weight.cpu() != cpu.quantized.int_weight).float().mean()
+        # float reductions differ, so rounding ties may flip a few weights; the descent then
+        # starts from a slightly different point and may settle a few more elsewhere
+        assert mismatched < at_most

@@ -30,6 +30,7 @@ class Recipe:
     blocksize: int | None = None
     attn_implementation: str | None = None
     true_sequential: bool | None = None
+    refine_passes: int | None = None
 
 
 def render_recipe(
@@ -74,6 +75,7 @@ def render_recipe(
         lines.append(f"  {key}: {_yaml_value(getattr(recipe, key))}")
     lines.append(f"percdamp: {_yaml_value(recipe.percdamp)}")
     lines.append(f"blocksize: {_yaml_value(recipe.blocksize)}")
+    lines.append(f"refine_passes: {_yaml_value(recipe.refine_passes)}")
     return "\n".join(lines) + "\n"
 
 

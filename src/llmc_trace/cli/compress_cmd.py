@@ -70,6 +70,13 @@ from llmc_trace.cli.options import SHOW_DEFAULT
     is_flag=True,
     help="Calibrate each layer's projections in dependency stages (sequential pipeline).",
 )
+@click.option(
+    "--refine-passes",
+    default=0,
+    **SHOW_DEFAULT,
+    type=click.IntRange(0),
+    help="GPTQ: refine by coordinate descent, at most this many passes (e.g. 20).",
+)
 @click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
 @click.option(
     "--attn-implementation",
@@ -94,6 +101,7 @@ def compress(
     pipeline: str,
     no_propagate: bool,
     true_sequential: bool,
+    refine_passes: int,
     seed: int,
     attn_implementation: str,
     overwrite: bool,
@@ -121,6 +129,7 @@ def compress(
             pipeline=pipeline,
             propagate_error=not no_propagate,
             true_sequential=true_sequential,
+            refine_passes=refine_passes,
             overwrite=overwrite,
             attn_implementation=attn_implementation,
             progress=progress,

@@ -1,7 +1,8 @@
 """GPTQ: quantize a linear layer's weight column by column, compensating each rounding error.
 
 Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training Quantization for Generative
-Pre-trained Transformers", 2022, https://arxiv.org/abs/2210.17323 (Algorithm 1, section 3).
+Pre-trained Transformers", 2022, https://arxiv.org/abs/2210.17323 (Algorithm 1, section 3),
+followed by coordinate-descent refinement of the integers it chose (`llmc_trace.compress.refine`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from llmc_trace.compress.grid import SweepGrid
 from llmc_trace.compress.hessian import inverse_factor
 from llmc_trace.compress.quantize import QuantizedWeight
+from llmc_trace.compress.refine import Refinement, coordinate_descent
 from llmc_trace.compress.scheme import QuantizationArgs
 
 
@@ -22,10 +24,12 @@ class GPTQResult:
 
     quantized: QuantizedWeight
     loss: float
-    """Sum over columns of err^2 / 2, the paper's objective: equal to
-    ||(W - Q) X^T||^2 / n_tokens + (damp / 2) ||W - Q||^2 for the inputs X that built H."""
+    """||(W - Q) X^T||^2 / n_tokens + (damp / 2) ||W - Q||^2 for the inputs X that built H:
+    the paper's objective (the sum over columns of err^2 / 2), after refinement if any."""
     percdamp: float
     """Damping that made H factorisable (the requested one unless it had to be raised)."""
+    refinement: Refinement | None = None
+    """What the coordinate descent after the sweep did; None when it was not asked for."""
 
 
 def gptq(
@@ -36,6 +40,7 @@ def gptq(
     blocksize: int = 128,
     percdamp: float = 0.01,
     static_groups: bool = True,
+    refine_passes: int = 0,
 ) -> GPTQResult:
     """Quantize `W` (out, in) to `args`' grid, minimising the layer's output error under `H`.
 
@@ -69,6 +74,14 @@ def gptq(
     layers); pass `static_groups=False` for them. `tests/compress/test_gptq.py` checks both
     directions. With `actorder="static"` groups are always fitted up front.
 
+    `refine_passes` > 0 then runs `coordinate_descent` on the same objective, from the sweep's
+    integers, for at most that many passes (it stops earlier when no integer can move; the
+    reference model's layers settle in 3 to 10). On the reference model's 42 layers it lowers
+    the objective by 4-5 % at 3 and 4 bits and the error on held-out rows of every layer
+    checked, yet the model's perplexity does not follow: over 10 calibration draws at 3-bit
+    group 128 the mean change is +0.003 (5 draws better, 4 worse, 1 equal), at 4 bits +0.003
+    over 8, so the default, 0, is the paper's GPTQ alone, as llm-compressor runs it.
+
     >>> from llmc_trace.compress import rtn
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(8, 256), torch.randn(512, 256)  # weight (out, in), inputs (tokens, in)
@@ -81,6 +94,7 @@ def gptq(
     True
     """
     dtype = W.dtype
+    weight = W
     W = W.float().clone()  # (out, in)
     H = H.to(W.device)
     perm = torch.argsort(torch.diag(H), descending=True) if args.actorder else None
@@ -111,4 +125,16 @@ def gptq(
             Err1[:, i] = err
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
-    return GPTQResult(grid.result(perm, dtype), loss.item(), factor.percdamp)
+    if not refine_passes:
+        return GPTQResult(grid.result(perm, dtype), loss.item(), factor.percdamp)
+    # the descent needs the original weight and the damped H itself, not the sweep's state
+    percdamp, dead = factor.percdamp, factor.dead
+    del W, W1, Err1
+    H_damped = factor.damped(H)
+    del H, H_inv, factor
+    W = weight.to(torch.float32, copy=True)
+    if perm is not None:
+        W = W[:, perm]
+    W[:, dead] = 0
+    refined = coordinate_descent(W, H_damped, grid, max_passes=refine_passes, blocksize=blocksize)
+    return GPTQResult(grid.result(perm, dtype), refined.loss, percdamp, refined)

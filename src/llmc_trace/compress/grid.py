@@ -68,6 +68,7 @@ class SweepGrid:
         else:
             group_of = position // self.group_size
         self.group_of: list[int] = group_of.tolist()  # group of each sweep position
+        self._group_index = group_of
 
         if self.fits_in_sweep:
             rows, groups = out_features, num_groups(in_features, args)
@@ -109,6 +110,34 @@ class SweepGrid:
         q = round_to_grid(w, s, z, self.args)
         self.int_weight[:, column] = q.to(torch.int8)
         return (q - z) * s
+
+    def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 scales and zero points of the sweep positions `columns`, each (out, k);
+        (1, k) for a per-tensor scale, which broadcasts."""
+        groups = self._group_index[columns]
+        return self.scale[:, groups].float(), self.zero_point[:, groups].float()
+
+    def dequantized(self, columns: torch.Tensor) -> torch.Tensor:
+        """The chosen integers of the sweep positions `columns`, dequantized, (out, k) float32."""
+        s, z = self.qparams(columns)
+        return (self.int_weight[:, columns].float() - z) * s
+
+    def nearer(self, columns: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Integers of the grid points nearest `target` (out, k) at the sweep positions
+        `columns`, but only where strictly nearer than the chosen ones (elsewhere the chosen
+        ones): a move that does not lower the distance is never made, so a descent that moves
+        by this rule cannot cycle."""
+        s, z = self.qparams(columns)
+        chosen = self.int_weight[:, columns].float()
+        nearest = round_to_grid(target, s, z, self.args)
+        closer = ((nearest - z) * s - target).abs() < ((chosen - z) * s - target).abs()
+        return torch.where(closer, nearest, chosen)
+
+    def set(self, column: int, integers: torch.Tensor) -> torch.Tensor:
+        """Choose `integers` (out,) at sweep position `column`; return them dequantized."""
+        self.int_weight[:, column] = integers.to(torch.int8)
+        group = self.group_of[column]
+        return (integers - self.zero_point[:, group].float()) * self.scale[:, group].float()
 
     def result(self, perm: torch.Tensor | None, dtype: torch.dtype) -> QuantizedWeight:
         """The integers chosen, back in input order, with their scales, as a `QuantizedWeight`."""

@@ -77,6 +77,12 @@ class InverseFactor:
     H_inv: torch.Tensor  # (in, in) upper triangular, float32
     dead: torch.Tensor  # (in,) bool: columns whose inputs were always zero
     percdamp: float  # damping actually used, as a fraction of mean(diag(H))
+    damping: float  # the same as the amount added to the diagonal
+
+    def damped(self, H: torch.Tensor) -> torch.Tensor:
+        """The matrix whose inverse `H_inv` factors: `H` (not modified) with dead columns'
+        diagonal set to 1 and the damping added, in float32."""
+        return _damped_copy(H, self.dead, self.damping)
 
 
 def inverse_factor(
@@ -110,7 +116,7 @@ def inverse_factor(
                 percdamp,
                 damp,
             )
-        return InverseFactor(H_inv=H_inv, dead=dead, percdamp=damp)
+        return InverseFactor(H_inv=H_inv, dead=dead, percdamp=damp, damping=damp * mean_diag)
     raise HessianError(
         f"the Hessian could not be factorised even with "
         f"percdamp={percdamp * 10 ** (max_attempts - 1):g}.",

@@ -1,0 +1,65 @@
+"""``llmc-trace compress``: the options reach the checkpoint, bad values exit 2 before any work."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from llmc_trace.cli.compress_cmd import compress as compress_command
+from llmc_trace.cli.main import cli
+from llmc_trace.oneshot import compress
+from tests.conftest import tiny_llama
+
+
+@pytest.fixture
+def saved_llama(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "tiny"
+    tiny_llama(layers=1, hidden=128).save_pretrained(folder)
+    tokens = np.random.default_rng(0).integers(0, 128, size=(8, 32)).astype(np.int32)
+    np.save(tmp_path / "calib.npy", tokens)
+    return folder, tmp_path / "calib.npy"
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--quiet", *args], env={"COLUMNS": "120", "NO_COLOR": "1"})
+    return result.exit_code, result.output
+
+
+def test_refine_passes_reach_the_recipe_and_change_the_integers(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    common = ["compress", "-m", str(folder), "-d", str(data), "--samples", "8", "--seq-len", "32"]
+    weights = {}
+    for passes in ("0", "20"):
+        out = tmp_path / f"out{passes}"
+        code, output = invoke(*common, "-o", str(out), "--refine-passes", passes)
+        assert code == 0, output
+        assert yaml.safe_load((out / "recipe.yaml").read_text())["refine_passes"] == int(passes)
+        weights[passes] = load_file(out / "model.safetensors")
+    packed = [name for name in weights["0"] if name.endswith("weight_packed")]
+    assert packed and any((weights["0"][n] != weights["20"][n]).any() for n in packed)
+    assert all((weights["0"][n] == weights["20"][n]).all() for n in weights["0"] if "scale" in n)
+
+
+def test_negative_refine_passes_exit_2_before_loading(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    code, output = invoke(
+        "compress", "-m", str(folder), "-d", str(data), "-o", str(out), "--refine-passes", "-1"
+    )
+    assert code == 2 and "--refine-passes" in output
+    assert not out.exists()
+
+
+def test_the_default_is_the_library_default() -> None:
+    option = next(p for p in compress_command.params if p.name == "refine_passes")
+    assert option.default == inspect.signature(compress).parameters["refine_passes"].default
