@@ -1,8 +1,8 @@
 """Compare the perplexity, seconds and memory of llmc-trace's compressors on the reference model.
 
 The README's results table: the trained refmodel (``/work/shared/refmodel``), calibrated on
-``--samples`` rows of 512 tokens from its ``calib.npy`` (seed 0) and evaluated on all of
-``eval.npy``, one row per setting: GPTQ W4A16 (4-bit, group 128, symmetric), 3-bit group 128
+``--samples`` rows of 512 tokens drawn from its ``calib.npy`` (``--seed``, default 0) and
+evaluated on all of ``eval.npy``, one row per setting: GPTQ W4A16 (4-bit, group 128, symmetric), 3-bit group 128
 and 2-bit group 64 against round-to-nearest (RTN) at the same setting, and SparseGPT 50 % and
 2:4 against magnitude pruning; the fp perplexity is measured in the same run. GPTQ runs as
 ``compress`` runs it by default (the algorithm llm-compressor runs); the "refined" rows add
@@ -57,7 +57,6 @@ REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "gptq_llmcompressor.py"
 DEFAULT_MODEL = Path("/work/shared/refmodel")
 SEQ_LEN = 512
-SEED = 0
 THREADS = 2
 #: Attention kernel for every side: ``compress``'s default, llm-compressor's model, evaluation.
 ATTENTION = "sdpa"
@@ -140,7 +139,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         sparsity=spec["sparsity"],
         samples=spec["samples"],
         seq_len=SEQ_LEN,
-        seed=SEED,
+        seed=spec["seed"],
         attn_implementation=ATTENTION,
         true_sequential=spec["true_sequential"],
         progress=note_pipeline_start,
@@ -244,9 +243,10 @@ def run_worker(kind: str, spec: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 def run_ours(
-    model_dir: Path, method: str, setting: Setting, samples: int, evaluate: bool
+    model_dir: Path, method: str, setting: Setting, samples: int, seed: int, evaluate: bool
 ) -> dict[str, Any]:
     spec = {
+        "seed": seed,
         "model_dir": str(model_dir),
         "method": method,
         "bits": setting.bits,
@@ -293,14 +293,14 @@ def run_theirs(
     return result
 
 
-def save_calibration_rows(model_dir: Path, samples: int, path: Path) -> None:
+def save_calibration_rows(model_dir: Path, samples: int, seed: int, path: Path) -> None:
     """The exact token rows ``compress`` calibrates on, in its order, for llm-compressor."""
     import torch
 
     from llmc_trace.data import load_calibration
 
     calibration = load_calibration(
-        model_dir / "calib.npy", samples=samples, seq_len=SEQ_LEN, seed=SEED
+        model_dir / "calib.npy", samples=samples, seq_len=SEQ_LEN, seed=seed
     )
     rows = torch.cat([batch["input_ids"] for batch in calibration.batches])  # (samples, T)
     np.save(path, rows.numpy())
@@ -426,6 +426,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="W4A16 only, 16 samples by default")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per method (default 1)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="which calibration rows are drawn (default 0)"
+    )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("spec", nargs="?", help=argparse.SUPPRESS)
@@ -440,7 +443,7 @@ def main() -> None:
     reference = REFERENCE_PYTHON.exists()
     model_dir = args.model_dir.resolve()
 
-    print(f"refmodel {model_dir}; {samples} x {SEQ_LEN} calibration tokens (seed {SEED})")
+    print(f"refmodel {model_dir}; {samples} x {SEQ_LEN} calibration tokens (seed {args.seed})")
     print(f"{versions()}; {THREADS} torch threads per run; {args.repeat} timed run(s) per method")
     if not reference:
         print(
@@ -456,13 +459,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="compress_quality_") as folder:
         calib_rows = Path(folder) / "calib_rows.npy"
         if reference:
-            save_calibration_rows(model_dir, samples, calib_rows)
+            save_calibration_rows(model_dir, samples, args.seed, calib_rows)
         for setting in settings:
-            baseline = run_ours(model_dir, setting.baseline, setting, samples, evaluate=True)
+            baseline = run_ours(
+                model_dir, setting.baseline, setting, samples, args.seed, evaluate=True
+            )
             ours: list[dict[str, Any]] = []
             theirs: list[dict[str, Any]] = []
             for index in range(args.repeat):
-                ours.append(run_ours(model_dir, setting.method, setting, samples, index == 0))
+                ours.append(
+                    run_ours(model_dir, setting.method, setting, samples, args.seed, index == 0)
+                )
                 if reference and setting.has_reference:
                     save = Path(folder) / f"theirs_{setting.bits}bit.pt" if index == 0 else None
                     theirs.append(run_theirs(model_dir, setting, calib_rows, save))

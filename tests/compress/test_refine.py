@@ -44,7 +44,9 @@ ARGS = [
     QuantizationArgs(num_bits=3, symmetric=False, group_size=64),
     QuantizationArgs(num_bits=2, strategy="channel", group_size=None),
 ]
-IDS = [f"{a.num_bits}b-{a.strategy}{a.group_size or ''}-sym{a.symmetric}-{a.actorder}" for a in ARGS]
+IDS = [
+    f"{a.num_bits}b-{a.strategy}{a.group_size or ''}-sym{a.symmetric}-{a.actorder}" for a in ARGS
+]
 
 
 @pytest.mark.parametrize("args", ARGS, ids=IDS)
