@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -23,6 +24,16 @@ def tiny_llama(layers: int = 3, seed: int = 0, hidden: int = 64) -> LlamaForCaus
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+
+
+@pytest.fixture
+def saved_llama(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny random Llama saved as safetensors, and a token array to calibrate it with."""
+    folder = tmp_path / "tiny"
+    tiny_llama(layers=2, hidden=128).save_pretrained(folder)
+    tokens = np.random.default_rng(0).integers(0, 128, size=(8, 64)).astype(np.int32)
+    np.save(tmp_path / "calib.npy", tokens)
+    return folder, tmp_path / "calib.npy"
 
 
 def token_batch(

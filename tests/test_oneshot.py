@@ -14,17 +14,6 @@ from llmc_trace.compress.scheme import W4A16
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate import perplexity
 from llmc_trace.oneshot import compress, parse_sparsity
-from tests.conftest import tiny_llama
-
-
-@pytest.fixture
-def saved_llama(tmp_path: Path) -> tuple[Path, Path]:
-    """A tiny random Llama saved as safetensors, and a token array to calibrate it with."""
-    folder = tmp_path / "tiny"
-    tiny_llama(layers=2, hidden=128).save_pretrained(folder)
-    tokens = np.random.default_rng(0).integers(0, 128, size=(8, 64)).astype(np.int32)
-    np.save(tmp_path / "calib.npy", tokens)
-    return folder, tmp_path / "calib.npy"
 
 
 def test_checkpoint_reloads_in_transformers_with_our_numbers(

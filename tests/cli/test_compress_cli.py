@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import numpy as np
-import pytest
 import yaml
 from click.testing import CliRunner
 from safetensors.torch import load_file
@@ -14,16 +12,6 @@ from safetensors.torch import load_file
 from llmc_trace.cli.compress_cmd import compress as compress_command
 from llmc_trace.cli.main import cli
 from llmc_trace.oneshot import compress
-from tests.conftest import tiny_llama
-
-
-@pytest.fixture
-def saved_llama(tmp_path: Path) -> tuple[Path, Path]:
-    folder = tmp_path / "tiny"
-    tiny_llama(layers=1, hidden=128).save_pretrained(folder)
-    tokens = np.random.default_rng(0).integers(0, 128, size=(8, 32)).astype(np.int32)
-    np.save(tmp_path / "calib.npy", tokens)
-    return folder, tmp_path / "calib.npy"
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -35,7 +23,7 @@ def test_refine_passes_reach_the_recipe_and_change_the_integers(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:
     folder, data = saved_llama
-    common = ["compress", "-m", str(folder), "-d", str(data), "--samples", "8", "--seq-len", "32"]
+    common = ["compress", "-m", str(folder), "-d", str(data), "--samples", "8", "--seq-len", "64"]
     weights = {}
     for passes in ("0", "20"):
         out = tmp_path / f"out{passes}"
