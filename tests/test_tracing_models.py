@@ -147,7 +147,7 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
     folder = tmp_path / "rwkv"
     rwkv_twin().save_pretrained(folder)
     np.save(tmp_path / "calib.npy", np.zeros((4, 16), dtype=np.int32))
-    with pytest.raises(BadInputError, match="rescales the weights in place") as info:
+    with pytest.raises(BadInputError, match="changes the model's weights in place") as info:
         compress(str(folder), dataset=tmp_path / "calib.npy", scheme="W8A16", samples=4, seq_len=16)
     assert info.value.param == "model"
 

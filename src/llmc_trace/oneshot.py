@@ -363,8 +363,9 @@ def _working_ignore(source: ModelSource) -> list[str]:
     if changing:
         raise BadInputError(
             f"{source.name} traces only through the definition of {', '.join(changing)} in "
-            "tracing_models/, which rescales the weights in place before calibration; the "
-            "checkpoint would store them rescaled, and loading rescales them again.",
+            "tracing_models/, which changes the model's weights in place before calibration "
+            "(it declares changes_weights); the checkpoint would store the changed weights, and "
+            "loading would change them again.",
             hint="Compress another architecture; llmc-trace attempt still traces and verifies it.",
             param="model",
         )
