@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmc_trace.compress import HessianAccumulator
+
 REFMODEL = Path(os.environ.get("LLMC_TRACE_REFMODEL", "/work/shared/refmodel"))
 
 
@@ -49,3 +51,15 @@ def capture_inputs(model: torch.nn.Module, name: str, tokens: np.ndarray) -> tor
     finally:
         hook.remove()
     return torch.cat(captured).reshape(-1, module.in_features)
+
+
+def hessian(X: torch.Tensor) -> torch.Tensor:
+    """H = 2 X^T X / n of the inputs `X` (tokens, in), as the compressor accumulates it."""
+    acc = HessianAccumulator(X.shape[1])
+    acc.add(X)
+    return acc.H
+
+
+def output_error(W: torch.Tensor, Q: torch.Tensor, X: torch.Tensor) -> float:
+    """||W X^T - Q X^T||^2 per token: the error GPTQ and SparseGPT minimise, measured directly."""
+    return ((W.float() - Q.float()) @ X.T).pow(2).sum().item() / X.shape[0]

@@ -7,27 +7,15 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from _compress_data import LayerInputs
+from _compress_data import LayerInputs, hessian, output_error
 
 from llmc_trace.compress import (
-    HessianAccumulator,
     QuantizationArgs,
     dequantize,
     gptq,
     quantize_to_int,
     rtn,
 )
-
-
-def output_error(W: torch.Tensor, Q: torch.Tensor, X: torch.Tensor) -> float:
-    """||W X^T - Q X^T||^2 per token: the error GPTQ minimises, measured directly."""
-    return ((W.float() - Q.float()) @ X.T).pow(2).sum().item() / X.shape[0]
-
-
-def hessian(X: torch.Tensor) -> torch.Tensor:
-    acc = HessianAccumulator(X.shape[1])
-    acc.add(X)
-    return acc.H
 
 
 @pytest.fixture

@@ -7,17 +7,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from _compress_data import REFMODEL, capture_inputs
+from _compress_data import REFMODEL, capture_inputs, hessian
 
-from llmc_trace.compress import HessianAccumulator, QuantizationArgs, dequantize, gptq
+from llmc_trace.compress import QuantizationArgs, dequantize, gptq
 from llmc_trace.compress.hessian import inverse_factor
 from llmc_trace.compress.refine import MAX_PASSES
-
-
-def hessian(X: torch.Tensor) -> torch.Tensor:
-    acc = HessianAccumulator(X.shape[1])
-    acc.add(X)
-    return acc.H
 
 
 def damped_objective(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> float:

@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from _compress_data import LayerInputs
+from _compress_data import LayerInputs, hessian, output_error
 
 from llmc_trace.compress import (
-    HessianAccumulator,
     QuantizationArgs,
     SchemeError,
     dequantize,
@@ -18,16 +17,6 @@ from llmc_trace.compress import (
     rtn,
     sparsegpt,
 )
-
-
-def output_error(W: torch.Tensor, Q: torch.Tensor, X: torch.Tensor) -> float:
-    return ((W.float() - Q.float()) @ X.T).pow(2).sum().item() / X.shape[0]
-
-
-def hessian(X: torch.Tensor) -> torch.Tensor:
-    acc = HessianAccumulator(X.shape[1])
-    acc.add(X)
-    return acc.H
 
 
 def holds_n_m(weight: torch.Tensor, n: int, m: int) -> bool:

@@ -105,11 +105,10 @@ class SweepGrid:
     def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
         """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
         group = self.group_of[column]
-        s = self.scale[:, group].float()
-        z = self.zero_point[:, group].float()
-        q = round_to_grid(w, s, z, self.args)
-        self.int_weight[:, column] = q.to(torch.int8)
-        return (q - z) * s
+        q = round_to_grid(
+            w, self.scale[:, group].float(), self.zero_point[:, group].float(), self.args
+        )
+        return self.set(column, q)
 
     def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 scales and zero points of the sweep positions `columns`, each (out, k);

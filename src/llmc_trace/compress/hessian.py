@@ -77,7 +77,7 @@ class InverseFactor:
     H_inv: torch.Tensor  # (in, in) upper triangular, float32
     dead: torch.Tensor  # (in,) bool: columns whose inputs were always zero
     percdamp: float  # damping actually used, as a fraction of mean(diag(H))
-    damping: float  # the same as the amount added to the diagonal
+    damping: float  # the same damping as an absolute amount added to the diagonal
 
     def damped(self, H: torch.Tensor) -> torch.Tensor:
         """The matrix whose inverse `H_inv` factors: `H` (not modified) with dead columns'

@@ -87,15 +87,15 @@ def coordinate_descent(
     for block in _blocks(torch.arange(in_features, device=W.device), blocksize):
         R.addmm_(W[:, block] - grid.dequantized(block), H[block, :])
 
-    passes = 0
-    for _ in range(max_passes):
+    passes, converged = 0, False
+    while not converged:
         movable = _movable(R, d, grid, blocksize)
-        if movable.numel() == 0:
+        converged = movable.numel() == 0
+        if converged or passes == max_passes:
             break
         passes += 1
         for block in _blocks(movable, blocksize):
             _descend(R, H, d, grid, block)
-    converged = _movable(R, d, grid, blocksize).numel() == 0
 
     loss = torch.zeros((), device=W.device)
     for block in _blocks(torch.arange(in_features, device=W.device), blocksize):
