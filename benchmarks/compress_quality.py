@@ -139,6 +139,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         sparsity=spec["sparsity"],
         samples=spec["samples"],
         seq_len=SEQ_LEN,
+        batch_size=spec["batch_size"],
         seed=spec["seed"],
         attn_implementation=ATTENTION,
         true_sequential=spec["true_sequential"],
@@ -243,10 +244,17 @@ def run_worker(kind: str, spec: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 def run_ours(
-    model_dir: Path, method: str, setting: Setting, samples: int, seed: int, evaluate: bool
+    model_dir: Path,
+    method: str,
+    setting: Setting,
+    samples: int,
+    seed: int,
+    evaluate: bool,
+    batch_size: int = 1,
 ) -> dict[str, Any]:
     spec = {
         "seed": seed,
+        "batch_size": batch_size,
         "model_dir": str(model_dir),
         "method": method,
         "bits": setting.bits,
@@ -269,10 +277,11 @@ def run_ours(
 
 
 def run_theirs(
-    model_dir: Path, setting: Setting, calib_rows: Path, save: Path | None
+    model_dir: Path, setting: Setting, calib_rows: Path, save: Path | None, batch_size: int = 1
 ) -> dict[str, Any]:
     command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(model_dir), str(calib_rows)]
     command += ["--bits", str(setting.bits), "--group-size", str(setting.group_size)]
+    command += ["--batch-size", str(batch_size)]
     command += ["--threads", str(THREADS), "--attn-implementation", ATTENTION]
     if save is not None:
         check_row = save.with_suffix(".row.npy")

@@ -24,6 +24,9 @@ so the caller can confirm that the saved weights reproduce it.
 Prints one line ``RESULT {json}``, or with ``error`` when oneshot fails.
 
     python gptq_llmcompressor.py MODEL_DIR CALIB_ROWS.npy --bits 4 --group-size 128 --threads 2
+
+``--batch-size`` (default 1, oneshot's default) batches the rows; it changes no value fed to
+GPTQ, only the order in which floating-point sums are taken.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--batch-size", type=int, default=1, help="calibration batch size")
     parser.add_argument(
         "--attn-implementation", default="sdpa", help="as llmc-trace's compress (default)"
     )
@@ -102,6 +106,7 @@ def main() -> None:
             recipe=recipe,
             num_calibration_samples=rows.shape[0],
             max_seq_length=rows.shape[1],
+            batch_size=args.batch_size,
             shuffle_calibration_samples=False,
         )
         result["oneshot_s"] = time.perf_counter() - start

@@ -118,11 +118,10 @@ def gptq(
             d = Hinv1[i, i]
             if grid.starts_group(i1 + i):
                 grid.fit(i1 + i, W1[:, i : i + grid.group_size])
-            q = grid.quantize(i1 + i, w)
-            loss += (w - q).pow(2).sum() / d**2 / 2
-            err = (w - q) / d
+            err = (w - grid.quantize(i1 + i, w)) / d
             W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
             Err1[:, i] = err
+        loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
     if not refine_passes:

@@ -80,6 +80,10 @@ class SweepGrid:
             scale, zero_point = compute_qparams(W, args, scale_dtype=scale_dtype)
             self.scale = scale.reshape(scale.shape[0], -1)  # (rows, groups); (1, 1) per tensor
             self.zero_point = zero_point.reshape(self.scale.shape)
+        # float32 copies, one contiguous row per group: the sweep reads one group's scales per
+        # column, and a ready view saves two gathers and two casts on each of thousands of columns
+        self._scale_rows = self.scale.float().T.contiguous()  # (groups, rows)
+        self._zero_point_rows = self.zero_point.float().T.contiguous()
         self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
 
     def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
@@ -101,14 +105,16 @@ class SweepGrid:
         )
         self.scale[:, group] = scale[:, 0]
         self.zero_point[:, group] = zero_point[:, 0]
+        self._scale_rows[group] = scale[:, 0].float()
+        self._zero_point_rows[group] = zero_point[:, 0].float()
 
     def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
         """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
         group = self.group_of[column]
-        q = round_to_grid(
-            w, self.scale[:, group].float(), self.zero_point[:, group].float(), self.args
+        return self.set(
+            column,
+            round_to_grid(w, self._scale_rows[group], self._zero_point_rows[group], self.args),
         )
-        return self.set(column, q)
 
     def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 scales and zero points of the sweep positions `columns`, each (out, k);
@@ -136,7 +142,7 @@ class SweepGrid:
         """Choose `integers` (out,) at sweep position `column`; return them dequantized."""
         self.int_weight[:, column] = integers.to(torch.int8)
         group = self.group_of[column]
-        return (integers - self.zero_point[:, group].float()) * self.scale[:, group].float()
+        return (integers - self._zero_point_rows[group]) * self._scale_rows[group]
 
     def result(self, perm: torch.Tensor | None, dtype: torch.dtype) -> QuantizedWeight:
         """The integers chosen, back in input order, with their scales, as a `QuantizedWeight`."""
