@@ -78,9 +78,7 @@ def layer_hessians(model_dir: Path, samples: int, seed: int) -> dict[str, Any]:
             model(input_ids=batch["input_ids"])
     for handle in handles:
         handle.remove()
-    return {
-        name: (targets[name].weight.detach().clone(), accumulators[name].H) for name in targets
-    }
+    return {name: (targets[name].weight.detach().clone(), accumulators[name].H) for name in targets}
 
 
 def objective(W: Any, Q: Any, H: Any) -> float:
