@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from compress_quality import (
-    ATTENTION,
     DEFAULT_MODEL,
     REFERENCE_PYTHON,
     SEQ_LEN,
     THREADS,
     Setting,
     child_environment,
+    load_float32,
     run_ours,
     run_theirs,
     save_calibration_rows,
@@ -53,15 +53,12 @@ GROUP_SIZE = 128
 def layer_hessians(model_dir: Path, samples: int, seed: int) -> dict[str, Any]:
     """Every targeted Linear's weight and Hessian, from the unquantized model's forward."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from llmc_trace.compress.hessian import HessianAccumulator
+    from llmc_trace.compress import HessianAccumulator
     from llmc_trace.compress.scheme import W4A16
     from llmc_trace.data import load_calibration
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=ATTENTION
-    ).eval()
+    model = load_float32(model_dir)
     targets = {n: m for n, m in model.named_modules() if W4A16.is_target(n, m)}
     accumulators = {n: HessianAccumulator(m.in_features) for n, m in targets.items()}
     handles = [
@@ -91,9 +88,7 @@ def same_inputs(model_dir: Path, samples: int, seed: int, folder: Path) -> None:
     """Part 1: both sweeps on the very same weights, Hessians and scales."""
     import torch
 
-    from llmc_trace.compress.gptq import gptq
-    from llmc_trace.compress.quantize import compute_qparams
-    from llmc_trace.compress.scheme import QuantizationArgs
+    from llmc_trace.compress import QuantizationArgs, gptq
 
     layers = layer_hessians(model_dir, samples, seed)
     print(f"\nPart 1: {len(layers)} layers, Hessians from the unquantized model\n")
@@ -106,15 +101,21 @@ def same_inputs(model_dir: Path, samples: int, seed: int, folder: Path) -> None:
         args = QuantizationArgs(num_bits=bits, group_size=GROUP_SIZE, actorder="static")
         inputs, ours, our_seconds = [], [], 0.0
         for name, (W, H) in layers.items():
-            scale, zero_point = compute_qparams(W, args)  # fitted up front, as both do
             start = time.perf_counter()
-            result = gptq(W, H, args)
+            quantized = gptq(W, H, args).quantized
             our_seconds += time.perf_counter() - start
-            assert torch.equal(result.quantized.scale, scale), name
-            ours.append(result.quantized.weight)
+            ours.append(quantized.weight)
+            # the scales ours fitted up front from W, as llm-compressor's observer fits them
             inputs.append(
-                {"name": name, "W": W, "H": H, "scale": scale, "zero_point": zero_point}
-                | {"bits": bits, "group_size": GROUP_SIZE}
+                {
+                    "name": name,
+                    "W": W,
+                    "H": H,
+                    "scale": quantized.scale,
+                    "zero_point": quantized.zero_point,
+                    "bits": bits,
+                    "group_size": GROUP_SIZE,
+                }
             )
         sent, returned = folder / f"sweep_in_{bits}.pt", folder / f"sweep_out_{bits}.pt"
         torch.save(inputs, sent)
@@ -126,7 +127,10 @@ def same_inputs(model_dir: Path, samples: int, seed: int, folder: Path) -> None:
             env=child_environment(),
         )
         if child.returncode != 0:
-            print(f"| {bits} | llm-compressor failed: {child.stderr.strip().splitlines()[-1]} |")
+            why = (child.stderr or child.stdout).strip().splitlines() or [
+                f"exit {child.returncode}"
+            ]
+            print(f"| {bits} | llm-compressor failed: {why[-1]} |")
             continue
         theirs = torch.load(returned)
         differing = [float((q != t["Q"]).float().mean()) for q, t in zip(ours, theirs)]

@@ -70,20 +70,21 @@ class SweepGrid:
         self.group_of: list[int] = group_of.tolist()  # group of each sweep position
         self._group_index = group_of
 
+        # Scales and zero points are held in float32, one contiguous row per group: the sweep
+        # reads one group's per column, and a ready row saves a gather and a cast on each of
+        # thousands of columns. float32 holds every scale_dtype value and int8 exactly, so
+        # `result` gets the stored values back unchanged.
         if self.fits_in_sweep:
-            rows, groups = out_features, num_groups(in_features, args)
-            self.scale = torch.empty(rows, groups, dtype=scale_dtype, device=W.device)
-            self.zero_point = torch.zeros(rows, groups, dtype=torch.int8, device=W.device)
+            shape = (num_groups(in_features, args), out_features)
+            self._scales = torch.empty(shape, device=W.device)
+            self._zero_points = torch.zeros(shape, device=W.device)
         else:
             if args.actorder == "static" and perm is not None:
                 W = W[:, torch.argsort(perm)]  # groups are input-order columns
             scale, zero_point = compute_qparams(W, args, scale_dtype=scale_dtype)
-            self.scale = scale.reshape(scale.shape[0], -1)  # (rows, groups); (1, 1) per tensor
-            self.zero_point = zero_point.reshape(self.scale.shape)
-        # float32 copies, one contiguous row per group: the sweep reads one group's scales per
-        # column, and a ready view saves two gathers and two casts on each of thousands of columns
-        self._scale_rows = self.scale.float().T.contiguous()  # (groups, rows)
-        self._zero_point_rows = self.zero_point.float().T.contiguous()
+            # (groups, rows); (1, 1) per tensor
+            self._scales = scale.reshape(scale.shape[0], -1).T.float().contiguous()
+            self._zero_points = zero_point.reshape(scale.shape[0], -1).T.float().contiguous()
         self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
 
     def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
@@ -103,24 +104,22 @@ class SweepGrid:
         scale, zero_point = compute_qparams(
             W_group, channel_args(self.args), scale_dtype=self.scale_dtype
         )
-        self.scale[:, group] = scale[:, 0]
-        self.zero_point[:, group] = zero_point[:, 0]
-        self._scale_rows[group] = scale[:, 0].float()
-        self._zero_point_rows[group] = zero_point[:, 0].float()
+        self._scales[group] = scale[:, 0]
+        self._zero_points[group] = zero_point[:, 0]
 
     def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
         """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
         group = self.group_of[column]
         return self.set(
             column,
-            round_to_grid(w, self._scale_rows[group], self._zero_point_rows[group], self.args),
+            round_to_grid(w, self._scales[group], self._zero_points[group], self.args),
         )
 
     def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 scales and zero points of the sweep positions `columns`, each (out, k);
         (1, k) for a per-tensor scale, which broadcasts."""
         groups = self._group_index[columns]
-        return self.scale[:, groups].float(), self.zero_point[:, groups].float()
+        return self._scales[groups].T, self._zero_points[groups].T
 
     def dequantized(self, columns: torch.Tensor) -> torch.Tensor:
         """The chosen integers of the sweep positions `columns`, dequantized, (out, k) float32."""
@@ -142,7 +141,7 @@ class SweepGrid:
         """Choose `integers` (out,) at sweep position `column`; return them dequantized."""
         self.int_weight[:, column] = integers.to(torch.int8)
         group = self.group_of[column]
-        return (integers - self._zero_point_rows[group]) * self._scale_rows[group]
+        return (integers - self._zero_points[group]) * self._scales[group]
 
     def result(self, perm: torch.Tensor | None, dtype: torch.dtype) -> QuantizedWeight:
         """The integers chosen, back in input order, with their scales, as a `QuantizedWeight`."""
@@ -153,7 +152,8 @@ class SweepGrid:
             if self.args.actorder == "group":
                 group_of = torch.tensor(self.group_of, device=perm.device)
                 g_idx = group_of[inverse].to(torch.int32)
-        scale, zero_point = self.scale, self.zero_point
+        scale = self._scales.T.to(self.scale_dtype).contiguous()
+        zero_point = self._zero_points.T.to(torch.int8).contiguous()
         if self.args.strategy == "tensor":
             scale, zero_point = scale.reshape(1), zero_point.reshape(1)
         weight = dequantize(int_weight, scale, zero_point, self.args, g_idx, dtype)

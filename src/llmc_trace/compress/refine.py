@@ -87,8 +87,8 @@ def coordinate_descent(
     for block in _blocks(torch.arange(in_features, device=W.device), blocksize):
         R.addmm_(W[:, block] - grid.dequantized(block), H[block, :])
 
-    passes, converged = 0, False
-    while not converged:
+    passes = 0
+    while True:
         movable = _movable(R, d, grid, blocksize)
         converged = movable.numel() == 0
         if converged or passes == max_passes:
