@@ -224,7 +224,7 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     import torch
 
     from llmc_trace.compress.scheme import resolve_scheme
-    from llmc_trace.compressor import LayerCompressor
+    from llmc_trace.oneshot.compressor import LayerCompressor
     from llmc_trace.graph.partition import partition_trace
     from llmc_trace.pipelines.basic import run_basic
     from llmc_trace.pipelines.layer_sequential import run_layer_sequential
@@ -350,12 +350,12 @@ def plan_estimates(config_dir: Path, workload: Workload) -> tuple[str, dict[str,
     from llmc_trace.models.build import build_meta_model
     from llmc_trace.models.samples import SampleOptions, make_sample
     from llmc_trace.models.source import resolve_model
-    from llmc_trace.plan import RunSettings, plan_memory
-    from llmc_trace.plan.estimate import parameter_bytes
+    from llmc_trace.plan import RunSettings, plan_source
+    from llmc_trace.core.sizes import parameter_bytes
     from llmc_trace.tracing.trace import trace_graph
 
     settings = RunSettings(workload.samples, workload.seq_len, batch_size=1, dtype_bytes=4)
-    plan = plan_memory(str(config_dir), settings, device_memory=2**50, host_memory=2**50)
+    plan = plan_source(str(config_dir), settings, device_memory=2**50, host_memory=2**50)
     model = build_meta_model(resolve_model(str(config_dir)))
     partitioned = partition_trace(
         trace_graph(model, make_sample(model.config, "text", SampleOptions()))

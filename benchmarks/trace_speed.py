@@ -63,10 +63,11 @@ def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str
     """Timed calls of llmc-trace in this process: ``trace`` twice or ``attempt`` once."""
     import torch
 
-    from llmc_trace.attempt import attempt_trace
+    from llmc_trace.attempt.run import attempt_trace
     from llmc_trace.graph.partition import partition_trace
     from llmc_trace.models.build import build_meta_model
     from llmc_trace.models.source import resolve_model
+    from llmc_trace.tracing.options import TracingOptions
     from llmc_trace.tracing.trace import trace_graph
 
     result: dict[str, object] = {}
@@ -75,7 +76,8 @@ def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str
         sample = torch.load(sample_path)
 
         def call() -> int:
-            return len(partition_trace(trace_graph(model, sample, targets)).subgraphs)
+            options = TracingOptions(sequential_targets=tuple(targets))
+            return len(partition_trace(trace_graph(model, sample, options)).subgraphs)
 
         result.update(time_calls(call, calls=2))
     else:

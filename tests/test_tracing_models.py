@@ -18,6 +18,7 @@ from llmc_trace.diagnose.fixes import candidate_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.graph.partition import partition_trace
 from llmc_trace.graph.verify import verify_subgraphs
+from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
 
@@ -60,7 +61,9 @@ def test_definition_is_the_last_candidate_and_replays_like_the_original(register
     fix = candidates[-1]
     assert fix.ignore == ("tracing_models:EarlyReturn",)
 
-    trace = trace_graph(original, sample([1, 2, 2]), ["Block"], ignore=list(fix.ignore))
+    trace = trace_graph(
+        original, sample([1, 2, 2]), TracingOptions.parse(original, fix.ignore, ["Block"])
+    )
     assert trace.definitions == ["<root>"]
     assert type(original) is patterns.EarlyReturn  # its own class back after the trace
     subgraphs = partition_trace(trace).subgraphs
@@ -72,7 +75,10 @@ def test_definition_is_the_last_candidate_and_replays_like_the_original(register
 
 def test_an_entry_without_a_registered_definition_is_bad_input() -> None:
     with pytest.raises(BadInputError, match="No definition in tracing_models/"):
-        trace_graph(model(), sample([1, 2, 2]), ["Block"], ignore=["tracing_models:EarlyReturn"])
+        options = TracingOptions(
+            sequential_targets=("Block",), definitions=("tracing_models:EarlyReturn",)
+        )
+        trace_graph(model(), sample([1, 2, 2]), options)
 
 
 def test_a_definition_overrides_methods_only() -> None:
@@ -119,7 +125,10 @@ def test_rwkv_definition_rescales_once_and_replays_like_the_original() -> None:
     sample = make_sample(model.config, "text", SampleOptions())
     with torch.no_grad():
         expected = original(**sample).logits  # rescales `original` in place, once
-    trace = trace_graph(model, sample, ["RwkvBlock"], ignore=["tracing_models:RwkvModel"])
+    options = TracingOptions(
+        sequential_targets=("RwkvBlock",), definitions=("tracing_models:RwkvModel",)
+    )
+    trace = trace_graph(model, sample, options)
     assert not any(str(n.target).endswith("_") for n in trace.graph.nodes if n.op == "call_method")
     subgraphs = partition_trace(trace).subgraphs
     with torch.no_grad():
@@ -154,7 +163,7 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
 
 def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
     """An opaque call or an autowrapped statement would repeat the write per batch."""
-    from llmc_trace.attempt import attempt_trace
+    from llmc_trace.attempt.run import attempt_trace
 
     report = attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert [(fix.description.split()[0], fix.outcome) for fix in report.fixes] == [

@@ -2,24 +2,42 @@
 
 The public API: :func:`attempt_trace` (trace, partition and verify a model named by hub id,
 folder or built-in), :func:`trace_subgraphs` and :func:`topological_partition` (the
-llm-compressor contract), :class:`Subgraph`, :class:`TraceReport` and :class:`TraceFailure`.
+llm-compressor contract), :func:`trace_source` and :class:`TracedModel` (one trace shared by
+every step), :func:`compress`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
+and the errors.
+
+Names are imported when first used (PEP 562), so ``import llmc_trace`` and ``llmc-trace
+--help`` stay fast: torch and transformers load only when something needs them.
 """
 
-from llmc_trace.attempt import attempt_trace, trace_subgraphs
-from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.errors import BadInputError, LlmcTraceError, VerificationError
-from llmc_trace.graph.partition import topological_partition
-from llmc_trace.graph.subgraph import Subgraph
-from llmc_trace.report import TraceReport
+from __future__ import annotations
 
-__all__ = [
-    "BadInputError",
-    "LlmcTraceError",
-    "Subgraph",
-    "TraceFailure",
-    "TraceReport",
-    "VerificationError",
-    "attempt_trace",
-    "topological_partition",
-    "trace_subgraphs",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "attempt_trace": "llmc_trace.attempt.run",
+    "trace_subgraphs": "llmc_trace.attempt.run",
+    "TraceReport": "llmc_trace.attempt.report",
+    "compress": "llmc_trace.oneshot.run",
+    "TraceFailure": "llmc_trace.diagnose.failure",
+    "topological_partition": "llmc_trace.graph.partition",
+    "Subgraph": "llmc_trace.graph.subgraph",
+    "TracedModel": "llmc_trace.traced.model",
+    "trace_source": "llmc_trace.traced.model",
+    "BadInputError": "llmc_trace.errors",
+    "LlmcTraceError": "llmc_trace.errors",
+    "VerificationError": "llmc_trace.errors",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'llmc_trace' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

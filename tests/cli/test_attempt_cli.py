@@ -12,8 +12,11 @@ from click.testing import CliRunner
 from llmc_trace.cli.display import fix_snippet
 from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.failure import failure_from_exception
+from llmc_trace.errors import TraceStopped
 from llmc_trace.diagnose.fixes import autowrap_fix
-from llmc_trace.report import FixAttempt, TraceReport
+from llmc_trace.attempt.report import TraceReport
+from llmc_trace.diagnose.search import FixAttempt
+from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns.untraceable import ForwardBranch
 
@@ -88,9 +91,11 @@ def test_folder_without_config_exits_2(tmp_path: Path) -> None:
 
 def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
     model = ForwardBranch().eval()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(TraceStopped) as info:
         trace_graph(
-            model, {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}, ["Block"]
+            model,
+            {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])},
+            TracingOptions(sequential_targets=("Block",)),
         )
     fix = autowrap_fix(failure_from_exception(info.value), model)
     assert fix is not None and fix.rewrite is not None

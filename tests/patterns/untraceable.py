@@ -13,13 +13,15 @@ import torch
 from torch import nn
 
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.errors import TraceStopped
+from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 
 
 def failure_of(model: nn.Module, sample: dict[str, Any], targets: list[str]) -> TraceFailure:
     """Trace ``model``, which must fail, and return the failure as llmc-trace reports it."""
-    with pytest.raises(Exception) as info:
-        trace_graph(model, sample, sequential_targets=targets)
+    with pytest.raises(TraceStopped) as info:
+        trace_graph(model, sample, TracingOptions(sequential_targets=tuple(targets)))
     return failure_from_exception(info.value)
 
 

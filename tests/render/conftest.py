@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmc_trace.render import RenderTrace, trace_for_render
+from llmc_trace.traced.model import TracedModel, trace_source
 from tests.patterns import untraceable as patterns
 from tests.render.helpers import failing_trace, llama_config
 
@@ -32,10 +32,10 @@ def llama70b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llama_trace(llama_dir: Path) -> RenderTrace:
-    return trace_for_render(str(llama_dir))
+def llama_trace(llama_dir: Path) -> TracedModel:
+    return trace_source(str(llama_dir))
 
 
 @pytest.fixture(scope="session")
-def value_branch_trace() -> RenderTrace:
+def value_branch_trace() -> TracedModel:
     return failing_trace(patterns.ValueBranch)

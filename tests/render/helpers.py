@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 import torch
 from transformers import LlamaConfig
 
-from llmc_trace.render import RenderTrace, trace_module_for_render
+from llmc_trace.traced.model import TracedModel, trace_model
+from llmc_trace.tracing.options import TracingOptions
 from tests.patterns import untraceable as patterns
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -24,12 +25,13 @@ def llama_config(layers: int, hidden: int = 64) -> LlamaConfig:
     )
 
 
-def failing_trace(cls: type) -> RenderTrace:
+def failing_trace(cls: type) -> TracedModel:
     """The trace of an untraceable pattern (see tests/patterns/untraceable.py)."""
     model = patterns.Wrapper(cls()).eval()
     generator = torch.Generator().manual_seed(0)
     sample = {"x": torch.randn(1, 6, 8, generator=generator), "grid": torch.tensor([[1, 2, 2]])}
-    return trace_module_for_render(model, sample, name=cls.__name__, sequential_targets=["Block"])
+    options = TracingOptions(sequential_targets=("Block",))
+    return trace_model(model, sample, options, name=cls.__name__)
 
 
 def svg_nodes(svg: str) -> dict[str, ET.Element]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmc_trace.render import RenderTrace, render_trace
+from llmc_trace.render import render_trace
+from llmc_trace.traced.model import TracedModel
 from tests.render.cdp import find_chromium, open_page
 
 CHROMIUM = find_chromium()
@@ -20,7 +21,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def page_path(llama_trace: RenderTrace, tmp_path: Path) -> Path:
+def page_path(llama_trace: TracedModel, tmp_path: Path) -> Path:
     return render_trace(llama_trace, tmp_path / "detail.html", view="detail").path
 
 
@@ -33,7 +34,7 @@ def center_of(page, node_id: str) -> tuple[float, float]:  # type: ignore[no-unt
 
 
 def test_viewer_loads_searches_and_shows_a_clicked_node(
-    page_path: Path, llama_trace: RenderTrace
+    page_path: Path, llama_trace: TracedModel
 ) -> None:
     pytest.importorskip("websocket", reason="the browser test needs websocket-client")
     with open_page(CHROMIUM, page_path.as_uri()) as page:  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import llmc_trace.cli.main  # first: render_cmd imports the group's shared optio
 import llmc_trace.render.api
 from llmc_trace.cli.context import CliContext
 from llmc_trace.cli.render_cmd import render
-from llmc_trace.render import RenderTrace
+from llmc_trace.traced.model import TracedModel
 from tests.patterns import untraceable as patterns
 from tests.render.helpers import failing_trace, svg_nodes
 
@@ -51,15 +51,15 @@ def test_bad_input_exits_2(llama_dir: Path, tmp_path: Path, args: list[str], mes
 
 
 @pytest.fixture
-def untraceable(monkeypatch: pytest.MonkeyPatch) -> RenderTrace:
+def untraceable(monkeypatch: pytest.MonkeyPatch) -> TracedModel:
     """Every model name traces as the ValueBranch pattern (real configs may become traceable)."""
     trace = failing_trace(patterns.ValueBranch)
-    monkeypatch.setattr(llmc_trace.render.api, "trace_for_render", lambda model, **kwargs: trace)
+    monkeypatch.setattr(llmc_trace.render.api, "trace_source", lambda model, **kwargs: trace)
     return trace
 
 
 def test_untraceable_model_exits_1_and_points_at_the_failure_view(
-    untraceable: RenderTrace, tmp_path: Path
+    untraceable: TracedModel, tmp_path: Path
 ) -> None:
     out = tmp_path / "overview.svg"
     code, output = invoke("--model", "any/model", "--out", str(out))
@@ -69,7 +69,7 @@ def test_untraceable_model_exits_1_and_points_at_the_failure_view(
 
 
 def test_failure_view_of_an_untraceable_model_exits_0(
-    untraceable: RenderTrace, tmp_path: Path
+    untraceable: TracedModel, tmp_path: Path
 ) -> None:
     out = tmp_path / "failure.svg"
     code, output = invoke("--model", "any/model", "--out", str(out), "--view", "failure")

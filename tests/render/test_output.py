@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from llmc_trace.errors import BadInputError
-from llmc_trace.render import DotNotFoundError, RenderTrace, render, render_trace
+from llmc_trace.errors import DotNotFoundError
+from llmc_trace.render import render, render_trace
+from llmc_trace.traced.model import TracedModel
 from tests.patterns import untraceable as patterns
 from tests.render.helpers import failing_trace, svg_nodes
 
@@ -42,14 +44,14 @@ def test_outputs_name_no_absolute_path_and_no_address(llama_dir: Path, tmp_path:
     assert not re.search(r"0x[0-9a-f]{6,}", text)
 
 
-def test_svg_is_valid_xml_and_counts_its_nodes(llama_trace: RenderTrace, tmp_path: Path) -> None:
+def test_svg_is_valid_xml_and_counts_its_nodes(llama_trace: TracedModel, tmp_path: Path) -> None:
     result = render_trace(llama_trace, tmp_path / "overview.svg")
     svg = result.path.read_text(encoding="utf-8")
     ET.fromstring(svg.encode("utf-8"))
     assert len(svg_nodes(svg)) == result.num_nodes
 
 
-def test_html_loads_nothing_from_outside(llama_trace: RenderTrace, tmp_path: Path) -> None:
+def test_html_loads_nothing_from_outside(llama_trace: TracedModel, tmp_path: Path) -> None:
     page = render_trace(llama_trace, tmp_path / "page.html", view="detail").path.read_text()
     assert "default-src 'none'" in page
     assert not re.search(r"<(link|img|iframe)\b", page)
@@ -62,14 +64,14 @@ def test_html_loads_nothing_from_outside(llama_trace: RenderTrace, tmp_path: Pat
     }
 
 
-def test_writing_leaves_no_temporary_file(llama_trace: RenderTrace, tmp_path: Path) -> None:
+def test_writing_leaves_no_temporary_file(llama_trace: TracedModel, tmp_path: Path) -> None:
     render_trace(llama_trace, tmp_path / "one.svg")
     render_trace(llama_trace, tmp_path / "one.svg")  # replaces the previous file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.svg"]
 
 
 def test_missing_dot_says_how_to_install_it_and_keeps_the_old_file(
-    llama_trace: RenderTrace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    llama_trace: TracedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "kept.svg"
     out.write_text("previous")

@@ -11,10 +11,13 @@ import torch
 
 from llmc_trace.diagnose.failure import describe_node
 from llmc_trace.graph.structure import subgraph_signature
-from llmc_trace.render import RenderTrace, draw, render_svg, trace_for_render
+from llmc_trace.render import draw, render_svg
+from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.render.drawing import COLORS
 from llmc_trace.render.modules import MAX_MODULES, module_role
-from llmc_trace.render.trace import partial_graph_of
+from llmc_trace.errors import TraceStopped
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.trace import trace_graph
 from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_NO_TARGET, LEAF_TARGET
 from tests.patterns import untraceable as patterns
 from tests.render.helpers import failing_trace, fill_of, llama_config, svg_edges, svg_nodes
@@ -27,12 +30,12 @@ class NumpyOfTracedValue(patterns.Stack):
         return x * float(np.asarray(grid).sum())
 
 
-def identical_runs(trace: RenderTrace) -> int:
+def identical_runs(trace: TracedModel) -> int:
     signatures = [subgraph_signature(s) for s in trace.partitioned.subgraphs]  # type: ignore[union-attr]
     return 1 + sum(1 for a, b in pairwise(signatures) if a != b)
 
 
-def model_inputs_read(trace: RenderTrace) -> set[str]:
+def model_inputs_read(trace: TracedModel) -> set[str]:
     subgraphs = trace.partitioned.subgraphs  # type: ignore[union-attr]
     produced = {name for s in subgraphs for name in s.output_names}
     return {name for s in subgraphs for name in s.input_names if name not in produced}
@@ -40,7 +43,7 @@ def model_inputs_read(trace: RenderTrace) -> set[str]:
 
 @pytest.mark.parametrize("collapse", [False, True])
 def test_overview_has_one_box_per_subgraph_and_one_per_model_input(
-    llama_trace: RenderTrace, collapse: bool
+    llama_trace: TracedModel, collapse: bool
 ) -> None:
     svg = render_svg(draw(llama_trace, "overview", collapse=collapse))
     nodes = svg_nodes(svg)
@@ -52,7 +55,7 @@ def test_overview_has_one_box_per_subgraph_and_one_per_model_input(
         assert {f"sg-{s.index}" for s in subgraphs} <= set(nodes)
 
 
-def test_overview_marks_values_kept_past_the_next_subgraph(llama_trace: RenderTrace) -> None:
+def test_overview_marks_values_kept_past_the_next_subgraph(llama_trace: TracedModel) -> None:
     """The mask and rotary embeddings are read by every layer: a dashed edge to the last."""
     subgraphs = llama_trace.partitioned.subgraphs  # type: ignore[union-attr]
     readers = {}
@@ -76,7 +79,7 @@ def test_overview_marks_values_kept_past_the_next_subgraph(llama_trace: RenderTr
 
 @pytest.mark.parametrize(("indices", "collapse"), [(None, False), ([0, 2], False), (None, True)])
 def test_detail_draws_the_operations_of_chosen_subgraphs_and_their_interface(
-    llama_trace: RenderTrace, indices: list[int] | None, collapse: bool
+    llama_trace: TracedModel, indices: list[int] | None, collapse: bool
 ) -> None:
     subgraphs = llama_trace.partitioned.subgraphs  # type: ignore[union-attr]
     chosen = [s for s in subgraphs if indices is None or s.index in indices]
@@ -103,7 +106,7 @@ def test_detail_draws_the_operations_of_chosen_subgraphs_and_their_interface(
     assert {f"x-{name}" for name in inputs} <= set(nodes)
 
 
-def test_detail_rejects_a_subgraph_the_model_does_not_have(llama_trace: RenderTrace) -> None:
+def test_detail_rejects_a_subgraph_the_model_does_not_have(llama_trace: TracedModel) -> None:
     from llmc_trace.errors import BadInputError
 
     with pytest.raises(BadInputError, match="Subgraph 99 does not exist") as info:
@@ -112,7 +115,7 @@ def test_detail_rejects_a_subgraph_the_model_does_not_have(llama_trace: RenderTr
 
 
 @pytest.mark.parametrize("collapse", [False, True])
-def test_modules_view_draws_the_module_tree(llama_trace: RenderTrace, collapse: bool) -> None:
+def test_modules_view_draws_the_module_tree(llama_trace: TracedModel, collapse: bool) -> None:
     model = llama_trace.model
     nodes = svg_nodes(render_svg(draw(llama_trace, "modules", collapse=collapse)))
     per_layer = len(list(model.model.layers[0].modules()))
@@ -127,7 +130,7 @@ def test_a_huge_module_tree_is_collapsed_even_unasked(tmp_path: Path) -> None:
     per_layer = 13  # a Llama decoder layer's modules, itself included
     layers = MAX_MODULES // per_layer + 1
     llama_config(layers).save_pretrained(tmp_path)
-    trace = trace_for_render(str(tmp_path))
+    trace = trace_source(str(tmp_path))
     total = len(list(trace.model.named_modules()))
     assert total > MAX_MODULES
     drawing = draw(trace, "modules")
@@ -139,7 +142,7 @@ def test_a_huge_module_tree_is_collapsed_even_unasked(tmp_path: Path) -> None:
 
 def test_modules_view_colours_each_called_module_by_why_it_is_a_leaf(llama_dir: Path) -> None:
     """The tracer records why it did not walk into each module it called: the colours agree."""
-    trace = trace_for_render(str(llama_dir), ignore=["re:model\\.norm"])
+    trace = trace_source(str(llama_dir), ignore=["re:model\\.norm"])
     nodes = svg_nodes(render_svg(draw(trace, "modules")))
     expected = {
         LEAF_TARGET: COLORS["target"],
@@ -172,7 +175,7 @@ def test_failure_view_highlights_the_origin_the_report_names(cls: type) -> None:
     assert fill_of(nodes[f"n-{trace.failing_node}"]) == COLORS["failure"]
 
 
-def test_failure_caption_names_the_model_line(value_branch_trace: RenderTrace) -> None:
+def test_failure_caption_names_the_model_line(value_branch_trace: TracedModel) -> None:
     drawing = draw(value_branch_trace, "failure")
     location = value_branch_trace.failure.location  # type: ignore[union-attr]
     assert f"{location.file}:{location.line}" in drawing.caption
@@ -193,19 +196,24 @@ def test_failure_without_a_recorded_graph_shows_the_module_stack() -> None:
     assert "failure" in nodes
 
 
-def test_the_partial_graph_comes_with_the_error() -> None:
-    """trace_graph attaches the tracer's graph to what it raises; a question knows its node."""
-    graph = torch.fx.Graph()
-    err = TypeError("ones() takes 1 positional argument but 2 were given")
-    assert partial_graph_of(err) is None
-    err._llmc_partial_graph = graph  # type: ignore[attr-defined]
-    assert partial_graph_of(err) is graph
+def test_the_partial_graph_comes_with_the_failure() -> None:
+    """What stops trace_graph carries the graph recorded so far and the module stack."""
+    with pytest.raises(TraceStopped) as info:
+        trace_graph(
+            patterns.Wrapper(patterns.ValueBranch()).eval(),
+            {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])},
+            TracingOptions(sequential_targets=("Block",)),
+        )
+    stopped = info.value
+    assert isinstance(stopped.partial_graph, torch.fx.Graph)
+    assert any(n.op == "placeholder" for n in stopped.partial_graph.nodes)
+    assert stopped.module_stack == [("model", "ValueBranch")]
 
 
 def test_views_that_need_a_trace_refuse_an_untraceable_model(
-    value_branch_trace: RenderTrace,
+    value_branch_trace: TracedModel,
 ) -> None:
-    from llmc_trace.render import NotTraceableError
+    from llmc_trace.errors import NotTraceableError
 
     for view in ("overview", "detail"):
         with pytest.raises(NotTraceableError, match="not traceable") as info:

@@ -21,6 +21,7 @@ from llmc_trace.graph.partition import partition_trace
 from llmc_trace.graph.verify import verify_subgraphs
 from llmc_trace.tracing.autowrap import autowrap_entry
 from llmc_trace.tracing.rewrite import EXTRACTED_PREFIX
+from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
 
@@ -89,9 +90,7 @@ def test_autowrap_traces_and_replays_like_eager(
     assert fix.ignore == (autowrap_entry(f"{cls.__name__}.forward", line_in_forward(cls, text)),)
     assert fix.rewrite is not None and fix.rewrite.before.startswith(text.split(" ")[0])
 
-    trace = trace_graph(
-        model, sample(grids[0]), sequential_targets=["Block"], ignore=list(fix.ignore)
-    )
+    trace = trace_graph(model, sample(grids[0]), TracingOptions.parse(model, fix.ignore, ["Block"]))
     recorded = [
         n
         for n in trace.graph.nodes
@@ -121,7 +120,7 @@ def test_replayed_assert_still_checks_real_batches() -> None:
     model = build(patterns.ForwardAssert, True)
     fix = autowrap_fix_for(model, sample([1, 2, 2]))
     trace = trace_graph(
-        model, sample([1, 2, 2]), sequential_targets=["Block"], ignore=list(fix.ignore)
+        model, sample([1, 2, 2]), TracingOptions.parse(model, fix.ignore, ["Block"])
     )
     bad = sample([1, -1, 2])
     values = dict(bad)
@@ -154,7 +153,8 @@ def test_a_statement_that_returns_is_refused_with_the_reason() -> None:
 def test_an_entry_naming_no_function_is_bad_input() -> None:
     model = build(patterns.ForwardBranch, False)
     with pytest.raises(BadInputError, match="NoSuchModel.forward"):
-        trace_graph(model, sample([1, 2, 2]), ["Block"], ignore=["autowrap:NoSuchModel.forward@3"])
+        options = TracingOptions.parse(model, ["autowrap:NoSuchModel.forward@3"], ["Block"])
+        trace_graph(model, sample([1, 2, 2]), options)
 
 
 def test_a_statement_that_calls_a_target_is_refused() -> None:
@@ -162,4 +162,4 @@ def test_a_statement_that_calls_a_target_is_refused() -> None:
     model = build(patterns.BranchAroundLayer, True)
     fix = autowrap_fix_for(model, sample([1, 2, 2]))
     with pytest.raises(BadInputError, match=r"hides the sequential targets model\.layers\.0"):
-        trace_graph(model, sample([1, 2, 2]), ["Block"], ignore=list(fix.ignore))
+        trace_graph(model, sample([1, 2, 2]), TracingOptions.parse(model, fix.ignore, ["Block"]))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from llmc_trace.diagnose.failure import KINDS
+from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
 
@@ -73,7 +74,7 @@ def test_failure_is_located_and_classified(
 def test_shape_branch_traces_and_records_a_guard() -> None:
     model = patterns.Wrapper(patterns.ShapeBranch()).eval()
     sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 2]])}
-    trace = trace_graph(model, sample, sequential_targets=["Block"])
+    trace = trace_graph(model, sample, TracingOptions(sequential_targets=("Block",)))
     [guard] = trace.guards
     assert guard.question == "bool" and guard.expected is True
     assert guard.location is not None

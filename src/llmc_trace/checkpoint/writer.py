@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from llmc_trace.checkpoint.layout import ignored_modules, module_tensors, quantization_config
 from llmc_trace.checkpoint.recipe import Recipe, render_recipe
-from llmc_trace.compress.errors import CheckpointError
+from llmc_trace.errors import CheckpointError
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity

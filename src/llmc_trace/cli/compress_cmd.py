@@ -9,6 +9,7 @@ from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT
+from llmc_trace.core.names import AUTO, GPTQ, METHODS, PIPELINES, SPARSEGPT
 
 
 @click.command()
@@ -38,7 +39,7 @@ from llmc_trace.cli.options import SHOW_DEFAULT
 @click.option(
     "--method",
     default=None,
-    type=click.Choice(["gptq", "sparsegpt", "rtn", "magnitude"]),
+    type=click.Choice(METHODS),
     help="Default: gptq, or sparsegpt when --sparsity is given.",
 )
 @click.option("--sparsity", default=None, help="Fraction such as 0.5, or N:M such as 2:4.")
@@ -59,7 +60,7 @@ from llmc_trace.cli.options import SHOW_DEFAULT
     "--pipeline",
     default="auto",
     **SHOW_DEFAULT,
-    type=click.Choice(["auto", "sequential", "layer_sequential", "basic", "data_free"]),
+    type=click.Choice([AUTO, *PIPELINES]),
     help="auto: the memory plan's choice.",
 )
 @click.option(
@@ -113,7 +114,7 @@ def compress(
     """
     from llmc_trace.oneshot import compress as run_compress
 
-    chosen_method = method or ("sparsegpt" if sparsity else "gptq")
+    chosen_method = method or (SPARSEGPT if sparsity else GPTQ)
     with handle_errors(ctx), ctx.progress("compress") as progress:
         result = run_compress(
             model,
@@ -179,7 +180,7 @@ def evaluate(
     as_json: bool,
 ) -> None:
     """Perplexity of MODEL on DATA (each row scored independently)."""
-    from llmc_trace.evaluation_run import evaluate_model
+    from llmc_trace.evaluate import evaluate_model
 
     with handle_errors(ctx), ctx.progress("evaluate") as progress:
         result = evaluate_model(
@@ -188,7 +189,7 @@ def evaluate(
             samples=samples,
             seq_len=seq_len,
             batch_size=batch_size,
-            progress=lambda done, total: progress("rows", done, total),
+            progress=progress,
         )
     if as_json:
         ctx.print_json(

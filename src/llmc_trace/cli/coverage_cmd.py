@@ -41,7 +41,7 @@ def coverage(
 
     Exit code 0 when every row verified, 1 otherwise.
     """
-    from llmc_trace.coverage import coverage_rows
+    from llmc_trace.attempt.coverage import coverage_rows
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
         rows = coverage_rows(

@@ -9,9 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.report import TraceReport
+from llmc_trace.attempt.report import TraceReport
 from llmc_trace.tracing.autowrap import StatementRewrite
-from llmc_trace.units import human_bytes
+from llmc_trace.core.sizes import human_bytes
 
 
 def _compress_targets(targets: list[str]) -> str:

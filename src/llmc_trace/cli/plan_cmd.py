@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.units import human_bytes
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(text: str) -> int:
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise click.BadParameter(f"{text!r} is not a memory size; write e.g. 80GiB or 24GB.")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+from llmc_trace.core.sizes import human_bytes, parse_bytes
 
 
 @click.command()
@@ -68,12 +46,12 @@ def plan(
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one."""
-    from llmc_trace.plan import RunSettings, plan_memory
+    from llmc_trace.plan import RunSettings, plan_source
 
-    device = parse_bytes(device_memory) if device_memory else None
-    host = parse_bytes(host_memory) if host_memory else None
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
-        result = plan_memory(
+        device = parse_bytes(device_memory, "device_memory") if device_memory else None
+        host = parse_bytes(host_memory, "host_memory") if host_memory else None
+        result = plan_source(
             model,
             RunSettings(samples, seq_len, batch_size, needs_data=not data_free),
             device_memory=device,

@@ -9,10 +9,8 @@ import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, model_options, split_list
+from llmc_trace.core.names import VIEWS
 
-#: Kept in step with ``llmc_trace.render.VIEWS``; importing the renderer here would make
-#: ``llmc-trace --help`` import torch.
-VIEWS = ("overview", "detail", "modules", "failure")
 _INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 

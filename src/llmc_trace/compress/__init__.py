@@ -5,7 +5,7 @@ and a scheme, and return tensors. Feed `HessianAccumulator.add` with a layer's i
 `gptq` or `sparsegpt` with its weight and `H`.
 """
 
-from llmc_trace.compress.errors import CheckpointError, CompressionError, HessianError, SchemeError
+from llmc_trace.errors import CheckpointError, CompressionError, HessianError, SchemeError
 from llmc_trace.compress.gptq import GPTQResult, gptq
 from llmc_trace.compress.hessian import HessianAccumulator, InverseFactor, inverse_factor
 from llmc_trace.compress.quantize import (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.errors import HessianError
+from llmc_trace.errors import HessianError
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.errors import SchemeError
+from llmc_trace.errors import SchemeError
 from llmc_trace.compress.scheme import QuantizationArgs
 
 MSE_GRID = 100

@@ -18,7 +18,7 @@ from typing import Literal, get_args
 
 import torch
 
-from llmc_trace.compress.errors import SchemeError
+from llmc_trace.errors import SchemeError
 
 Strategy = Literal["channel", "group", "tensor"]
 Observer = Literal["minmax", "mse"]

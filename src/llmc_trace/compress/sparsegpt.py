@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.errors import SchemeError
+from llmc_trace.errors import SchemeError
 from llmc_trace.compress.grid import SweepGrid
 from llmc_trace.compress.hessian import inverse_factor
 from llmc_trace.compress.quantize import QuantizedWeight

@@ -6,7 +6,7 @@ random weights. Every failure is a `DataError` carrying a `hint`.
 """
 
 from llmc_trace.data.calibration import CalibrationSet, load_calibration
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 from llmc_trace.data.synthetic import make_synthetic_text_batches
 from llmc_trace.data.validation import SourceInfo, validate_source
 

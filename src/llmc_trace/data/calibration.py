@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from llmc_trace.data.batching import pad_batches
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 from llmc_trace.data.hub import read_hub_table
 from llmc_trace.data.packing import pack_texts, truncate_texts
 from llmc_trace.data.source import ResolvedSource, resolve_source

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 from llmc_trace.data.tables import TextTable
 
 _OFFLINE_HINT = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 
 
 def pack_texts(

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 
 TEXT_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet", ".txt")
 TOKEN_SUFFIXES: tuple[str, ...] = (".npy",)

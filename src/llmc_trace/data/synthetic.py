@@ -12,7 +12,7 @@ import numpy as np
 
 from llmc_trace.data.batching import pad_batches
 from llmc_trace.data.calibration import CalibrationSet
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 from llmc_trace.data.validation import check_sizes
 
 

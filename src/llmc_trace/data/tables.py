@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

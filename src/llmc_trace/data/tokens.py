@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 
 
 def open_token_array(path: Path, description: str) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc_trace.data.errors import DataError
+from llmc_trace.errors import DataError
 from llmc_trace.data.hub import read_hub_metadata
 from llmc_trace.data.source import ResolvedSource, resolve_source
 from llmc_trace.data.tables import read_text_table

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import fx
 
+from llmc_trace.errors import TraceStopped
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback
 from llmc_trace.tracing.tracer import WeightMutation
@@ -107,9 +108,10 @@ def origin_chain(node: fx.Node) -> list[str]:
     return [describe_node(n) for n in reversed(chain)]
 
 
-def failure_from_exception(err: BaseException) -> TraceFailure:
-    """Classify ``err`` (raised by :func:`llmc_trace.tracing.trace.trace_graph`)."""
-    stack: list[tuple[str, str]] = list(getattr(err, "_llmc_module_stack", []))
+def failure_from_exception(stopped: TraceStopped) -> TraceFailure:
+    """Classify what stopped :func:`llmc_trace.tracing.trace.trace_graph`."""
+    err = stopped.cause
+    stack = list(stopped.module_stack)
     module_path, module_class = stack[-1] if stack else ("", "")
     frames = model_frames_of_traceback(err.__traceback__)
     location = frames[-1] if frames else None

@@ -50,7 +50,7 @@ class Fix:
 
 
 def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
-    """(b): the innermost enclosing function that is not a module's ``forward``."""
+    """The opaque fix: the innermost enclosing function that is not a module's ``forward``."""
     classes = {type(m).__name__ for m in model.modules()}
     for frame in reversed(failure.call_stack):
         qualified = frame.function
@@ -77,7 +77,7 @@ def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
 
 
 def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
-    """(c): the failing statement, in the innermost frame that autowrap can address."""
+    """The autowrap fix: the failing statement, in the innermost frame that autowrap can address."""
     for frame in reversed(failure.call_stack):
         if "<" in frame.function:  # decorator wrappers, lambdas: no source to rewrite there
             continue
@@ -107,7 +107,7 @@ def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
 
 
 def definition_fixes(model: torch.nn.Module) -> list[Fix]:
-    """(d): the traceable definitions registered in ``tracing_models/`` for the model's classes."""
+    """The definition fixes: the traceable definitions registered in ``tracing_models/`` for the model's classes."""
     return [
         Fix(
             "definition",

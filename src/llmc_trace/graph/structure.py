@@ -9,11 +9,20 @@ paths are compared with their layer numbers erased.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from torch import fx
 
 from llmc_trace.graph.subgraph import Subgraph
-from llmc_trace.report import StructureCheck
+
+
+@dataclass(frozen=True)
+class StructureCheck:
+    """Does the tiny twin's trace have the full model's structure (up to layer count)?"""
+
+    matches: bool
+    differences: list[str]
+
 
 _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|_\d+$")
 

@@ -93,14 +93,19 @@ def build_twin(
     return model.eval()
 
 
-def load_pretrained(source: ModelSource, attn_implementation: str = "eager") -> PreTrainedModel:
-    """The real model with its weights, for folders that have them (float32 on CPU)."""
+def load_pretrained(
+    source: ModelSource, attn_implementation: str | None = "eager"
+) -> PreTrainedModel:
+    """The real model with its weights, for folders that have them (float32 on CPU).
+
+    ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
+    checkpoint is decompressed by transformers itself, the path a user's code takes.
+    """
     assert source.folder is not None
     cls = model_class(source.config(), source.name)
+    kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     with _quiet_transformers():
-        model = cls.from_pretrained(
-            source.folder, attn_implementation=attn_implementation, dtype=torch.float32
-        )
+        model = cls.from_pretrained(source.folder, dtype=torch.float32, **kernel)
     prepare_config(model.config)
     return model.eval()
 

@@ -36,13 +36,6 @@ class ModelSource:
         return self.folder is not None and any(self.folder.glob("*.safetensors"))
 
     @property
-    def has_processor(self) -> bool:
-        return self.folder is not None and (
-            (self.folder / "preprocessor_config.json").exists()
-            or (self.folder / "processor_config.json").exists()
-        )
-
-    @property
     def has_tokenizer(self) -> bool:
         return self.folder is not None and (self.folder / "tokenizer.json").exists()
 

@@ -13,7 +13,8 @@ import torch
 
 from llmc_trace.pipelines.cache import move
 from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
-from llmc_trace.pipelines.sequential import PipelineStats, Progress
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.pipelines.sequential import PipelineStats
 
 
 def run_basic(
@@ -28,7 +29,7 @@ def run_basic(
 ) -> PipelineStats:
     """Run ``model`` on every batch with the callbacks listening on ``target_modules``."""
     device = device or torch.device("cpu")
-    report = progress or (lambda description, done, total: None)
+    report = progress or no_progress
     named = named_submodules(model, [m for t in target_modules for m in t.modules()])
     model.to(device)
     callbacks.on_subgraph_start(0, named)

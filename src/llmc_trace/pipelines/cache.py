@@ -59,19 +59,6 @@ def move(value: Any, device: torch.device, pin: bool = False) -> Any:
     return map_leaves(convert, value)
 
 
-def nbytes(value: Any) -> int:
-    total = 0
-
-    def visit(leaf: Any) -> Any:
-        nonlocal total
-        if isinstance(leaf, torch.Tensor):
-            total += leaf.numel() * leaf.element_size()
-        return leaf
-
-    map_leaves(visit, value)
-    return total
-
-
 def values_equal(a: Any, b: Any) -> bool:
     """Exact equality of two cached values: same structure, same tensors bit for bit."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):

@@ -18,7 +18,8 @@ import torch
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
 from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
-from llmc_trace.pipelines.sequential import PipelineStats, Progress
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.pipelines.sequential import PipelineStats
 
 
 class _Captured(Exception):
@@ -122,7 +123,7 @@ def run_layer_sequential(
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
-    report = progress or (lambda description, done, total: None)
+    report = progress or no_progress
     kwargs = forward_kwargs or {}
     home = next(model.parameters()).device
     calls: list[TargetCall] = []

@@ -16,19 +16,17 @@ holds one set of hidden states plus one batch, never two sets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
 from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
-
-#: ``progress(description, done, total)``
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -64,7 +62,7 @@ def run_sequential(
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
-    report = progress or (lambda description, done, total: None)
+    report = progress or no_progress
     inputs = [{k: v for k, v in b.items() if k in _graph_inputs(subgraphs)} for b in batches]
     cache = IntermediatesCache.from_batches(inputs, offload)
     release_free_memory()  # what loading and tracing freed would count towards our peak

@@ -2,7 +2,7 @@
 
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import PipelineEstimate, RunSettings, estimate_pipelines
-from llmc_trace.plan.memory import plan_memory
+from llmc_trace.plan.memory import plan_memory, plan_source
 
 __all__ = [
     "MemoryPlan",
@@ -11,4 +11,5 @@ __all__ = [
     "choose_pipeline",
     "estimate_pipelines",
     "plan_memory",
+    "plan_source",
 ]

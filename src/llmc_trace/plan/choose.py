@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmc_trace.core.names import DATA_FREE, PREFERENCE
 from llmc_trace.plan.estimate import PipelineEstimate
-
-PREFERENCE = ("sequential", "layer_sequential", "basic")
 
 
 @dataclass(frozen=True)
@@ -28,10 +27,9 @@ class MemoryPlan:
     def estimate(self, pipeline: str) -> PipelineEstimate:
         return next(e for e in self.estimates if e.pipeline == pipeline)
 
-    def fallbacks(self) -> list[str]:
-        """Pipelines to try, in order, if the chosen one fails for a reason other than memory."""
-        order = [p for p in PREFERENCE if p in {e.pipeline for e in self.estimates}]
-        return order[order.index(self.chosen) + 1 :] if self.chosen in order else []
+    def pipelines(self) -> list[str]:
+        """The pipelines this plan estimated (sequential only when the model traced)."""
+        return [e.pipeline for e in self.estimates]
 
 
 def choose_pipeline(
@@ -50,7 +48,7 @@ def choose_pipeline(
             estimates,
             device_memory,
             host_memory,
-            "data_free",
+            DATA_FREE,
             "the compressor needs no calibration data",
             True,
         )

@@ -26,6 +26,8 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
+from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
+from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
 
 #: Batch and sequence sizes of the planning trace, chosen to match no model dimension.
@@ -69,20 +71,24 @@ class CompressorCost:
     kept_bytes: int  # integer weights kept on the host for the checkpoint
 
 
-def scaled_bytes(value: Any, batch: int, seq: int) -> int:
-    """Bytes of ``value`` at the run's batch and sequence size (see module docstring)."""
+def scaled_bytes(
+    value: Any, batch: int, seq: int, traced: tuple[int, int] = (PLAN_BATCH, PLAN_SEQ)
+) -> int:
+    """Bytes of ``value`` at the run's batch and sequence size, from its size at ``traced``
+    ``(batch, sequence)`` (see module docstring)."""
+    traced_batch, traced_seq = traced
     if isinstance(value, torch.Tensor):
         factor = 1.0
         for i, dim in enumerate(value.shape):
-            if dim == PLAN_SEQ:
-                factor *= seq / PLAN_SEQ
-            elif dim == PLAN_BATCH and i == 0:
-                factor *= batch / PLAN_BATCH
+            if dim == traced_seq:
+                factor *= seq / traced_seq
+            elif dim == traced_batch and i == 0:
+                factor *= batch / traced_batch
         return int(value.numel() * value.element_size() * factor)
     if isinstance(value, dict):
-        return sum(scaled_bytes(v, batch, seq) for v in value.values())
+        return sum(scaled_bytes(v, batch, seq, traced) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(scaled_bytes(v, batch, seq) for v in value)
+        return sum(scaled_bytes(v, batch, seq, traced) for v in value)
     return 0
 
 
@@ -210,11 +216,13 @@ def estimate_pipelines(
     partitioned: PartitionedTrace | None,
     settings: RunSettings,
     invariant: set[str] = frozenset(),  # type: ignore[assignment]
+    traced: tuple[int, int] = (PLAN_BATCH, PLAN_SEQ),
 ) -> list[PipelineEstimate]:
     """Estimates for every pipeline that can run this model (sequential needs a trace).
 
     ``invariant`` names the intermediates that are equal for every sample (see
-    :mod:`~llmc_trace.plan.invariants`): the caches hold them once.
+    :mod:`~llmc_trace.plan.invariants`): the caches hold them once. ``traced`` is the
+    ``(batch, sequence)`` size the graph's example values were traced at.
     """
     batches = -(-settings.samples // settings.batch_size)
     b, s = settings.batch_size, settings.seq_len
@@ -230,18 +238,20 @@ def estimate_pipelines(
     estimates = []
     if partitioned is not None:
         estimates.append(
-            _sequential(model, partitioned, settings, batches, weights, costs, working, invariant)
+            _sequential(
+                model, partitioned, settings, batches, weights, costs, working, invariant, traced
+            )
         )
     largest_target = max(
         (parameter_bytes(list(t.modules()), settings.dtype_bytes) for t in targets), default=0
     )
-    varying, shared = _target_arguments(partitioned, invariant, b, s)
+    varying, shared = _target_arguments(partitioned, invariant, b, s, traced)
     # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
     # replaces each call's hidden states as it goes, so one batch's output comes on top
     calls = batches * (hidden_state + varying) + shared + hidden_state
     estimates.append(
         PipelineEstimate(
-            "layer_sequential",
+            LAYER_SEQUENTIAL,
             device_bytes=largest_target
             + max((c.hessian_bytes for c in costs), default=0)
             + solver
@@ -256,7 +266,7 @@ def estimate_pipelines(
     )
     estimates.append(
         PipelineEstimate(
-            "basic",
+            BASIC,
             device_bytes=weights + sum(c.hessian_bytes for c in costs) + solver + working + logits,
             host_bytes=weights + kept,
             cache_bytes=0,
@@ -265,7 +275,7 @@ def estimate_pipelines(
     )
     estimates.append(
         PipelineEstimate(
-            "data_free",
+            DATA_FREE,
             device_bytes=largest_target,
             host_bytes=weights + kept,
             cache_bytes=0,
@@ -284,6 +294,7 @@ def _sequential(
     costs: list[CompressorCost],
     working: int,
     invariant: set[str],
+    traced: tuple[int, int],
 ) -> PipelineEstimate:
     """Walk the subgraphs as the cache stores their values: an output that has the shape of
     an input the same subgraph consumes takes that input's slab over row by row; any other
@@ -292,7 +303,7 @@ def _sequential(
     values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
     cost_of = dict(zip(partitioned.trace.leaves.targets, costs))
     live = {  # the batches' model inputs are cached from the start
-        n.name: scaled_bytes(values.get(n.name), b, s) * batches
+        n.name: scaled_bytes(values.get(n.name), b, s, traced) * batches
         for n in partitioned.trace.graph.nodes
         if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
     }
@@ -303,7 +314,8 @@ def _sequential(
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         state = sum(c.hessian_bytes for c in mine) + max((c.solver_bytes for c in mine), default=0)
         io = sum(
-            scaled_bytes(values.get(n), b, s) for n in subgraph.input_names + subgraph.output_names
+            scaled_bytes(values.get(n), b, s, traced)
+            for n in subgraph.input_names + subgraph.output_names
         )
         layer = working if subgraph.targets else 0
         peak_device = max(peak_device, param_bytes + state + io + layer)
@@ -311,7 +323,7 @@ def _sequential(
         before = sum(live.values())
         added = 0
         for name in subgraph.output_names:
-            per_batch = scaled_bytes(values.get(name), b, s)
+            per_batch = scaled_bytes(values.get(name), b, s, traced)
             live[name] = per_batch if name in invariant else per_batch * batches
             signature = _signature(values.get(name))
             if name not in invariant and signature is not None and signature in donors:
@@ -323,7 +335,7 @@ def _sequential(
             live.pop(name, None)
     kept = sum(c.kept_bytes for c in costs)
     return PipelineEstimate(
-        "sequential",
+        SEQUENTIAL,
         device_bytes=peak_device,
         host_bytes=weights + peak_cache + kept,
         cache_bytes=peak_cache,
@@ -336,7 +348,11 @@ def _signature(value: Any) -> tuple[Any, ...] | None:
 
 
 def _target_arguments(
-    partitioned: PartitionedTrace | None, invariant: set[str], batch: int, seq: int
+    partitioned: PartitionedTrace | None,
+    invariant: set[str],
+    batch: int,
+    seq: int,
+    traced: tuple[int, int],
 ) -> tuple[int, int]:
     """Bytes of a target's arguments besides the hidden states (mask, rotary tables):
     ``(per batch, once)``, as layer_sequential stores them (shared when equal for all)."""
@@ -345,19 +361,12 @@ def _target_arguments(
     first = partitioned.trace.target_nodes[0]
     varying = shared = 0
     for node in first.all_input_nodes[1:]:
-        size = scaled_bytes(node.meta.get("val"), batch, seq)
+        size = scaled_bytes(node.meta.get("val"), batch, seq, traced)
         if node.name in invariant:
             shared += size
         else:
             varying += size
     return varying, shared
-
-
-def parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = None) -> int:
-    """Bytes of the parameters ``modules`` hold themselves, a tied parameter counted once; at
-    ``dtype_bytes`` per element when given (a plan for another dtype), else as stored."""
-    unique = {id(p): p for m in modules for p in m.parameters(recurse=False)}
-    return sum(p.numel() * (dtype_bytes or p.element_size()) for p in unique.values())
 
 
 def _target_modules(

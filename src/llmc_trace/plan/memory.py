@@ -1,18 +1,17 @@
-"""``plan_memory``: trace a model on ``meta`` at planning sizes, estimate, and choose."""
+"""``plan_memory``: estimate each pipeline's peak memory for a traced model, and choose one."""
 
 from __future__ import annotations
 
 import psutil
 import torch
 
-from llmc_trace.graph.partition import partition_trace
-from llmc_trace.models.build import build_meta_model
+from llmc_trace.core.names import SEQUENTIAL
+from llmc_trace.models.build import build_twin
 from llmc_trace.models.samples import SampleOptions, make_sample
-from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings, estimate_pipelines
 from llmc_trace.plan.invariants import sample_invariant_names
-from llmc_trace.tracing.trace import trace_graph
+from llmc_trace.traced.model import TracedModel, trace_model, trace_source
 
 
 def available_device_memory() -> int:
@@ -24,34 +23,31 @@ def available_device_memory() -> int:
 
 
 def plan_memory(
-    model: str | ModelSource,
+    traced: TracedModel,
     settings: RunSettings,
     *,
+    twin: TracedModel | None = None,
     device_memory: int | None = None,
     host_memory: int | None = None,
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
 ) -> MemoryPlan:
-    """The memory plan for calibrating ``model`` with ``settings`` (nothing is allocated)."""
-    source = model if isinstance(model, ModelSource) else resolve_model(model)
-    meta_model = build_meta_model(source)
-    sample = make_sample(
-        meta_model.config, "text", SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
-    )
+    """The memory plan for calibrating ``traced.model`` with ``settings`` (nothing allocated).
+
+    Intermediates are sized from ``traced``'s own example values, scaled from its sample's
+    batch and sequence sizes to the run's. Which of them are equal for every sample is learnt
+    by running the twin's subgraphs on two samples: ``twin`` when the caller verified one (its
+    own trace), else a twin built and traced here. An untraced model gets a plan without the
+    sequential pipeline.
+    """
     excluded: dict[str, str] = {}
     invariant: set[str] = set()
-    try:
-        partitioned = partition_trace(trace_graph(meta_model, sample, sequential_targets, ignore))
-        invariant = sample_invariant_names(
-            source,
-            SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
-            sequential_targets,
-            ignore,
-        )
-    except Exception as err:  # an untraceable model still gets a plan, without sequential
-        partitioned = None
-        excluded["sequential"] = f"the model does not trace ({type(err).__name__})"
-    estimates = estimate_pipelines(meta_model, partitioned, settings, invariant)
+    if traced.partitioned is None:
+        kind = traced.failure.kind if traced.failure else "unknown"
+        excluded[SEQUENTIAL] = f"the model does not trace ({kind})"
+    else:
+        invariant = sample_invariant_names(twin if twin is not None else _twin_of(traced))
+    estimates = estimate_pipelines(
+        traced.model, traced.partitioned, settings, invariant, traced_sizes(traced)
+    )
     return choose_pipeline(
         estimates,
         device_memory if device_memory is not None else available_device_memory(),
@@ -59,3 +55,36 @@ def plan_memory(
         needs_data=settings.needs_data,
         excluded=excluded,
     )
+
+
+def plan_source(
+    model: str,
+    settings: RunSettings,
+    *,
+    device_memory: int | None = None,
+    host_memory: int | None = None,
+) -> MemoryPlan:
+    """Trace ``model`` on ``meta`` at the planning sizes (which collide with no model width,
+    so every sequence and batch dimension can be told apart and scaled) and plan it."""
+    traced = trace_source(
+        model, sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
+    )
+    return plan_memory(traced, settings, device_memory=device_memory, host_memory=host_memory)
+
+
+def traced_sizes(traced: TracedModel) -> tuple[int, int]:
+    """``(batch, sequence)`` of the sample ``traced`` was traced on (its token ids' shape)."""
+    ids = traced.sample.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        return int(ids.shape[0]), int(ids.shape[1])
+    return PLAN_BATCH, PLAN_SEQ
+
+
+def _twin_of(traced: TracedModel) -> TracedModel:
+    """The twin of ``traced``'s source, traced with the same options on text of its shape."""
+    if traced.source is None:
+        raise ValueError(f"{traced.name} has no source to build a twin from; pass twin=")
+    model = build_twin(traced.source)
+    batch, seq = traced_sizes(traced)
+    sample = make_sample(model.config, "text", SampleOptions(seq_len=seq, batch_size=batch))
+    return trace_model(model, sample, traced.options, name=traced.name, source=traced.source)

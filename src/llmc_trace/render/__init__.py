@@ -13,12 +13,12 @@ Four views, each answering one question:
 >>> render("meta-llama/Llama-2-7b-hf", "llama.html", view="overview")  # doctest: +SKIP
 """
 
-from llmc_trace.render.api import VIEWS, RenderResult, draw, render, render_trace
+from llmc_trace.core.names import VIEWS
+from llmc_trace.render.api import RenderResult, draw, render, render_trace
 from llmc_trace.render.drawing import Drawing
-from llmc_trace.render.errors import DotNotFoundError, NotTraceableError
+from llmc_trace.errors import DotNotFoundError, NotTraceableError
 from llmc_trace.render.page import render_html
 from llmc_trace.render.svg import render_svg
-from llmc_trace.render.trace import RenderTrace, trace_for_render, trace_module_for_render
 
 __all__ = [
     "VIEWS",
@@ -26,12 +26,9 @@ __all__ = [
     "Drawing",
     "NotTraceableError",
     "RenderResult",
-    "RenderTrace",
     "draw",
     "render",
     "render_html",
     "render_svg",
     "render_trace",
-    "trace_for_render",
-    "trace_module_for_render",
 ]

@@ -8,27 +8,25 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc_trace.errors import BadInputError
+from llmc_trace.core.names import VIEWS
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.errors import BadInputError, NotTraceableError
+from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
 from llmc_trace.render.detail import draw_detail
 from llmc_trace.render.drawing import Drawing
-from llmc_trace.render.errors import NotTraceableError
 from llmc_trace.render.failure import draw_failure
 from llmc_trace.render.modules import draw_modules
 from llmc_trace.render.overview import draw_overview
 from llmc_trace.render.page import render_html
 from llmc_trace.render.svg import render_svg
-from llmc_trace.render.trace import RenderTrace, trace_for_render
+from llmc_trace.traced.model import TracedModel, trace_source
 
-VIEWS = ("overview", "detail", "modules", "failure")
 FORMATS = (".svg", ".html")
-
-#: ``progress(stage, done, total)``: library code reports, only the CLI draws.
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,7 @@ def check_request(out: str | Path, view: str, subgraphs: Sequence[int] | None) -
 
 
 def draw(
-    trace: RenderTrace, view: str, subgraphs: Sequence[int] | None = None, collapse: bool = False
+    trace: TracedModel, view: str, subgraphs: Sequence[int] | None = None, collapse: bool = False
 ) -> Drawing:
     """The :class:`Drawing` of one view of ``trace`` (no Graphviz, no files)."""
     if view == "failure":
@@ -91,7 +89,7 @@ def draw(
 
 
 def render_trace(
-    trace: RenderTrace,
+    trace: TracedModel,
     out: str | Path,
     *,
     view: str = "overview",
@@ -129,24 +127,23 @@ def render(
     ``failure`` (the graph up to the failure). ``collapse`` merges runs of identical
     subgraphs (or sibling modules). Bad input raises
     :class:`~llmc_trace.errors.BadInputError` before tracing; an untraceable model raises
-    :class:`~llmc_trace.render.errors.NotTraceableError` except for the failure and modules
+    :class:`~llmc_trace.errors.NotTraceableError` except for the failure and modules
     views.
 
     >>> result = render("meta-llama/Llama-2-7b-hf", "llama.html", collapse=True)  # doctest: +SKIP
     >>> result.num_nodes                                                         # doctest: +SKIP
     5
     """
-    report = progress or (lambda stage, done, total: None)
+    report = progress or no_progress
     check_request(out, view, subgraphs)
     report("trace", 0, 2)
-    trace = trace_for_render(
+    trace = trace_source(
         model,
         modality=modality,
         sequential_targets=sequential_targets,
         ignore=ignore,
         targets_per_subgraph=targets_per_subgraph,
-        seq_len=seq_len,
-        image_size=image_size,
+        sample_options=SampleOptions(seq_len=seq_len, image_size=image_size),
     )
     report("draw", 1, 2)
     result = render_trace(trace, out, view=view, subgraphs=subgraphs, collapse=collapse)

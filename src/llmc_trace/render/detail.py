@@ -26,7 +26,7 @@ from llmc_trace.render.drawing import (
 from llmc_trace.render.labels import describe_value, index_ranges, node_fields, safe_id
 from llmc_trace.render.nodes import default_style, draw_clustered, draw_edges, fx_node_id
 from llmc_trace.render.overview import runs_of_equal_subgraphs
-from llmc_trace.render.trace import RenderTrace
+from llmc_trace.traced.model import TracedModel
 
 
 def owners(subgraphs: Sequence[Subgraph], graph: fx.Graph) -> dict[str, int]:
@@ -72,7 +72,7 @@ def chosen_subgraphs(
 
 
 def draw_detail(
-    trace: RenderTrace, indices: Sequence[int] | None = None, collapse: bool = False
+    trace: TracedModel, indices: Sequence[int] | None = None, collapse: bool = False
 ) -> Drawing:
     """The detail view of ``indices`` (default: every subgraph); see the module docstring."""
     assert trace.partitioned is not None, "the detail view needs a traced model"

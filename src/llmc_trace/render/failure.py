@@ -22,7 +22,7 @@ from llmc_trace.render.drawing import (
 )
 from llmc_trace.render.labels import shorten, stable_text
 from llmc_trace.render.nodes import default_style, draw_clustered, draw_edges, fx_node_id
-from llmc_trace.render.trace import RenderTrace
+from llmc_trace.traced.model import TracedModel
 
 FAILURE_ID = "failure"
 
@@ -52,7 +52,7 @@ def chain_text(steps: list[str], keep: int = 5) -> str:
     return " → ".join([*steps[:keep], f"… {hidden} more …", *steps[-keep:]])
 
 
-def failure_caption(trace: RenderTrace, failure: TraceFailure) -> list[str]:
+def failure_caption(trace: TracedModel, failure: TraceFailure) -> list[str]:
     """What failed, where, and why, one fact a line (the model's source line included)."""
     lines = [f"{trace.name} · not traceable · {failure.explanation}"]
     if failure.location is not None:
@@ -71,7 +71,7 @@ def failure_caption(trace: RenderTrace, failure: TraceFailure) -> list[str]:
     return lines
 
 
-def draw_failure(trace: RenderTrace) -> Drawing:
+def draw_failure(trace: TracedModel) -> Drawing:
     """The failure view of an untraceable model; see the module docstring."""
     failure = trace.failure
     assert failure is not None, "the failure view needs a failed trace"
@@ -110,7 +110,7 @@ def draw_failure(trace: RenderTrace) -> Drawing:
 
 
 def _draw_partial_graph(
-    dot: graphviz.Digraph, trace: RenderTrace, failure: TraceFailure, nodes: dict[str, NodeInfo]
+    dot: graphviz.Digraph, trace: TracedModel, failure: TraceFailure, nodes: dict[str, NodeInfo]
 ) -> str | None:
     """Draw the partial graph; returns the id of the node the failure hangs from."""
     assert trace.partial_graph is not None

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from llmc_trace.attempt import value_bytes
+from llmc_trace.core.sizes import value_bytes
 from llmc_trace.tracing.tracer import op_name
-from llmc_trace.units import human_bytes
+from llmc_trace.core.sizes import human_bytes
 
 #: Longest text kept for one value; graphviz boxes grow with their widest line.
 MAX_TEXT = 60

@@ -31,8 +31,9 @@ from llmc_trace.render.drawing import (
     html_label,
     new_digraph,
 )
-from llmc_trace.render.labels import human_bytes, safe_id
-from llmc_trace.render.trace import RenderTrace
+from llmc_trace.core.sizes import human_bytes, parameter_bytes_by_path
+from llmc_trace.render.labels import safe_id
+from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_NO_TARGET, LEAF_TARGET, LeafPlan
 
 #: Role -> (colour key, sentence shown in the legend and the side panel).
@@ -77,22 +78,7 @@ def subtree_signature(
     return tuple(signature)
 
 
-def parameter_bytes(model: torch.nn.Module) -> dict[str, int]:
-    """Bytes of the parameters under every module path; a tied parameter counts once per path."""
-    totals: dict[str, int] = {}
-    counted: set[tuple[str, int]] = set()
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        size = parameter.numel() * parameter.element_size()
-        parts = name.split(".")[:-1]
-        for depth in range(len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            if (prefix, id(parameter)) not in counted:  # only dedupes; never orders output
-                counted.add((prefix, id(parameter)))
-                totals[prefix] = totals.get(prefix, 0) + size
-    return totals
-
-
-def draw_modules(trace: RenderTrace, collapse: bool = False) -> Drawing:
+def draw_modules(trace: TracedModel, collapse: bool = False) -> Drawing:
     """The modules view of a model, traced or not; see the module docstring."""
     plan = trace.leaves
     count = sum(1 for _ in trace.model.modules())
@@ -133,10 +119,10 @@ class _ModuleTree:
     """Draws one module per node, depth first in module order (state shared by the recursion)."""
 
     def __init__(
-        self, trace: RenderTrace, dot: graphviz.Digraph, collapse: bool, failed: Sequence[str]
+        self, trace: TracedModel, dot: graphviz.Digraph, collapse: bool, failed: Sequence[str]
     ) -> None:
         self.plan, self.dot, self.collapse, self.failed = trace.leaves, dot, collapse, failed
-        self.parameters = parameter_bytes(trace.model)
+        self.parameters = parameter_bytes_by_path(trace.model)
         self.subgraph_of = (
             {}
             if trace.partitioned is None

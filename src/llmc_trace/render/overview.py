@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import graphviz
 from torch import fx
 
-from llmc_trace.attempt import value_bytes
+from llmc_trace.core.sizes import value_bytes
 from llmc_trace.graph.structure import subgraph_signature
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.render.drawing import (
@@ -39,7 +39,7 @@ from llmc_trace.render.labels import (
     plural,
     safe_id,
 )
-from llmc_trace.render.trace import RenderTrace
+from llmc_trace.traced.model import TracedModel
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def run_id(run: Sequence[Subgraph]) -> str:
     return safe_id("sg-", str(first) if first == last else f"{first}-{last}")
 
 
-def draw_overview(trace: RenderTrace, collapse: bool = False) -> Drawing:
+def draw_overview(trace: TracedModel, collapse: bool = False) -> Drawing:
     """The overview of a traced model; see the module docstring."""
     assert trace.partitioned is not None, "the overview needs a traced model"
     subgraphs = trace.partitioned.subgraphs
@@ -156,7 +156,7 @@ def draw_overview(trace: RenderTrace, collapse: bool = False) -> Drawing:
 
 
 def _box_text(
-    trace: RenderTrace, run: Sequence[Subgraph], returns_output: bool
+    trace: TracedModel, run: Sequence[Subgraph], returns_output: bool
 ) -> tuple[str, list[str], list[tuple[str, str]]]:
     """Title, label lines and panel facts of the box for one run of subgraphs."""
     summaries = {s.index: s for s in trace.summaries}

@@ -11,7 +11,7 @@ import re
 import graphviz
 
 from llmc_trace.render.drawing import Drawing
-from llmc_trace.render.errors import DotNotFoundError, LayoutError
+from llmc_trace.errors import DotNotFoundError, LayoutError
 
 _PROLOGUE = re.compile(r"\A.*?(?=<svg\b)", re.DOTALL)
 
@@ -19,7 +19,7 @@ _PROLOGUE = re.compile(r"\A.*?(?=<svg\b)", re.DOTALL)
 def render_svg(drawing: Drawing) -> str:
     """The drawing as a standalone SVG document.
 
-    Raises :class:`~llmc_trace.render.errors.DotNotFoundError` (with install instructions)
+    Raises :class:`~llmc_trace.errors.DotNotFoundError` (with install instructions)
     when Graphviz is missing.
     """
     try:

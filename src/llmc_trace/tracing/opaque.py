@@ -99,7 +99,7 @@ def default_opaque_functions() -> list[str]:
     return sorted(names) + list(CHECK_FUNCTIONS)
 
 
-def _module_files(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
+def module_files(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
     """The Python modules (files) defining the classes of ``modules`` and their bases."""
     seen: dict[str, ModuleType] = {}
     for module in modules:
@@ -129,7 +129,7 @@ def patch_opaque(
     """
     patched: list[tuple[Any, str, Any, bool]] = []  # (owner, attribute, original, was_instance)
     matched: dict[str, list[str]] = {}
-    files = _module_files(module for _, module in traced_modules)
+    files = module_files(module for _, module in traced_modules)
     try:
         for name in names:
             class_name, _, attr = name.rpartition(".")

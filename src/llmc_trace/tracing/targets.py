@@ -147,20 +147,6 @@ def resolve_targets(
     return chosen
 
 
-def split_ignore(model: torch.nn.Module, ignore: list[str]) -> tuple[list[str], list[str]]:
-    """Split ``ignore`` into module patterns (matching some module) and function names."""
-    module_patterns, function_names = [], []
-    named = list(model.named_modules())
-    for pattern in ignore:
-        if any(
-            matches(pattern, path, module) for path, module in named if path
-        ) or pattern.startswith("re:"):
-            module_patterns.append(pattern)
-        else:
-            function_names.append(pattern)
-    return module_patterns, function_names
-
-
 def plan_leaves(
     model: torch.nn.Module,
     sequential_targets: list[str] | None,

@@ -1,4 +1,4 @@
-"""Trace a model on a sample: the single entry point into :mod:`llmc_trace.tracing`."""
+"""Trace a model on a sample into an fx graph with what tracing learned about it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from typing import Any
 import torch
 from torch import fx
 
-from llmc_trace.errors import BadInputError
-from llmc_trace.tracing.autowrap import StatementRewrite, install_autowraps, is_autowrap_entry
+from llmc_trace.errors import BadInputError, LlmcTraceError, TraceStopped
+from llmc_trace.tracing.autowrap import StatementRewrite, install_autowraps
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.opaque import default_opaque_functions
-from llmc_trace.tracing.targets import LeafPlan, plan_leaves, split_ignore
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.targets import LeafPlan, plan_leaves
 from llmc_trace.tracing.tracer import LlmcTracer
-from llmc_trace.tracing.definitions import is_definition_entry, use_definitions
+from llmc_trace.tracing.definitions import use_definitions
 
 
 @dataclass
@@ -60,31 +61,24 @@ def split_sample(sample: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
 
 
 def trace_graph(
-    model: torch.nn.Module,
-    sample: dict[str, Any],
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
+    model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions | None = None
 ) -> TraceResult:
-    """Trace ``model(**sample)`` with the given targets and ignore list.
+    """Trace ``model(**sample)`` as ``options`` say (the defaults when ``None``).
 
-    ``ignore=None`` means llmc-trace's defaults (the mask builders of
-    ``transformers.masking_utils`` are opaque calls). Names in ``ignore`` that match a module
-    (class name or ``re:`` path pattern) make it a leaf; other names are functions or methods
-    to record as opaque calls. ``autowrap:<function>@<line>`` entries move that statement into
-    a function recorded as one call (:mod:`~llmc_trace.tracing.autowrap`), and
-    ``tracing_models:<class>`` entries trace that class's registered definition
-    (:mod:`tracing_models`); both are installed for this trace only.
+    The mask builders of ``transformers.masking_utils`` are always opaque calls; ignored
+    modules are leaves; opaque calls are recorded as one graph call each; autowraps move a
+    statement into a function recorded as one call (:mod:`~llmc_trace.tracing.autowrap`) and
+    definitions trace a class through its registered definition (:mod:`tracing_models`); both
+    are installed for this trace only.
+
+    Raises :class:`~llmc_trace.errors.TraceStopped` when the model's code cannot be traced, and
+    :class:`~llmc_trace.errors.BadInputError` when the options cannot apply to this model.
     """
+    options = options or TracingOptions()
     start = time.perf_counter()
-    entries = list(ignore or [])
-    autowraps = [e for e in entries if is_autowrap_entry(e)]
-    definitions = [e for e in entries if is_definition_entry(e)]
-    plain = [e for e in entries if e not in autowraps and e not in definitions]
-    module_patterns, function_names = split_ignore(model, plain)
-    opaque = default_opaque_functions() + [
-        n for n in function_names if n not in default_opaque_functions()
-    ]
-    leaves = plan_leaves(model, sequential_targets, module_patterns)
+    defaults = default_opaque_functions()
+    opaque = defaults + [n for n in options.opaque_calls if n not in defaults]
+    leaves = plan_leaves(model, options.sequential_targets, list(options.ignored_modules))
     tensors, constants = split_sample(sample)
     concrete = {**concrete_arguments(model, sample), **constants}
     tracer = LlmcTracer(lambda path, module: leaves.leaf_reason(path), opaque)
@@ -94,14 +88,16 @@ def trace_graph(
         # definitions first: a statement of a definition's method can be autowrapped too
         with (
             torch.no_grad(),
-            use_definitions(model, definitions) as replaced,
-            install_autowraps(model, autowraps, tracer.opaque_call) as rewrites,
+            use_definitions(model, list(options.definitions)) as replaced,
+            install_autowraps(model, list(options.autowraps), tracer.opaque_call) as rewrites,
         ):
             graph = tracer.trace_model(model, tensors, concrete)
-    except Exception as err:
-        # the graph traced up to the failure, for the failure view
-        err._llmc_partial_graph = getattr(tracer, "graph", None)  # type: ignore[attr-defined]
-        raise
+    except LlmcTraceError:
+        raise  # the user's input was wrong (an autowrap that cannot install, say)
+    except Exception as err:  # everything else is a finding about the model's code
+        raised = tracer.state.raised
+        stack = raised[1] if raised is not None and raised[0] is err else []
+        raise TraceStopped(err, stack, getattr(tracer, "graph", None)) from err
     finally:
         model.train(was_training)
     target_set = set(leaves.targets)

@@ -159,6 +159,9 @@ class TraceState:
     opaque_matches: dict[str, list[str]] = field(default_factory=dict)
     opaque_recorded: list[str] = field(default_factory=list)  # names that became graph nodes
     leaf_calls: dict[str, str] = field(default_factory=dict)  # module path -> reason
+    #: The exception that is unwinding through module calls, with the ``(path, class)`` stack
+    #: at its innermost module call (outer calls see the same object and keep it).
+    raised: tuple[BaseException, list[tuple[str, str]]] | None = None
 
 
 class TensorConstant:
@@ -487,8 +490,8 @@ class LlmcTracer(fx.Tracer):
                 return self.create_proxy("call_module", path, args, kwargs)
             return forward(*args, **kwargs)
         except Exception as err:
-            if not hasattr(err, "_llmc_module_stack"):
-                err._llmc_module_stack = list(self.module_stack)  # type: ignore[attr-defined]
+            if self.state.raised is None or self.state.raised[0] is not err:
+                self.state.raised = (err, list(self.module_stack))
             raise
         finally:
             self.module_stack.pop()

@@ -6,48 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.diagnose.search import FixAttempt
+from llmc_trace.graph.structure import StructureCheck
 from llmc_trace.graph.verify import Verification
-from llmc_trace.tracing.autowrap import StatementRewrite
-
-
-@dataclass(frozen=True)
-class SubgraphSummary:
-    """One subgraph as the report shows it; byte counts are for the full-size model."""
-
-    index: int
-    targets: list[str]
-    num_nodes: int
-    input_names: list[str]
-    output_names: list[str]
-    consumed_names: list[str]
-    output_bytes: int
-    parameter_bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-@dataclass(frozen=True)
-class StructureCheck:
-    """Does the tiny twin's trace have the full model's structure (up to layer count)?"""
-
-    matches: bool
-    differences: list[str]
-
-
-@dataclass(frozen=True)
-class FixAttempt:
-    """One fix tried by ``attempt --fix``, and what came of it."""
-
-    description: str
-    ignore: list[str]
-    outcome: str  # "verified", "fails further on", "still fails", "verification failed", "refused"
-    cost: str = ""
-    detail: str = ""
-    rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrap's before/after
-
-    def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+from llmc_trace.traced.model import TracedModel
+from llmc_trace.traced.summary import SubgraphSummary
+from llmc_trace.traced.twin import TwinCheck
 
 
 @dataclass(frozen=True)
@@ -77,6 +41,45 @@ class TraceReport:
     fixes: list[FixAttempt] = field(default_factory=list)
     applied_fix: FixAttempt | None = None
     requested_targets: list[str] = field(default_factory=list)  # as the user wrote them
+    #: the traced model itself (not part of the JSON), to draw or plan without tracing again
+    traced_model: TracedModel | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(
+        cls,
+        traced: TracedModel,
+        check: TwinCheck | None,
+        modality: str,
+        requested_targets: list[str] | None = None,
+    ) -> TraceReport:
+        """The report on ``traced`` and its proof (fixes are added by whoever searched them)."""
+        trace = traced.trace
+        leaves: dict[str, int] = {}
+        if trace is not None:
+            for reason in trace.leaf_reasons.values():
+                leaves[reason] = leaves.get(reason, 0) + 1
+        return cls(
+            model=traced.name,
+            architecture=type(traced.model).__name__,
+            modality=modality,
+            sequential_targets=list(traced.leaves.targets)
+            if trace
+            else list(requested_targets or []),
+            ignore=traced.options.ignore_list(),
+            targets_per_subgraph=traced.options.targets_per_subgraph,
+            traced=traced.traced,
+            subgraphs=traced.summaries,
+            timings_s={**traced.timings_s, **(check.timings_s if check else {})},
+            verification=check.verification if check else None,
+            verified_on=check.verified_on if check else "",
+            structure=check.structure if check else None,
+            failure=traced.failure,
+            guards=[g.describe() for g in trace.guards] if trace else [],
+            opaque_functions=list(trace.opaque_recorded) if trace else [],
+            leaves=dict(sorted(leaves.items())),
+            requested_targets=list(requested_targets or []),
+            traced_model=traced,
+        )
 
     @property
     def ok(self) -> bool:

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
 from llmc_trace.errors import BadInputError
-from llmc_trace.evaluate import PerplexityResult, perplexity
+from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
+from llmc_trace.models.build import load_pretrained
+from llmc_trace.models.source import resolve_model
 
 
 def load_for_evaluation(folder: str | Path) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` in float32; compressed-tensors checkpoints are
-    decompressed by transformers itself (the same path a user's code takes)."""
-    from transformers import AutoModelForCausalLM
-
+    """The checkpoint in ``folder`` in float32 with transformers' default attention kernel."""
     path = Path(folder)
     if not (path / "config.json").exists():
         raise BadInputError(
@@ -25,7 +24,7 @@ def load_for_evaluation(folder: str | Path) -> torch.nn.Module:
             hint="Point --model at a checkpoint folder.",
             param="model",
         )
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return load_pretrained(resolve_model(str(path)), attn_implementation=None)
 
 
 def evaluate_model(
@@ -35,7 +34,7 @@ def evaluate_model(
     samples: int | None = None,
     seq_len: int = 512,
     batch_size: int = 8,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> PerplexityResult:
     """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file)."""
     if str(data).endswith(".npy"):

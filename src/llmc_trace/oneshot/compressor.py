@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from llmc_trace.compress.gptq import gptq
+from llmc_trace.core.names import DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.compress.hessian import HessianAccumulator
 from llmc_trace.compress.quantize import QuantizedWeight, rtn
 from llmc_trace.compress.scheme import QuantizationScheme
@@ -27,10 +28,6 @@ from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune, sparsegpt
 from llmc_trace.pipelines.callbacks import NamedModules
 
 logger = logging.getLogger(__name__)
-
-#: Methods that need calibration data (a Hessian); the others work from weights alone.
-DATA_METHODS = frozenset({"gptq", "sparsegpt"})
-METHODS = ("gptq", "rtn", "sparsegpt", "magnitude")
 
 
 @dataclass
@@ -139,7 +136,7 @@ class LayerCompressor:
         args = self.scheme.weights if self.scheme is not None else None
         if self.method in DATA_METHODS and H is None:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
-        if self.method == "gptq":
+        if self.method == GPTQ:
             assert args is not None and H is not None
             result = gptq(
                 W,
@@ -151,11 +148,11 @@ class LayerCompressor:
             )
             self._store(name, module, result.quantized)
             return result.loss
-        if self.method == "rtn":
+        if self.method == RTN:
             assert args is not None
             self._store(name, module, rtn(W, args))
             return 0.0
-        if self.method == "sparsegpt":
+        if self.method == SPARSEGPT:
             assert H is not None and self.sparsity is not None
             pruned = sparsegpt(
                 W, H, self.sparsity, quantize=args, blocksize=self.blocksize, percdamp=self.percdamp
@@ -165,7 +162,7 @@ class LayerCompressor:
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
             return pruned.loss
-        if self.method == "magnitude":
+        if self.method == MAGNITUDE:
             assert self.sparsity is not None
             weight, _ = magnitude_prune(W, self.sparsity)
             if args is not None:

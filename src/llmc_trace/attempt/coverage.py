@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmc_trace.attempt import attempt_trace
+from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.samples import supported_modalities
 from llmc_trace.models.source import builtin_names, resolve_model
@@ -31,10 +31,10 @@ def coverage_rows(
     names: list[str] | None = None,
     modalities: list[str] | None = None,
     fix: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[CoverageRow]:
     """Attempt every (model, modality); with ``fix``, failures are retried with the fix search."""
-    report_progress = progress or (lambda description, done, total: None)
+    report_progress = progress or no_progress
     jobs = []
     for name in names or builtin_names():
         config = resolve_model(name).config()

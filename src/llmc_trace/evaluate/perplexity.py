@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from llmc_trace.data import CalibrationSet, DataError
-
-ProgressCallback = Callable[[int, int], None]
-"""Called as `progress(done_rows, total_rows)` after each batch; the CLI draws the display."""
+from llmc_trace.core.progress import Progress
+from llmc_trace.data import CalibrationSet
+from llmc_trace.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ def perplexity(
     model: torch.nn.Module,
     data: np.ndarray | torch.Tensor | CalibrationSet,
     batch_size: int = 8,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> PerplexityResult:
     """Compute the perplexity of `model` on `data`.
 
@@ -88,7 +87,7 @@ def perplexity(
             num_tokens += int(scored.sum())
             done_rows += input_ids.shape[0]
             if progress is not None:
-                progress(done_rows, total_rows)
+                progress("rows", done_rows, total_rows)
     finally:
         model.train(was_training)
     if num_tokens == 0:

@@ -1,0 +1,163 @@
+"""``attempt_trace``: trace a model from its config once, partition it, and prove the partition.
+
+The full-size model is traced on ``meta`` (so a 405B config costs no memory) to give the
+subgraphs and their memory figures; its tiny twin is traced the same way and replayed against
+its own eager forward (:mod:`llmc_trace.traced.twin`). With ``fix``, a failure starts the fix
+search (:mod:`llmc_trace.diagnose.search`), whose every retry traces the same built model
+again with one more fix and verifies it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.diagnose.search import FixAttempt, search_fixes
+from llmc_trace.errors import BadInputError
+from llmc_trace.graph.partition import partition_trace
+from llmc_trace.graph.subgraph import Subgraph
+from llmc_trace.attempt.report import TraceReport
+from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.traced.model import TracedModel, trace_model, trace_source
+from llmc_trace.traced.twin import TwinCheck, verify_on_twin, verify_on_weights
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.trace import trace_graph
+
+
+def trace_subgraphs(
+    model: torch.nn.Module,
+    sample_input: dict[str, Any],
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int = 1,
+) -> list[Subgraph]:
+    """Trace ``model`` on ``sample_input`` and cut it into subgraphs, one target group each.
+
+    Same contract as llm-compressor's ``trace_subgraphs``: executing the subgraphs in order is
+    equivalent to executing the model. ``ignore=None`` means llmc-trace's defaults.
+    """
+    options = TracingOptions.parse(model, ignore or [], sequential_targets, targets_per_subgraph)
+    return partition_trace(
+        trace_graph(model, sample_input, options), targets_per_subgraph
+    ).subgraphs
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A traced model and its proof; ``ok`` means traced and verified."""
+
+    traced: TracedModel
+    check: TwinCheck | None
+
+    @property
+    def ok(self) -> bool:
+        return self.traced.traced and self.check is not None and self.check.ok
+
+    @property
+    def failure(self) -> Any:
+        return self.traced.failure
+
+
+@dataclass(frozen=True)
+class SettledTrace:
+    """What :func:`settle` found: the attempt it settled on and the fixes it tried."""
+
+    attempt: Attempt
+    tried: list[FixAttempt]
+    applied: FixAttempt | None
+
+
+def settle(
+    traced: TracedModel, check: Callable[[TracedModel], TwinCheck] | None, *, fix: bool
+) -> SettledTrace:
+    """Verify ``traced`` with ``check``; when it did not trace and ``fix`` is set, search fixes,
+    each retry tracing ``traced.model`` on ``traced.sample`` with the fix added.
+
+    ``check=None`` skips verification (the attempt is then never ``ok``).
+    """
+
+    def prove(candidate: TracedModel) -> Attempt:
+        verified = check(candidate) if check is not None and candidate.traced else None
+        return Attempt(candidate, verified)
+
+    def retry(entries: list[str]) -> Attempt:
+        options = traced.options.with_ignore(traced.model, entries)
+        return prove(
+            trace_model(
+                traced.model, traced.sample, options, name=traced.name, source=traced.source
+            )
+        )
+
+    first = prove(traced)
+    if not fix or first.ok or first.failure is None:
+        return SettledTrace(first, [], None)
+    found = search_fixes(first, traced.model, retry)
+    return SettledTrace(found.result, found.tried, found.applied)
+
+
+def attempt_trace(
+    model: str | ModelSource,
+    *,
+    modality: str = "text",
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int = 1,
+    seq_len: int = 32,
+    image_size: int | None = None,
+    verify: bool = True,
+    real_weights: bool = False,
+    fix: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> TraceReport:
+    """Trace, partition and verify ``model``; never raises for an untraceable model.
+
+    Bad input (unknown model, unsupported modality, targets that match nothing) raises
+    :class:`~llmc_trace.errors.BadInputError` before any tracing. An untraceable model gives a
+    report with ``failure`` set. ``real_weights`` verifies on the folder's weights instead of
+    the twin (the folder must hold safetensors). ``fix`` searches for fixes when tracing
+    fails (see :mod:`~llmc_trace.diagnose.search`); the report lists every fix tried and
+    ``applied_fix`` holds the working configuration. ``report.traced_model`` is the traced
+    model itself, for drawing or planning without tracing again.
+
+    >>> report = attempt_trace("meta-llama/Llama-3.1-8B-Instruct")   # doctest: +SKIP
+    >>> report.ok, len(report.subgraphs)                              # doctest: +SKIP
+    (True, 33)
+    """
+    report_progress = progress or no_progress
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    if real_weights and not source.has_weights:
+        raise BadInputError(
+            f"{source.name} has no weights to verify on.",
+            hint="Drop --real-weights, or point --model at a folder with *.safetensors.",
+            param="real_weights",
+        )
+    options = SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed)
+    report_progress("trace", 0, 3)
+    traced = trace_source(
+        source,
+        modality=modality,
+        sequential_targets=sequential_targets,
+        ignore=ignore,
+        targets_per_subgraph=targets_per_subgraph,
+        sample_options=options,
+    )
+
+    def check(candidate: TracedModel) -> TwinCheck:
+        report_progress("verify", 1, 3)
+        if real_weights:
+            return verify_on_weights(candidate, modality, options)
+        return verify_on_twin(candidate, modality, options, seed=seed)
+
+    settled = settle(traced, check if verify else None, fix=fix)
+    report_progress("done", 3, 3)
+    final = settled.attempt
+    final.traced.timings_s.setdefault("build_s", traced.timings_s["build_s"])
+    report = TraceReport.of(final.traced, final.check, modality, sequential_targets)
+    return dataclasses.replace(report, fixes=settled.tried, applied_fix=settled.applied)

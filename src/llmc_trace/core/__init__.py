@@ -1,0 +1,1 @@
+"""What every other package shares: the progress callback type and byte counts."""

@@ -1,0 +1,31 @@
+"""The names users type for methods, pipelines and views, each defined once.
+
+Torch-free on purpose: the command line builds its choices from these without importing the
+packages that implement them.
+"""
+
+from __future__ import annotations
+
+GPTQ = "gptq"
+RTN = "rtn"
+SPARSEGPT = "sparsegpt"
+MAGNITUDE = "magnitude"
+#: Compression methods: two that calibrate on data, and their data-free baselines.
+METHODS = (GPTQ, RTN, SPARSEGPT, MAGNITUDE)
+#: Methods that need calibration data (a Hessian); the others work from weights alone.
+DATA_METHODS = frozenset({GPTQ, SPARSEGPT})
+#: Methods that prune (they need a sparsity); the others quantize (they need a scheme).
+PRUNING_METHODS = frozenset({SPARSEGPT, MAGNITUDE})
+
+SEQUENTIAL = "sequential"
+LAYER_SEQUENTIAL = "layer_sequential"
+BASIC = "basic"
+DATA_FREE = "data_free"
+#: The pipeline the memory plan chooses.
+AUTO = "auto"
+#: Pipelines that calibrate on data, in order of preference: quality first, then memory.
+PREFERENCE = (SEQUENTIAL, LAYER_SEQUENTIAL, BASIC)
+PIPELINES = (*PREFERENCE, DATA_FREE)
+
+#: The views ``render`` draws.
+VIEWS = ("overview", "detail", "modules", "failure")

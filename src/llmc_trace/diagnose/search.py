@@ -1,0 +1,128 @@
+"""Search for the fixes that make an untraceable model trace and verify, round by round.
+
+Each round takes the failure at hand, tries its candidate fixes in order
+(:func:`~llmc_trace.diagnose.fixes.candidate_fixes`) and keeps the first whose retry verifies,
+or moves the failure further on (a later line: the next round fixes that one). The search
+stops when the model verifies, a round accepts nothing, or after :data:`MAX_FIX_ROUNDS`.
+How a retry traces and verifies is the caller's business: this module only decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.diagnose.fixes import Fix, candidate_fixes
+from llmc_trace.errors import BadInputError
+from llmc_trace.tracing.autowrap import StatementRewrite
+
+#: Fixes applied one after another before giving up (each round fixes one failure).
+MAX_FIX_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class FixAttempt:
+    """One fix tried, and what came of it."""
+
+    description: str
+    ignore: list[str]
+    outcome: str  # "verified", "fails further on", "still fails", "verification failed", "refused"
+    cost: str = ""
+    detail: str = ""
+    rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrap's before/after
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+
+
+class Trial(Protocol):
+    """What a retry must say: did it verify, and if not, where did tracing stop?"""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def failure(self) -> TraceFailure | None: ...
+
+
+T = TypeVar("T", bound=Trial)
+
+
+@dataclass(frozen=True)
+class FixSearch(Generic[T]):
+    """The last accepted trial (the first one when nothing was accepted), every fix tried, and
+    the combined fix when the result verifies."""
+
+    result: T
+    tried: list[FixAttempt]
+    applied: FixAttempt | None
+
+
+def search_fixes(first: T, model: torch.nn.Module, retry: Callable[[list[str]], T]) -> FixSearch[T]:
+    """Fix ``first`` (which failed to trace) by retrying with ``ignore`` entries added.
+
+    ``retry(entries)`` traces and verifies again with ``entries`` added to the caller's
+    ``ignore``; it raises :class:`~llmc_trace.errors.BadInputError` when an entry cannot be
+    installed. A candidate that cannot apply (autowrap refusing a statement that returns,
+    say) is reported with its reason and costs no trace.
+    """
+    result = first
+    applied: list[Fix] = []
+    tried: list[FixAttempt] = []
+    for _ in range(MAX_FIX_ROUNDS):
+        failure = result.failure
+        if result.ok or failure is None:
+            break
+        accepted = False
+        for fix in candidate_fixes(failure, model):
+            rewrites = [fix.rewrite] if fix.rewrite else []
+            refusal = fix.refusal
+            if not refusal:
+                try:
+                    trial = retry([n for f in applied for n in f.ignore] + list(fix.ignore))
+                except BadInputError as err:  # the fix's own entry cannot be installed
+                    refusal = err.message
+            if refusal:
+                tried.append(
+                    FixAttempt(fix.description, list(fix.ignore), "refused", "", refusal, rewrites)
+                )
+                continue
+            moved_on = trial.failure is not None and trial.failure.location != failure.location
+            tried.append(
+                FixAttempt(
+                    fix.description,
+                    list(fix.ignore),
+                    _outcome(trial, moved_on),
+                    fix.cost,
+                    trial.failure.exception if trial.failure else "",
+                    rewrites,
+                )
+            )
+            if trial.ok or moved_on:
+                applied.append(fix)
+                result, accepted = trial, True
+                break
+        if not accepted:
+            break
+    combined = None
+    if applied and result.ok:
+        combined = FixAttempt(
+            "; ".join(f.description for f in applied),
+            [n for f in applied for n in f.ignore],
+            "verified",
+            "; ".join(f.cost for f in applied if f.cost),
+            rewrites=[f.rewrite for f in applied if f.rewrite],
+        )
+    return FixSearch(result, tried, combined)
+
+
+def _outcome(trial: Trial, moved_on: bool) -> str:
+    if trial.ok:
+        return "verified"
+    if moved_on:
+        return "fails further on"
+    return "still fails" if trial.failure else "verification failed"

@@ -1,0 +1,292 @@
+"""``compress``: calibrate a model with a planned pipeline and write a compressed-tensors checkpoint.
+
+It reads as its steps: the request, validated once before heavy work; the model, loaded; the
+traced model, traced once on the first calibration batch with the fixes ``attempt --fix``
+would use (proved on the tiny twin); the memory plan from that trace; the pipeline, by name
+from :mod:`llmc_trace.pipelines.registry` with its fallback rule; the checkpoint, saved
+atomically (a temporary folder renamed when complete: an interrupted run leaves no output).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmc_trace.attempt.run import settle
+from llmc_trace.checkpoint.recipe import Recipe
+from llmc_trace.checkpoint.writer import SparsityInfo, save_compressed
+from llmc_trace.compress.scheme import QuantizationScheme
+from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.data import load_calibration
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.build import build_meta_model, load_pretrained
+from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.source import ModelSource
+from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
+from llmc_trace.oneshot.request import CompressRequest
+from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
+from llmc_trace.pipelines.sequential import PipelineStats
+from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
+from llmc_trace.traced.model import TracedModel, display_name, trace_model
+from llmc_trace.traced.twin import TwinCheck, verify_on_twin
+from llmc_trace.tracing.definitions import definition_entry, definitions_for, weight_changing
+from llmc_trace.tracing.options import TracingOptions
+
+
+@dataclass(frozen=True)
+class CompressionResult:
+    """What ``compress`` did and where the checkpoint is."""
+
+    out_dir: Path | None
+    model: torch.nn.Module = field(repr=False)  # the compressed model, in memory
+    pipeline: str
+    plan: MemoryPlan
+    stats: PipelineStats
+    layers: list[LayerResult]
+    ignore: list[str]
+    elapsed_s: float
+    fallbacks: list[str]
+    traced: TracedModel = field(repr=False)
+
+
+def compress(
+    model: str | ModelSource,
+    *,
+    dataset: str | Path,
+    out_dir: str | Path | None = None,
+    scheme: str | QuantizationScheme | None = "W4A16",
+    method: str = GPTQ,
+    sparsity: str | float | None = None,
+    samples: int = 128,
+    seq_len: int = 512,
+    batch_size: int = 1,
+    seed: int = 0,
+    pipeline: str = AUTO,
+    propagate_error: bool = True,
+    true_sequential: bool = False,
+    refine_passes: int = 0,
+    dtype: torch.dtype | None = None,
+    overwrite: bool = False,
+    device: torch.device | None = None,
+    attn_implementation: str = "sdpa",
+    progress: Progress | None = None,
+) -> CompressionResult:
+    """Compress ``model`` (a folder with weights) and write the checkpoint to ``out_dir``.
+
+    ``method``: ``gptq`` (with ``scheme``), ``sparsegpt`` (with ``sparsity``, and ``scheme`` to
+    also quantize), ``rtn`` or ``magnitude`` (the baselines). ``pipeline="auto"`` takes the
+    memory plan's choice. ``out_dir=None`` compresses in memory only (for evaluation).
+    ``attn_implementation``: the attention kernel calibration runs, ``sdpa`` by default (what
+    transformers and vLLM serve with: it computes the same function as ``eager`` without
+    holding each head's full attention matrix, so calibration is faster and peaks lower);
+    architectures without it fall back to ``eager``. ``true_sequential`` calibrates each
+    subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then down), each on
+    inputs from the stages before it already compressed; the sequential pipeline only, about
+    1.5x the calibration time. ``refine_passes``: at most this many passes of coordinate
+    descent after each GPTQ sweep (`llmc_trace.compress.refine`; it stops once no integer can
+    move); 0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`).
+    """
+    start = time.perf_counter()
+    report = progress or no_progress
+    request = CompressRequest.validate(
+        model,
+        dataset=dataset,
+        out_dir=out_dir,
+        scheme=scheme,
+        method=method,
+        sparsity=sparsity,
+        samples=samples,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        pipeline=pipeline,
+        propagate_error=propagate_error,
+        true_sequential=true_sequential,
+        refine_passes=refine_passes,
+        attn_implementation=attn_implementation,
+        dtype=dtype,
+        overwrite=overwrite,
+    )
+    if request.needs_data:
+        refuse_weight_changing(request.source)
+    report("load", 0, 1)
+    loaded = _load(request)
+    # token ids need no tokenizer (checked against the embedding table instead); the
+    # checkpoint copies the tokenizer's files either way
+    calibration = load_calibration(
+        request.dataset,
+        _tokenizer(request.source) if request.data_kind != "npy" else None,
+        samples=request.samples,
+        seq_len=request.seq_len,
+        seed=request.seed,
+        batch_size=request.batch_size,
+        vocab_size=loaded.get_input_embeddings().num_embeddings,
+    )
+    compressor = LayerCompressor(
+        request.method, request.scheme, request.sparsity, refine_passes=request.refine_passes
+    )
+    _check_targets(loaded, compressor, request.source.name)
+    report("trace", 0, 1)
+    traced, check = trace_for_calibration(request, loaded, calibration.batches[0])
+    settings = RunSettings(
+        request.samples,
+        request.seq_len,
+        request.batch_size,
+        dtype_bytes=next(loaded.parameters()).element_size(),
+        needs_data=request.needs_data,
+        kept_bytes_per_weight=0.0 if request.scheme is None else 1.0,
+    )
+    plan = plan_memory(traced, settings, twin=check.twin if check else None)
+    chosen = plan.chosen if request.pipeline == AUTO else request.pipeline
+    outcome = run_pipelines(
+        fallback_order(chosen, plan.pipelines()),
+        Calibration(
+            traced,
+            calibration.batches,
+            compressor,
+            device or torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+            propagate_error=request.propagate_error,
+            true_sequential=request.true_sequential,
+            progress=report,
+        ),
+    )
+    fallbacks = list(outcome.fallbacks)
+    if request.true_sequential and outcome.pipeline != SEQUENTIAL and request.needs_data:
+        fallbacks.append(
+            f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates each "
+            "target in one stage"
+        )
+    if request.out_dir is not None:
+        save_compressed(
+            loaded,
+            request.out_dir,
+            compressor.quantized,
+            [request.scheme] if request.scheme else [],
+            sparsity=SparsityInfo(request.sparsity, tuple(compressor.pruned))
+            if request.sparsity is not None
+            else None,
+            recipe=_recipe(request, outcome.pipeline, calibration.num_samples, compressor, loaded),
+            tokenizer_dir=request.source.folder,
+            overwrite=request.overwrite,
+        )
+    return CompressionResult(
+        request.out_dir,
+        loaded,
+        outcome.pipeline,
+        plan,
+        outcome.stats,
+        compressor.results,
+        traced.options.ignore_list(),
+        time.perf_counter() - start,
+        fallbacks,
+        traced,
+    )
+
+
+def trace_for_calibration(
+    request: CompressRequest, model: torch.nn.Module, batch: dict[str, Any]
+) -> tuple[TracedModel, TwinCheck | None]:
+    """Trace ``model`` once on the first calibration batch, fixed as ``attempt --fix`` would.
+
+    For methods that calibrate on data the trace is proved on the tiny twin, and a failure
+    starts the fix search; a fix that does not verify is not used, and a model that does not
+    trace still calibrates through a pipeline that needs no trace (the plan leaves
+    sequential out).
+    """
+    name = display_name(request.source)
+    traced = trace_model(model, batch, TracingOptions(), name=name, source=request.source)
+    if not request.needs_data:
+        return traced, None
+    ids = batch["input_ids"]
+    options = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
+    settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", options), fix=True)
+    if settled.applied is None:  # nothing fixed: the trace as it came, proved or not
+        return traced, settled.attempt.check if settled.attempt.traced is traced else None
+    return settled.attempt.traced, settled.attempt.check
+
+
+def refuse_weight_changing(source: ModelSource) -> None:
+    """A model whose only traceable form changes its weights cannot be compressed (checked on
+    ``meta``, before anything heavy loads)."""
+    classes = definitions_for(build_meta_model(source))
+    changing = weight_changing([definition_entry(name) for name in classes])
+    if changing:
+        raise BadInputError(
+            f"{source.name} traces only through the definition of {', '.join(changing)} in "
+            "tracing_models/, which changes the model's weights in place before calibration "
+            "(it declares changes_weights); the checkpoint would store the changed weights, and "
+            "loading would change them again.",
+            hint="Compress another architecture; llmc-trace attempt still traces and verifies it.",
+            param="model",
+        )
+
+
+def _load(request: CompressRequest) -> torch.nn.Module:
+    """The model with the requested attention kernel, or eager where the architecture lacks it."""
+    try:
+        loaded = load_pretrained(request.source, request.attn_implementation)
+    except ValueError:
+        if request.attn_implementation == "eager":
+            raise
+        loaded = load_pretrained(request.source, "eager")
+    if request.dtype is not None:
+        loaded.to(request.dtype)
+    return loaded
+
+
+def _recipe(
+    request: CompressRequest,
+    pipeline: str,
+    num_samples: int,
+    compressor: LayerCompressor,
+    model: torch.nn.Module,
+) -> Recipe:
+    """What ran, for ``recipe.yaml``; calibration facts only where the method calibrates."""
+    if not request.needs_data:
+        return Recipe(request.method, pipeline=pipeline, seed=request.seed)
+    return Recipe(
+        request.method,
+        num_samples=num_samples,
+        seq_len=request.seq_len,
+        pipeline=pipeline,
+        seed=request.seed,
+        percdamp=compressor.percdamp,
+        blocksize=compressor.blocksize,
+        attn_implementation=model.config._attn_implementation,
+        true_sequential=request.true_sequential and pipeline == SEQUENTIAL,
+        refine_passes=request.refine_passes if request.method == GPTQ else None,
+    )
+
+
+def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> None:
+    """Something must be targeted, and every group must fit its layer, before calibration."""
+    targets = [(n, m) for n, m in model.named_modules() if compressor.is_target(n, m)]
+    if not targets:
+        raise BadInputError(
+            f"no layer of {name} is targeted by the scheme.",
+            hint="Check the scheme's targets and ignore patterns.",
+            param="scheme",
+        )
+    args = compressor.scheme.weights if compressor.scheme is not None else None
+    if args is not None and args.strategy == "group" and args.group_size:
+        misfits = [n for n, m in targets if m.in_features % args.group_size]
+        if misfits:
+            raise BadInputError(
+                f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "
+                f"not a multiple of the group size {args.group_size}.",
+                hint="Use a per-channel scheme or a smaller group size, or ignore those layers.",
+                param="scheme",
+            )
+
+
+def _tokenizer(source: ModelSource) -> Any:
+    if not source.has_tokenizer:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.folder)

@@ -1,0 +1,172 @@
+"""``TracedModel``: a model traced once, partitioned, with its failure when tracing stopped.
+
+Every command needs the same thing from a model: its graph cut into subgraphs, which modules
+are leaves and why, the guards and opaque calls the trace recorded, the fixes it used, or,
+when tracing stopped, where and the graph recorded up to there. One :func:`trace_model` call
+makes it; attempt verifies it, render draws it, plan sizes it, the pipelines run its
+subgraphs and compress does all of that, each without tracing the model again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.errors import TraceStopped
+from llmc_trace.graph.partition import PartitionedTrace, partition_trace
+from llmc_trace.graph.subgraph import Subgraph
+from llmc_trace.models.build import build_meta_model
+from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
+from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.traced.summary import SubgraphSummary, summarize
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.proxy import DataDependentQuestion
+from llmc_trace.tracing.targets import LeafPlan, plan_leaves
+from llmc_trace.tracing.trace import TraceResult, trace_graph
+
+
+@dataclass(frozen=True)
+class TracedModel:
+    """One trace of ``model(**sample)`` and what became of it.
+
+    Exactly one of ``partitioned`` (tracing worked) and ``failure`` (it stopped) is set.
+    ``partial_graph`` is the graph recorded up to the failure and ``failing_node`` the node
+    whose value model code asked about, when the failure has one. ``source`` is where the
+    model came from (``None`` for a module built by the caller); ``timings_s`` holds
+    ``trace_s`` and ``partition_s``.
+    """
+
+    name: str
+    model: torch.nn.Module = field(repr=False)
+    sample: dict[str, Any] = field(repr=False)
+    options: TracingOptions
+    leaves: LeafPlan
+    partitioned: PartitionedTrace | None
+    failure: TraceFailure | None
+    partial_graph: fx.Graph | None = field(default=None, repr=False)
+    failing_node: str | None = None
+    source: ModelSource | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def traced(self) -> bool:
+        return self.partitioned is not None
+
+    @property
+    def trace(self) -> TraceResult | None:
+        return self.partitioned.trace if self.partitioned is not None else None
+
+    @property
+    def subgraphs(self) -> list[Subgraph]:
+        return self.partitioned.subgraphs if self.partitioned is not None else []
+
+    @cached_property
+    def summaries(self) -> list[SubgraphSummary]:
+        """Each subgraph with the bytes of its outputs and parameters."""
+        return summarize(self.model, self.partitioned) if self.partitioned is not None else []
+
+
+def display_name(source: ModelSource) -> str:
+    """The model's name without the folders above it, so outputs match across machines."""
+    if source.kind == "hub" or (source.kind == "builtin" and not Path(source.name).is_absolute()):
+        return source.name
+    return (source.folder or Path(source.name)).resolve().name
+
+
+def trace_model(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions,
+    *,
+    name: str,
+    source: ModelSource | None = None,
+) -> TracedModel:
+    """Trace ``model(**sample)`` and partition it; never raises for untraceable model code.
+
+    Bad options (targets that match nothing, an autowrap that cannot install) raise
+    :class:`~llmc_trace.errors.BadInputError`.
+    """
+    # the plan a trace makes too: a failed trace returns none, and the views still need it
+    leaves = plan_leaves(model, options.sequential_targets, list(options.ignored_modules))
+    start = time.perf_counter()
+    try:
+        trace = trace_graph(model, sample, options)
+    except TraceStopped as stopped:
+        return TracedModel(
+            name=name,
+            model=model,
+            sample=sample,
+            options=options,
+            leaves=leaves,
+            partitioned=None,
+            failure=failure_from_exception(stopped),
+            partial_graph=_partial_graph(stopped),
+            failing_node=stopped.cause.node.name
+            if isinstance(stopped.cause, DataDependentQuestion)
+            else None,
+            source=source,
+            timings_s={"trace_s": time.perf_counter() - start},
+        )
+    traced_s = time.perf_counter() - start
+    partitioned = partition_trace(trace, options.targets_per_subgraph)
+    return TracedModel(
+        name=name,
+        model=model,
+        sample=sample,
+        options=options,
+        leaves=trace.leaves,
+        partitioned=partitioned,
+        failure=None,
+        source=source,
+        timings_s={"trace_s": traced_s, "partition_s": time.perf_counter() - start - traced_s},
+    )
+
+
+def trace_source(
+    model: str | ModelSource,
+    *,
+    modality: str = "text",
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int = 1,
+    sample_options: SampleOptions | None = None,
+) -> TracedModel:
+    """Build ``model`` at full size on ``meta`` (no memory, no initialisation), make a sample
+    of ``modality`` from its config, and trace it once.
+
+    Bad input (unknown model or modality, targets or ignore entries that match nothing) raises
+    :class:`~llmc_trace.errors.BadInputError` before tracing.
+
+    >>> traced = trace_source("meta-llama/Llama-2-7b-hf")   # doctest: +SKIP
+    >>> len(traced.subgraphs)                               # doctest: +SKIP
+    33
+    """
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    options = sample_options or SampleOptions()
+    config = source.config()
+    if modality not in supported_modalities(config):
+        make_sample(config, modality, options)  # raises the explanatory error
+    start = time.perf_counter()
+    full = build_meta_model(source)
+    built_s = time.perf_counter() - start
+    tracing = TracingOptions.parse(full, ignore or [], sequential_targets, targets_per_subgraph)
+    sample = make_sample(full.config, modality, options)
+    traced = trace_model(full, sample, tracing, name=display_name(source), source=source)
+    traced.timings_s["build_s"] = built_s
+    return traced
+
+
+def _partial_graph(stopped: TraceStopped) -> fx.Graph | None:
+    """The graph recorded up to the failure (a data-dependent question also knows it)."""
+    if isinstance(stopped.partial_graph, fx.Graph):
+        return stopped.partial_graph
+    if isinstance(stopped.cause, DataDependentQuestion):
+        return stopped.cause.node.graph
+    return None

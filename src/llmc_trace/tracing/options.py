@@ -1,0 +1,157 @@
+"""``TracingOptions``: what to trace and how, typed; the ``ignore`` strings are parsed here only.
+
+On the command line and in recipes, one ``ignore`` list names everything tracing should leave
+alone, as llm-compressor's does: module classes (``Qwen2VisionTransformerPretrainedModel``),
+``re:`` patterns on module paths, functions and methods to record as one call
+(``Qwen2VLModel.get_rope_index``), statements to move into a recorded call
+(``autowrap:Gemma4Model.forward@812``) and classes to trace through their registered definition
+(``tracing_models:RwkvModel``). :meth:`TracingOptions.parse` sorts those strings into typed
+fields against the model, and a name that matches nothing in the model is bad input that
+names the closest matches (a mistyped class name must not silently become a function name).
+:meth:`TracingOptions.ignore_list` gives the strings back, for reports and recipes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.errors import BadInputError
+from llmc_trace.tracing.autowrap import is_autowrap_entry, parse_entry
+from llmc_trace.tracing.definitions import is_definition_entry
+from llmc_trace.tracing.opaque import default_opaque_functions, module_files
+
+
+@dataclass(frozen=True)
+class TracingOptions:
+    """How one trace is made.
+
+    ``sequential_targets``: class names or ``re:`` path patterns, ``None`` for the model's
+    repeated blocks. ``ignored_modules``: class names or ``re:`` path patterns of modules that
+    become leaves. ``opaque_calls``: functions (``name``) and methods (``Class.name``) recorded
+    as one graph call. ``autowraps``: ``autowrap:<function>@<line>`` statements moved into a
+    recorded call. ``definitions``: ``tracing_models:<Class>`` classes traced through their
+    registered definition. ``targets_per_subgraph``: how many targets one subgraph holds.
+    """
+
+    sequential_targets: tuple[str, ...] | None = None
+    ignored_modules: tuple[str, ...] = ()
+    opaque_calls: tuple[str, ...] = ()
+    autowraps: tuple[str, ...] = ()
+    definitions: tuple[str, ...] = ()
+    targets_per_subgraph: int = 1
+
+    def __post_init__(self) -> None:
+        if self.targets_per_subgraph < 1:
+            raise BadInputError(
+                f"targets_per_subgraph must be at least 1, got {self.targets_per_subgraph}.",
+                hint="Use 1 for one decoder layer per subgraph.",
+                param="targets_per_subgraph",
+            )
+        for pattern in (*(self.sequential_targets or ()), *self.ignored_modules):
+            _check_pattern(pattern)
+
+    @classmethod
+    def parse(
+        cls,
+        model: torch.nn.Module,
+        ignore: Sequence[str] = (),
+        sequential_targets: Sequence[str] | None = None,
+        targets_per_subgraph: int = 1,
+    ) -> TracingOptions:
+        """Sort the ``ignore`` strings into typed fields, checking each against ``model``."""
+        for pattern in (*(sequential_targets or ()), *ignore):
+            _check_pattern(pattern)
+        classes = {cls_.__name__ for m in model.modules() for cls_ in type(m).__mro__}
+        modules, calls, autowraps, definitions = [], [], [], []
+        for entry in dict.fromkeys(ignore):  # keep order, drop repeats
+            if is_autowrap_entry(entry):
+                parse_entry(entry)  # raises for a malformed entry
+                autowraps.append(entry)
+            elif is_definition_entry(entry):
+                definitions.append(entry)
+            elif entry.startswith("re:") or entry in classes:
+                modules.append(entry)
+            elif _names_a_call(model, entry):
+                calls.append(entry)
+            else:
+                raise BadInputError(
+                    f"{entry!r} in ignore matches no module class, function or method of "
+                    f"{type(model).__name__}.",
+                    hint=_closest(entry, model, classes),
+                    param="ignore",
+                )
+        return cls(
+            sequential_targets=None if sequential_targets is None else tuple(sequential_targets),
+            ignored_modules=tuple(modules),
+            opaque_calls=tuple(calls),
+            autowraps=tuple(autowraps),
+            definitions=tuple(definitions),
+            targets_per_subgraph=targets_per_subgraph,
+        )
+
+    def ignore_list(self) -> list[str]:
+        """The ``ignore`` strings these options were parsed from (recipe and CLI form)."""
+        return [*self.ignored_modules, *self.opaque_calls, *self.autowraps, *self.definitions]
+
+    def with_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
+        """These options with ``entries`` added to ``ignore`` (a fix being tried)."""
+        return TracingOptions.parse(
+            model,
+            [*self.ignore_list(), *entries],
+            self.sequential_targets,
+            self.targets_per_subgraph,
+        )
+
+    def with_targets_per_subgraph(self, count: int) -> TracingOptions:
+        return dataclasses.replace(self, targets_per_subgraph=count)
+
+
+def _check_pattern(pattern: str) -> None:
+    if not pattern.startswith("re:"):
+        return
+    try:
+        re.compile(pattern[3:])
+    except re.error as err:
+        raise BadInputError(
+            f"{pattern!r} is not a valid regular expression ({err}).",
+            hint="Write a Python regular expression after 're:', e.g. 're:model\\.layers\\.\\d+$'.",
+            param="ignore",
+        ) from None
+
+
+def _names_a_call(model: torch.nn.Module, name: str) -> bool:
+    """Does ``name`` name a function of the model's code or a method of one of its modules?"""
+    if name in default_opaque_functions():
+        return True
+    owner, _, attr = name.rpartition(".")
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            if owner and cls.__name__ != owner:
+                continue
+            if callable(getattr(cls, attr, None)):
+                return True
+    if not owner:
+        return any(inspect.isfunction(vars(m).get(attr)) for m in module_files(model.modules()))
+    return False
+
+
+def _closest(name: str, model: torch.nn.Module, classes: set[str]) -> str:
+    """A hint naming the model's class or method names closest to ``name``."""
+    candidates = set(classes)
+    for module in model.modules():
+        for attr, value in vars(type(module)).items():
+            if inspect.isfunction(value) and not attr.startswith("__"):
+                candidates.add(f"{type(module).__name__}.{attr}")
+    close = difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=0.6)
+    suggestion = f"Did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    return (
+        f"{suggestion}Name a module class, a 're:' pattern on module paths, a function, or a "
+        "method as 'Class.method' (see `llmc-trace render --view modules`)."
+    )
