@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,16 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
+#: The reference model (a small Llama trained on Python source): the one place tests name it.
 REFMODEL = REPO.parent / "shared" / "refmodel"
+
+
+def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, float]:
+    """One row of the reference model's own ``results.json`` (``eval_ppl``, ``calib64_ppl``),
+    the figures its training script measured: tests compare with these, never with numbers
+    copied from an earlier run."""
+    rows = json.loads((REFMODEL / "results.json").read_text())["results"]
+    return next(row for row in rows if row["config"] == config)
 
 
 def tiny_llama(layers: int = 3, seed: int = 0, hidden: int = 64) -> LlamaForCausalLM:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from llmc_trace.data import CalibrationSet, DataError, load_calibration
 from llmc_trace.evaluate import perplexity
+from tests.conftest import REFMODEL, refmodel_result
 
 # The shared/ folder sits beside the checkout: <checkout>/tests/test_evaluate.py -> parents[1].
-REFMODEL = Path(__file__).resolve().parents[1] / ".." / "shared" / "refmodel"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def refmodel() -> torch.nn.Module:
 @pytest.mark.slow  # about 10 s on 2 idle cores, over 30 s when they are shared
 def test_refmodel_eval_perplexity_matches_its_readme(refmodel: torch.nn.Module) -> None:
     result = perplexity(refmodel, np.load(REFMODEL / "eval.npy"), batch_size=8)
-    assert result.perplexity == pytest.approx(67.548, abs=0.05)  # README: bf16 weights as fp32
+    assert result.perplexity == pytest.approx(refmodel_result()["eval_ppl"], abs=0.05)
     assert result.num_tokens == 128 * 511
     assert result.perplexity == pytest.approx(math.exp(result.nll))
 
@@ -40,7 +39,7 @@ def test_refmodel_calib_perplexity_through_a_calibration_set(refmodel: torch.nn.
         REFMODEL / "calib.npy", samples=64, seq_len=512, shuffle=False, batch_size=8
     )
     result = perplexity(refmodel, calib)
-    assert result.perplexity == pytest.approx(59.334, abs=0.05)  # README: the calib[:64] column
+    assert result.perplexity == pytest.approx(refmodel_result()["calib64_ppl"], abs=0.05)
     assert result.num_tokens == 64 * 511
 
 

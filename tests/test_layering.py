@@ -61,8 +61,6 @@ def test_no_import_runs_upwards() -> None:
             continue  # the public API may name anything
         own = relative.parts[0].removesuffix(".py")
         for package in imported_packages(path):
-            if package == "llmc_trace" or (
-                package != own and layer_of(package) >= layer_of(own)
-            ):
+            if package == "llmc_trace" or (package != own and layer_of(package) >= layer_of(own)):
                 upward.append(f"{relative} imports llmc_trace.{package}")
     assert upward == []

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from llmc_trace.compress import HessianAccumulator, QuantizationScheme
-
-REFMODEL = Path(os.environ.get("LLMC_TRACE_REFMODEL", "/work/shared/refmodel"))
 
 
 def load_refmodel(folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

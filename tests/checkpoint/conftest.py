@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _checkpoint_data import REFMODEL
+from tests.conftest import REFMODEL
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,5 +27,5 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def refmodel_dir() -> Path:
     if not (REFMODEL / "config.json").is_file():
-        pytest.skip(f"reference model not found at {REFMODEL} (set LLMC_TRACE_REFMODEL)")
+        pytest.skip(f"reference model not found at {REFMODEL}")
     return REFMODEL

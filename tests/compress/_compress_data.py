@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from llmc_trace.compress import HessianAccumulator
-
-REFMODEL = Path(os.environ.get("LLMC_TRACE_REFMODEL", "/work/shared/refmodel"))
 
 
 def make_correlated_inputs(tokens: int, features: int, seed: int) -> torch.Tensor:

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from _compress_data import REFMODEL, LayerInputs, capture_inputs, make_correlated_inputs
+from _compress_data import LayerInputs, capture_inputs, make_correlated_inputs
+from tests.conftest import REFMODEL
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,7 +33,7 @@ def correlated_inputs() -> Callable[[int, int, int], torch.Tensor]:
 @pytest.fixture(scope="session")
 def refmodel() -> torch.nn.Module:
     if not (REFMODEL / "config.json").is_file():
-        pytest.skip(f"reference model not found at {REFMODEL} (set LLMC_TRACE_REFMODEL)")
+        pytest.skip(f"reference model not found at {REFMODEL}")
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32).eval()

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from _compress_data import REFMODEL, capture_inputs, hessian
+from _compress_data import capture_inputs, hessian
+from tests.conftest import REFMODEL
 
 from llmc_trace.compress import QuantizationArgs, dequantize, gptq
 from llmc_trace.compress.hessian import inverse_factor

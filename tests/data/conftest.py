@@ -9,8 +9,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-# The shared/ folder sits beside the checkout: <checkout>/tests/data/conftest.py -> parents[2].
-REFMODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "refmodel"
+from tests.conftest import REFMODEL
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",

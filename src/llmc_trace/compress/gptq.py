@@ -63,24 +63,20 @@ def gptq(
     `static_groups=True` (the default) fits every group's scale up front from the original
     weights, as llm-compressor and AutoGPTQ's `static_groups` do; `False` fits each group when
     the sweep reaches its first column, from the weights as updated by the errors of all earlier
-    columns, as the original GPTQ does. Up front is the default because it gave the lower total
-    output error for symmetric grids at every setting measured over the reference model's 42
-    layers (W4 group 128: -1 %, W3 group 128: -5 %, W3 group 32: -2 %, W2 group 64: -31 %; per
-    layer the two split about evenly at 4 bits, and up front won every layer at W2 group 64):
-    error compensation pushes the remaining weights beyond their original range, so a symmetric
-    range refitted to them is coarser, while clipping to the original range is itself
-    compensated by later columns. Asymmetric grids, which can move their zero point with the
-    drift, went the other way (W4 group 32: -6 % fitted in the sweep, better on 40 of 42
-    layers); pass `static_groups=False` for them. `tests/compress/test_gptq.py` checks both
+    columns, as the original GPTQ does. Up front is the default because it gave the lower
+    total output error for symmetric grids on the reference model's layers: error compensation
+    pushes the remaining weights beyond their original range, so a symmetric range refitted to
+    them is coarser, while clipping to the original range is itself compensated by later
+    columns. Asymmetric grids, which can move their zero point with the drift, go the other
+    way; pass `static_groups=False` for them. `tests/compress/test_gptq.py` checks both
     directions. With `actorder="static"` groups are always fitted up front.
 
     `refine_passes` > 0 then runs `coordinate_descent` on the same objective, from the sweep's
     integers, for at most that many passes (it stops earlier when no integer can move; the
-    reference model's layers settle in 3 to 10). On the reference model's 42 layers it lowers
-    the objective by 4-5 % at 3 and 4 bits and the error on held-out rows of every layer
-    checked, yet the model's perplexity does not follow: over 10 calibration draws at 3-bit
-    group 128 the mean change is +0.003 (5 draws better, 4 worse, 1 equal), at 4 bits -0.001
-    over 8, so the default, 0, is the paper's GPTQ alone, as llm-compressor runs it.
+    reference model's layers settle in a few). It lowers this objective and the layers' error on
+    held-out rows, yet not the model's perplexity on average over calibration draws (the
+    README's "Compression results" give the figures `benchmarks/compress_quality.py` measures),
+    so the default, 0, is the paper's GPTQ alone, as llm-compressor runs it.
 
     >>> from llmc_trace.compress import rtn
     >>> _ = torch.manual_seed(0)

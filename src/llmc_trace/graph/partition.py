@@ -26,11 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from llmc_trace.graph.mutation import is_mutation
+from llmc_trace.tracing.mutation import is_mutation
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.tracing.trace import TraceResult
-
-UNASSIGNED = -1
 
 
 def mutation_edges(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:

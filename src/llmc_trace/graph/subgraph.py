@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from llmc_trace.graph.mutation import is_mutation
+from llmc_trace.tracing.mutation import is_mutation
 
 #: Key under which the last subgraph returns the model's own output.
 MODEL_OUTPUT = "output"

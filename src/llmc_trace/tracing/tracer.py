@@ -31,6 +31,7 @@ from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.utils._pytree import tree_flatten
 
 from llmc_trace.tracing.guards import Guard, ask
+from llmc_trace.tracing.mutation import writes_in_place
 from llmc_trace.tracing.opaque import call_module_method, patch_constructors, patch_opaque
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.source import current_model_location
@@ -57,17 +58,6 @@ _LITERALS = (
     torch.layout,
     torch.memory_format,
 )
-
-#: In-place operators that reach the graph as functions (``weight += x``, ``buf[i] = x``).
-_IN_PLACE_FUNCTIONS = frozenset(
-    {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem}
-)
-
-
-def _is_in_place(kind: str, target: Any) -> bool:
-    if kind == "call_method":
-        return isinstance(target, str) and target.endswith("_") and not target.startswith("_")
-    return kind == "call_function" and target in _IN_PLACE_FUNCTIONS
 
 
 class WeightMutation(Exception):
@@ -278,7 +268,7 @@ class LlmcTracer(fx.Tracer):
         if kind == "call_module" or id(target) in self._opaque_targets:
             args = tuple(self._shared_container(a) for a in args)
             kwargs = {k: self._shared_container(v) for k, v in kwargs.items()}
-        if _is_in_place(kind, target) and args and isinstance(args[0], fx.Proxy):
+        if writes_in_place(kind, target, kwargs) and args and isinstance(args[0], fx.Proxy):
             weight = self._weight_behind(args[0].node)
             if weight is not None:
                 raise WeightMutation(args[0].node, weight, str(getattr(target, "__name__", target)))

@@ -66,20 +66,6 @@ def is_meta_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "meta"
 
 
-def contains_meta(value: Any) -> bool:
-    """True when any tensor or device inside ``value`` lives on ``meta``."""
-    found = False
-
-    def visit(leaf: Any) -> Any:
-        nonlocal found
-        if is_meta_tensor(leaf) or (isinstance(leaf, torch.device) and leaf.type == "meta"):
-            found = True
-        return leaf
-
-    map_leaves(visit, value)
-    return found
-
-
 def has_meta_tensor(value: Any) -> bool:
     found = False
 
