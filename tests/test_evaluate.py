@@ -87,7 +87,9 @@ def test_padded_batches_score_like_unpadded_rows(tiny_model: torch.nn.Module) ->
         batches=batches, num_samples=5, seq_len=12, num_tokens=sum(lengths), source="test", seed=1
     )
     seen: list[tuple[int, int]] = []
-    result = perplexity(tiny_model, calib, progress=lambda done, total: seen.append((done, total)))
+    result = perplexity(
+        tiny_model, calib, progress=lambda stage, done, total: seen.append((done, total))
+    )
     total, count = _reference_nll_sum(tiny_model, rows)
     assert result.num_tokens == count == sum(lengths) - len(lengths)
     assert result.nll == pytest.approx(total / count, rel=1e-5)
