@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from llmc_trace.compress.scheme import W4A16
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate import perplexity
-from llmc_trace.oneshot import compress, parse_sparsity
+from llmc_trace.oneshot import CompressRequest, compress, parse_sparsity
 
 
 def test_checkpoint_reloads_in_transformers_with_our_numbers(
@@ -21,7 +21,9 @@ def test_checkpoint_reloads_in_transformers_with_our_numbers(
 ) -> None:
     folder, data = saved_llama
     out = tmp_path / "out"
-    result = compress(str(folder), dataset=data, out_dir=out, samples=8, seq_len=64)
+    result = compress(
+        CompressRequest(str(folder), dataset=data, out_dir=out, samples=8, seq_len=64)
+    )
     assert result.pipeline == "sequential" and out.is_dir()
     assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "recipe.yaml"}
     assert len(result.layers) == 14  # 7 Linear layers per decoder layer, lm_head ignored
@@ -34,7 +36,9 @@ def test_checkpoint_reloads_in_transformers_with_our_numbers(
         ours = result.model.float()(input_ids=tokens).logits
         theirs = reloaded(input_ids=tokens).logits
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
-    again = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    again = compress(
+        CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    )
     assert [r.loss for r in again.layers] == [r.loss for r in result.layers]  # deterministic
 
 
@@ -44,7 +48,9 @@ def test_true_sequential_calibrates_in_stages_and_says_so(
     folder, data = saved_llama
     out = tmp_path / "out"
     result = compress(
-        str(folder), dataset=data, out_dir=out, samples=8, seq_len=64, true_sequential=True
+        CompressRequest(
+            str(folder), dataset=data, out_dir=out, samples=8, seq_len=64, true_sequential=True
+        )
     )
     assert result.stats.passes == [1, 5, 4]  # embeddings; 4 stages + propagation; 4 stages
     shared = [layer for layer in result.layers if layer.shares_hessian_with]
@@ -53,7 +59,9 @@ def test_true_sequential_calibrates_in_stages_and_says_so(
     assert recipe["calibration"]["true_sequential"] is True
     assert recipe["calibration"]["attn_implementation"] == "sdpa"
     assert recipe["refine_passes"] == 0
-    plain = compress(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    plain = compress(
+        CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    )
     o_proj = "model.layers.0.self_attn.o_proj"
     assert [r.loss for r in result.layers if r.name == o_proj] != [
         r.loss for r in plain.layers if r.name == o_proj
@@ -71,7 +79,11 @@ def test_interrupted_write_leaves_no_folder(
 
     monkeypatch.setattr(writer, "save_file", explode)
     with pytest.raises(KeyboardInterrupt):
-        compress(str(folder), dataset=data, out_dir=tmp_path / "out", samples=8, seq_len=64)
+        compress(
+            CompressRequest(
+                str(folder), dataset=data, out_dir=tmp_path / "out", samples=8, seq_len=64
+            )
+        )
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
@@ -96,7 +108,7 @@ def test_bad_input_fails_before_heavy_work(
     folder, data = saved_llama
     arguments = {"dataset": data, "out_dir": tmp_path / "out", "samples": 8, "seq_len": 64}
     with pytest.raises(BadInputError) as info:
-        compress(str(folder), **{**arguments, **kwargs})
+        compress(CompressRequest(str(folder), **{**arguments, **kwargs}))
     if param is not None:
         assert info.value.param == param
     assert not (tmp_path / "out").exists()
@@ -119,14 +131,16 @@ def test_gptq_beats_rtn_and_propagation_helps_on_the_reference_model(refmodel_pa
 
     def ppl(**kwargs: object) -> float:
         result = compress(
-            str(refmodel_path),
-            dataset=calib,
-            out_dir=None,
-            scheme=scheme,
-            samples=8,
-            seq_len=512,
-            dtype=torch.float32,
-            **kwargs,
+            CompressRequest(
+                str(refmodel_path),
+                dataset=calib,
+                out_dir=None,
+                scheme=scheme,
+                samples=8,
+                seq_len=512,
+                dtype=torch.float32,
+                **kwargs,
+            )
         )
         assert len(result.layers) == 42
         return perplexity(result.model, eval_rows).perplexity

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from llmc_trace.attempt.run import attempt_trace
-from llmc_trace.oneshot import compress
+from llmc_trace.oneshot import CompressRequest, compress
 from llmc_trace.tracing.tracer import LlmcTracer
 
 
@@ -51,7 +51,7 @@ def test_compress_traces_the_model_it_calibrates_once(
     traced_models: list[torch.nn.Module], saved_llama: tuple[Path, Path]
 ) -> None:
     folder, data = saved_llama
-    result = compress(folder, dataset=data, samples=4, seq_len=32)
+    result = compress(CompressRequest(folder, dataset=data, samples=4, seq_len=32))
     assert result.pipeline == "sequential"
     assert [m for m in traced_models if m is result.model] == [result.model]
     # the twin's own trace proves the trace, and the plan reuses it: nothing else is traced

@@ -148,7 +148,7 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
     """Before loading anything: the checkpoint would hold RWKV's rescaled weights."""
     import numpy as np
 
-    from llmc_trace.oneshot import compress
+    from llmc_trace.oneshot import CompressRequest, compress
     from llmc_trace.tracing.definitions import weight_changing
 
     assert weight_changing(["tracing_models:RwkvModel", "autowrap:f@1"]) == ["RwkvModel"]
@@ -157,7 +157,11 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
     rwkv_twin().save_pretrained(folder)
     np.save(tmp_path / "calib.npy", np.zeros((4, 16), dtype=np.int32))
     with pytest.raises(BadInputError, match="changes the model's weights in place") as info:
-        compress(str(folder), dataset=tmp_path / "calib.npy", scheme="W8A16", samples=4, seq_len=16)
+        compress(
+            CompressRequest(
+                str(folder), dataset=tmp_path / "calib.npy", scheme="W8A16", samples=4, seq_len=16
+            )
+        )
     assert info.value.param == "model"
 
 

@@ -3,7 +3,7 @@
 The public API: :func:`attempt_trace` (trace, partition and verify a model named by hub id,
 folder or built-in), :func:`trace_subgraphs` and :func:`topological_partition` (the
 llm-compressor contract), :func:`trace_source` and :class:`TracedModel` (one trace shared by
-every step), :func:`compress`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
+every step), :func:`compress` with its :class:`CompressRequest`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
 and the errors.
 
 Names are imported when first used (PEP 562), so ``import llmc_trace`` and ``llmc-trace
@@ -20,6 +20,7 @@ _WHERE = {
     "trace_subgraphs": "llmc_trace.attempt.run",
     "TraceReport": "llmc_trace.attempt.report",
     "compress": "llmc_trace.oneshot.run",
+    "CompressRequest": "llmc_trace.oneshot.request",
     "TraceFailure": "llmc_trace.diagnose.failure",
     "topological_partition": "llmc_trace.graph.partition",
     "Subgraph": "llmc_trace.graph.subgraph",

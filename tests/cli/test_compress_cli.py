@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from llmc_trace.cli.compress_cmd import compress as compress_command
 from llmc_trace.cli.main import cli
-from llmc_trace.oneshot import compress
+from llmc_trace.oneshot import CompressRequest
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -50,4 +50,4 @@ def test_negative_refine_passes_exit_2_before_loading(
 
 def test_the_default_is_the_library_default() -> None:
     option = next(p for p in compress_command.params if p.name == "refine_passes")
-    assert option.default == inspect.signature(compress).parameters["refine_passes"].default
+    assert option.default == inspect.signature(CompressRequest).parameters["refine_passes"].default

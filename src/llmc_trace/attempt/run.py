@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.graph.partition import partition_trace
@@ -60,17 +61,24 @@ class Attempt:
         return self.traced.traced and self.check is not None and self.check.ok
 
     @property
-    def failure(self) -> Any:
+    def failure(self) -> TraceFailure | None:
         return self.traced.failure
 
 
 @dataclass(frozen=True)
 class SettledTrace:
-    """What :func:`settle` found: the attempt it settled on and the fixes it tried."""
+    """What :func:`settle` found: the first attempt, the one it settled on (further along when
+    a fix moved the failure on), the fixes it tried, and the combined fix that verified."""
 
+    first: Attempt
     attempt: Attempt
     tried: list[FixAttempt]
     applied: FixAttempt | None
+
+    @property
+    def fixed(self) -> Attempt:
+        """The attempt with the verified fix, else the first one: what a run should use."""
+        return self.attempt if self.applied is not None else self.first
 
 
 def settle(
@@ -96,9 +104,9 @@ def settle(
 
     first = prove(traced)
     if not fix or first.ok or first.failure is None:
-        return SettledTrace(first, [], None)
+        return SettledTrace(first, first, [], None)
     found = search_fixes(first, traced.model, retry)
-    return SettledTrace(found.result, found.tried, found.applied)
+    return SettledTrace(first, found.result, found.tried, found.applied)
 
 
 def attempt_trace(
@@ -158,6 +166,10 @@ def attempt_trace(
     settled = settle(traced, check if verify else None, fix=fix)
     report_progress("done", 3, 3)
     final = settled.attempt
-    final.traced.timings_s.setdefault("build_s", traced.timings_s["build_s"])
     report = TraceReport.of(final.traced, final.check, modality, sequential_targets)
-    return dataclasses.replace(report, fixes=settled.tried, applied_fix=settled.applied)
+    return dataclasses.replace(
+        report,
+        timings_s={"build_s": traced.timings_s["build_s"], **report.timings_s},
+        fixes=settled.tried,
+        applied_fix=settled.applied,
+    )

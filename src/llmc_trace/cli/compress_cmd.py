@@ -112,11 +112,12 @@ def compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
+    from llmc_trace.oneshot import CompressRequest
     from llmc_trace.oneshot import compress as run_compress
 
     chosen_method = method or (SPARSEGPT if sparsity else GPTQ)
     with handle_errors(ctx), ctx.progress("compress") as progress:
-        result = run_compress(
+        request = CompressRequest(
             model,
             dataset=dataset,
             out_dir=out_dir,
@@ -133,8 +134,8 @@ def compress(
             refine_passes=refine_passes,
             overwrite=overwrite,
             attn_implementation=attn_implementation,
-            progress=progress,
         )
+        result = run_compress(request, progress=progress)
     ctx.out.print(
         f"wrote {result.out_dir} ({chosen_method}, pipeline {result.pipeline}, "
         f"{len(result.layers)} layers, {result.elapsed_s:.1f} s)"

@@ -1,8 +1,8 @@
-"""``CompressRequest``: every input of ``compress``, checked once before any heavy work."""
+"""``CompressRequest``: every input of a compression run, checked once before any heavy work."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,6 +12,7 @@ from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.core.names import (
     AUTO,
     DATA_METHODS,
+    GPTQ,
     METHODS,
     PIPELINES,
     PRUNING_METHODS,
@@ -24,98 +25,72 @@ from llmc_trace.models.source import ModelSource, resolve_model
 
 @dataclass(frozen=True)
 class CompressRequest:
-    """What to compress, how, and where to; built by :meth:`validate` only.
+    """What to compress, how, and where to; constructing one checks all of it.
 
-    ``scheme`` is ``None`` for pruning without quantization, ``sparsity`` ``None`` for
-    quantization without pruning; ``out_dir`` ``None`` compresses in memory only.
+    ``model``: a folder with weights. ``method``: ``gptq`` (with ``scheme``), ``sparsegpt``
+    (with ``sparsity``, and ``scheme`` to also quantize), ``rtn`` or ``magnitude`` (the
+    baselines). ``pipeline="auto"`` takes the memory plan's choice. ``out_dir=None``
+    compresses in memory only (for evaluation). ``attn_implementation``: the attention kernel
+    calibration runs, ``sdpa`` by default (what transformers and vLLM serve with: the same
+    function as ``eager`` without holding each head's full attention matrix, so calibration is
+    faster and peaks lower); architectures without it fall back to ``eager``.
+    ``true_sequential`` calibrates each subgraph's layers in dependency stages (q/k/v, then o,
+    then gate/up, then down), each on inputs from the stages before it already compressed; the
+    sequential pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this
+    many passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`);
+    0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`).
+
+    Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter (names,
+    combinations, the model's weights, the output folder, the dataset's shape) and resolves
+    the derived fields: ``source``, ``quantization`` (``None`` to prune only),
+    ``target_sparsity`` (``None`` to quantize only), ``out_path`` and ``data_kind``.
     """
 
-    source: ModelSource
+    model: str | Path | ModelSource
     dataset: str | Path
-    data_kind: str  # what the dataset is: "npy" token ids, a text file, a hub dataset...
-    method: str
-    scheme: QuantizationScheme | None
-    sparsity: Sparsity | None
-    out_dir: Path | None
-    overwrite: bool
-    samples: int
-    seq_len: int
-    batch_size: int
-    seed: int
-    pipeline: str
-    propagate_error: bool
-    true_sequential: bool
-    refine_passes: int
-    attn_implementation: str
-    dtype: torch.dtype | None
+    out_dir: str | Path | None = None
+    scheme: str | QuantizationScheme | None = "W4A16"
+    method: str = GPTQ
+    sparsity: str | float | None = None
+    samples: int = 128
+    seq_len: int = 512
+    batch_size: int = 1
+    seed: int = 0
+    pipeline: str = AUTO
+    propagate_error: bool = True
+    true_sequential: bool = False
+    refine_passes: int = 0
+    attn_implementation: str = "sdpa"
+    dtype: torch.dtype | None = None
+    overwrite: bool = False
+    source: ModelSource = field(init=False, repr=False)
+    quantization: QuantizationScheme | None = field(init=False, repr=False)
+    target_sparsity: Sparsity | None = field(init=False, repr=False)
+    out_path: Path | None = field(init=False, repr=False)
+    #: what the dataset is: "npy" token ids, a text file, a hub dataset...
+    data_kind: str = field(init=False, repr=False)
 
     @property
     def needs_data(self) -> bool:
         return self.method in DATA_METHODS
 
-    @classmethod
-    def validate(
-        cls,
-        model: str | ModelSource,
-        *,
-        dataset: str | Path,
-        out_dir: str | Path | None,
-        scheme: str | QuantizationScheme | None,
-        method: str,
-        sparsity: str | float | None,
-        samples: int,
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-        pipeline: str,
-        propagate_error: bool,
-        true_sequential: bool,
-        refine_passes: int,
-        attn_implementation: str,
-        dtype: torch.dtype | None,
-        overwrite: bool,
-    ) -> CompressRequest:
-        """Check every input (names, combinations, the model's weights, the output folder, the
-        dataset's shape) and resolve the scheme and sparsity; raises
-        :class:`~llmc_trace.errors.BadInputError` naming the parameter."""
-        if method not in METHODS:
+    def __post_init__(self) -> None:
+        self._check_choices()
+        quantization = resolve_scheme(self.scheme) if isinstance(self.scheme, str) else self.scheme
+        target_sparsity = parse_sparsity(self.sparsity)
+        if self.method in PRUNING_METHODS and target_sparsity is None:
             raise BadInputError(
-                f"unknown method {method!r}.",
-                hint=f"Use one of {', '.join(METHODS)}.",
-                param="method",
+                f"{self.method} needs a sparsity.",
+                hint="Pass --sparsity 0.5 or 2:4.",
+                param="sparsity",
             )
-        if pipeline not in (AUTO, *PIPELINES):
+        if self.method not in PRUNING_METHODS and quantization is None:
             raise BadInputError(
-                f"unknown pipeline {pipeline!r}.",
-                hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
-                param="pipeline",
-            )
-        if true_sequential and (pipeline not in (AUTO, SEQUENTIAL) or not propagate_error):
-            raise BadInputError(
-                "true-sequential calibration needs the sequential pipeline with error "
-                f"propagation (got pipeline {pipeline!r}"
-                f"{', no propagation' if not propagate_error else ''}).",
-                hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
-                param="true_sequential",
-            )
-        if refine_passes < 0:
-            raise BadInputError(
-                f"refine passes must be 0 or more (got {refine_passes}).",
-                hint="Pass --refine-passes 0 for GPTQ without refinement, or a positive limit.",
-                param="refine_passes",
-            )
-        resolved_scheme = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
-        resolved_sparsity = parse_sparsity(sparsity)
-        if method in PRUNING_METHODS and resolved_sparsity is None:
-            raise BadInputError(
-                f"{method} needs a sparsity.", hint="Pass --sparsity 0.5 or 2:4.", param="sparsity"
-            )
-        if method not in PRUNING_METHODS and resolved_scheme is None:
-            raise BadInputError(
-                f"{method} needs a quantization scheme.",
+                f"{self.method} needs a quantization scheme.",
                 hint="Pass --scheme W4A16.",
                 param="scheme",
             )
+        model = self.model
         source = model if isinstance(model, ModelSource) else resolve_model(str(model))
         if not source.has_weights:
             raise BadInputError(
@@ -123,34 +98,53 @@ class CompressRequest:
                 hint="Point --model at a checkpoint folder; built-ins hold configs only.",
                 param="model",
             )
-        target_dir = Path(out_dir) if out_dir is not None else None
-        if target_dir is not None and target_dir.exists() and not overwrite:
+        out_path = Path(self.out_dir) if self.out_dir is not None else None
+        if out_path is not None and out_path.exists() and not self.overwrite:
             raise BadInputError(
-                f"the output folder {target_dir} already exists.",
+                f"the output folder {out_path} already exists.",
                 hint="Choose another --out, or pass --overwrite.",
                 param="out",
             )
-        data = validate_source(dataset, samples=samples, seq_len=seq_len)
-        return cls(
-            source=source,
-            dataset=dataset,
-            data_kind=data.kind,
-            method=method,
-            scheme=resolved_scheme,
-            sparsity=resolved_sparsity,
-            out_dir=target_dir,
-            overwrite=overwrite,
-            samples=samples,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            seed=seed,
-            pipeline=pipeline,
-            propagate_error=propagate_error,
-            true_sequential=true_sequential,
-            refine_passes=refine_passes,
-            attn_implementation=attn_implementation,
-            dtype=dtype,
-        )
+        data = validate_source(self.dataset, samples=self.samples, seq_len=self.seq_len)
+        for name, value in (
+            ("source", source),
+            ("quantization", quantization),
+            ("target_sparsity", target_sparsity),
+            ("out_path", out_path),
+            ("data_kind", data.kind),
+        ):
+            object.__setattr__(self, name, value)
+
+    def _check_choices(self) -> None:
+        """Names and combinations, the checks that need nothing loaded."""
+        if self.method not in METHODS:
+            raise BadInputError(
+                f"unknown method {self.method!r}.",
+                hint=f"Use one of {', '.join(METHODS)}.",
+                param="method",
+            )
+        if self.pipeline not in (AUTO, *PIPELINES):
+            raise BadInputError(
+                f"unknown pipeline {self.pipeline!r}.",
+                hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
+                param="pipeline",
+            )
+        if self.true_sequential and (
+            self.pipeline not in (AUTO, SEQUENTIAL) or not self.propagate_error
+        ):
+            raise BadInputError(
+                "true-sequential calibration needs the sequential pipeline with error "
+                f"propagation (got pipeline {self.pipeline!r}"
+                f"{', no propagation' if not self.propagate_error else ''}).",
+                hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
+                param="true_sequential",
+            )
+        if self.refine_passes < 0:
+            raise BadInputError(
+                f"refine passes must be 0 or more (got {self.refine_passes}).",
+                hint="Pass --refine-passes 0 for GPTQ without refinement, or a positive limit.",
+                param="refine_passes",
+            )
 
 
 def parse_sparsity(text: str | float | None) -> Sparsity | None:

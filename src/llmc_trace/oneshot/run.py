@@ -19,7 +19,6 @@ import torch
 from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.recipe import Recipe
 from llmc_trace.checkpoint.writer import SparsityInfo, save_compressed
-from llmc_trace.compress.scheme import QuantizationScheme
 from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.data import load_calibration
@@ -55,63 +54,22 @@ class CompressionResult:
 
 
 def compress(
-    model: str | ModelSource,
+    request: CompressRequest,
     *,
-    dataset: str | Path,
-    out_dir: str | Path | None = None,
-    scheme: str | QuantizationScheme | None = "W4A16",
-    method: str = GPTQ,
-    sparsity: str | float | None = None,
-    samples: int = 128,
-    seq_len: int = 512,
-    batch_size: int = 1,
-    seed: int = 0,
-    pipeline: str = AUTO,
-    propagate_error: bool = True,
-    true_sequential: bool = False,
-    refine_passes: int = 0,
-    dtype: torch.dtype | None = None,
-    overwrite: bool = False,
     device: torch.device | None = None,
-    attn_implementation: str = "sdpa",
     progress: Progress | None = None,
 ) -> CompressionResult:
-    """Compress ``model`` (a folder with weights) and write the checkpoint to ``out_dir``.
+    """Compress as ``request`` says (see :class:`CompressRequest`) and write the checkpoint.
 
-    ``method``: ``gptq`` (with ``scheme``), ``sparsegpt`` (with ``sparsity``, and ``scheme`` to
-    also quantize), ``rtn`` or ``magnitude`` (the baselines). ``pipeline="auto"`` takes the
-    memory plan's choice. ``out_dir=None`` compresses in memory only (for evaluation).
-    ``attn_implementation``: the attention kernel calibration runs, ``sdpa`` by default (what
-    transformers and vLLM serve with: it computes the same function as ``eager`` without
-    holding each head's full attention matrix, so calibration is faster and peaks lower);
-    architectures without it fall back to ``eager``. ``true_sequential`` calibrates each
-    subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then down), each on
-    inputs from the stages before it already compressed; the sequential pipeline only, about
-    1.5x the calibration time. ``refine_passes``: at most this many passes of coordinate
-    descent after each GPTQ sweep (`llmc_trace.compress.refine`; it stops once no integer can
-    move); 0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`).
+    ``device``: where calibration runs (CUDA when there is one). Nothing is written unless
+    the run completes: the checkpoint goes to a temporary folder renamed at the end.
+
+    >>> request = CompressRequest("tiny-llama/", dataset="calib.npy", out_dir="out/")  # doctest: +SKIP
+    >>> compress(request).pipeline                                                    # doctest: +SKIP
+    'sequential'
     """
     start = time.perf_counter()
     report = progress or no_progress
-    request = CompressRequest.validate(
-        model,
-        dataset=dataset,
-        out_dir=out_dir,
-        scheme=scheme,
-        method=method,
-        sparsity=sparsity,
-        samples=samples,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        seed=seed,
-        pipeline=pipeline,
-        propagate_error=propagate_error,
-        true_sequential=true_sequential,
-        refine_passes=refine_passes,
-        attn_implementation=attn_implementation,
-        dtype=dtype,
-        overwrite=overwrite,
-    )
     if request.needs_data:
         refuse_weight_changing(request.source)
     report("load", 0, 1)
@@ -128,7 +86,10 @@ def compress(
         vocab_size=loaded.get_input_embeddings().num_embeddings,
     )
     compressor = LayerCompressor(
-        request.method, request.scheme, request.sparsity, refine_passes=request.refine_passes
+        request.method,
+        request.quantization,
+        request.target_sparsity,
+        refine_passes=request.refine_passes,
     )
     _check_targets(loaded, compressor, request.source.name)
     report("trace", 0, 1)
@@ -139,7 +100,7 @@ def compress(
         request.batch_size,
         dtype_bytes=next(loaded.parameters()).element_size(),
         needs_data=request.needs_data,
-        kept_bytes_per_weight=0.0 if request.scheme is None else 1.0,
+        kept_bytes_per_weight=0.0 if request.quantization is None else 1.0,
     )
     plan = plan_memory(traced, settings, twin=check.twin if check else None)
     chosen = plan.chosen if request.pipeline == AUTO else request.pipeline
@@ -161,21 +122,21 @@ def compress(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates each "
             "target in one stage"
         )
-    if request.out_dir is not None:
+    if request.out_path is not None:
         save_compressed(
             loaded,
-            request.out_dir,
+            request.out_path,
             compressor.quantized,
-            [request.scheme] if request.scheme else [],
-            sparsity=SparsityInfo(request.sparsity, tuple(compressor.pruned))
-            if request.sparsity is not None
+            [request.quantization] if request.quantization else [],
+            sparsity=SparsityInfo(request.target_sparsity, tuple(compressor.pruned))
+            if request.target_sparsity is not None
             else None,
             recipe=_recipe(request, outcome.pipeline, calibration.num_samples, compressor, loaded),
             tokenizer_dir=request.source.folder,
             overwrite=request.overwrite,
         )
     return CompressionResult(
-        request.out_dir,
+        request.out_path,
         loaded,
         outcome.pipeline,
         plan,
@@ -205,9 +166,7 @@ def trace_for_calibration(
     ids = batch["input_ids"]
     options = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
     settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", options), fix=True)
-    if settled.applied is None:  # nothing fixed: the trace as it came, proved or not
-        return traced, settled.attempt.check if settled.attempt.traced is traced else None
-    return settled.attempt.traced, settled.attempt.check
+    return settled.fixed.traced, settled.fixed.check
 
 
 def refuse_weight_changing(source: ModelSource) -> None:

@@ -9,6 +9,8 @@ subgraphs and compress does all of that, each without tracing the model again.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -95,37 +97,30 @@ def trace_model(
     """
     # the plan a trace makes too: a failed trace returns none, and the views still need it
     leaves = plan_leaves(model, options.sequential_targets, list(options.ignored_modules))
+    traced = functools.partial(
+        TracedModel, name=name, model=model, sample=sample, options=options, source=source
+    )
     start = time.perf_counter()
     try:
         trace = trace_graph(model, sample, options)
     except TraceStopped as stopped:
-        return TracedModel(
-            name=name,
-            model=model,
-            sample=sample,
-            options=options,
+        question = stopped.cause if isinstance(stopped.cause, DataDependentQuestion) else None
+        return traced(
             leaves=leaves,
             partitioned=None,
             failure=failure_from_exception(stopped),
             partial_graph=_partial_graph(stopped),
-            failing_node=stopped.cause.node.name
-            if isinstance(stopped.cause, DataDependentQuestion)
-            else None,
-            source=source,
+            failing_node=question.node.name if question is not None else None,
             timings_s={"trace_s": time.perf_counter() - start},
         )
     traced_s = time.perf_counter() - start
     partitioned = partition_trace(trace, options.targets_per_subgraph)
-    return TracedModel(
-        name=name,
-        model=model,
-        sample=sample,
-        options=options,
+    partitioned_s = time.perf_counter() - start - traced_s
+    return traced(
         leaves=trace.leaves,
         partitioned=partitioned,
         failure=None,
-        source=source,
-        timings_s={"trace_s": traced_s, "partition_s": time.perf_counter() - start - traced_s},
+        timings_s={"trace_s": traced_s, "partition_s": partitioned_s},
     )
 
 
@@ -159,8 +154,7 @@ def trace_source(
     tracing = TracingOptions.parse(full, ignore or [], sequential_targets, targets_per_subgraph)
     sample = make_sample(full.config, modality, options)
     traced = trace_model(full, sample, tracing, name=display_name(source), source=source)
-    traced.timings_s["build_s"] = built_s
-    return traced
+    return dataclasses.replace(traced, timings_s={"build_s": built_s, **traced.timings_s})
 
 
 def _partial_graph(stopped: TraceStopped) -> fx.Graph | None:

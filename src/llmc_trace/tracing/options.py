@@ -13,7 +13,6 @@ names the closest matches (a mistyped class name must not silently become a func
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import inspect
 import re
@@ -66,8 +65,6 @@ class TracingOptions:
         targets_per_subgraph: int = 1,
     ) -> TracingOptions:
         """Sort the ``ignore`` strings into typed fields, checking each against ``model``."""
-        for pattern in (*(sequential_targets or ()), *ignore):
-            _check_pattern(pattern)
         classes = {cls_.__name__ for m in model.modules() for cls_ in type(m).__mro__}
         modules, calls, autowraps, definitions = [], [], [], []
         for entry in dict.fromkeys(ignore):  # keep order, drop repeats
@@ -108,9 +105,6 @@ class TracingOptions:
             self.sequential_targets,
             self.targets_per_subgraph,
         )
-
-    def with_targets_per_subgraph(self, count: int) -> TracingOptions:
-        return dataclasses.replace(self, targets_per_subgraph=count)
 
 
 def _check_pattern(pattern: str) -> None:
