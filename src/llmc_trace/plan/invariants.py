@@ -18,9 +18,10 @@ from llmc_trace.pipelines.cache import IntermediatesCache
 from llmc_trace.traced.model import TracedModel
 
 
-def sample_invariant_names(twin: TracedModel) -> set[str]:
-    """Names of ``twin``'s intermediates equal across two samples (unpadded text)."""
-    if twin.partitioned is None:
+def sample_invariant_names(twin: TracedModel | None) -> set[str]:
+    """Names of ``twin``'s intermediates equal across two samples (unpadded text); none when
+    there is no traced twin."""
+    if twin is None or twin.partitioned is None:
         return set()
     ids = twin.sample["input_ids"]
     batch, seq = int(ids.shape[0]), int(ids.shape[1])

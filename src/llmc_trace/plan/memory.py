@@ -6,12 +6,12 @@ import psutil
 import torch
 
 from llmc_trace.core.names import SEQUENTIAL
-from llmc_trace.models.build import build_twin
-from llmc_trace.models.samples import SampleOptions, make_sample
+from llmc_trace.models.samples import SampleOptions
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings, estimate_pipelines
 from llmc_trace.plan.invariants import sample_invariant_names
-from llmc_trace.traced.model import TracedModel, trace_model, trace_source
+from llmc_trace.traced.model import TracedModel, trace_source
+from llmc_trace.traced.twin import verify_on_twin
 
 
 def available_device_memory() -> int:
@@ -44,7 +44,7 @@ def plan_memory(
         kind = traced.failure.kind if traced.failure else "unknown"
         excluded[SEQUENTIAL] = f"the model does not trace ({kind})"
     else:
-        invariant = sample_invariant_names(twin if twin is not None else _twin_of(traced))
+        invariant = sample_invariant_names(twin or _twin_of(traced))
     estimates = estimate_pipelines(
         traced.model, traced.partitioned, settings, invariant, traced_sizes(traced)
     )
@@ -80,11 +80,8 @@ def traced_sizes(traced: TracedModel) -> tuple[int, int]:
     return PLAN_BATCH, PLAN_SEQ
 
 
-def _twin_of(traced: TracedModel) -> TracedModel:
-    """The twin of ``traced``'s source, traced with the same options on text of its shape."""
-    if traced.source is None:
-        raise ValueError(f"{traced.name} has no source to build a twin from; pass twin=")
-    model = build_twin(traced.source)
+def _twin_of(traced: TracedModel) -> TracedModel | None:
+    """The twin of ``traced``, traced with the same options on text of its shape (the twin
+    that :func:`~llmc_trace.traced.twin.verify_on_twin` proves it with)."""
     batch, seq = traced_sizes(traced)
-    sample = make_sample(model.config, "text", SampleOptions(seq_len=seq, batch_size=batch))
-    return trace_model(model, sample, traced.options, name=traced.name, source=traced.source)
+    return verify_on_twin(traced, "text", SampleOptions(seq_len=seq, batch_size=batch)).twin
