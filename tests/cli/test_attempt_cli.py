@@ -76,6 +76,9 @@ def test_fix_finds_a_verified_configuration() -> None:
         ),
         (["--model", LLAMA, "--modality", "audio"], "--modality"),
         (["--model", LLAMA, "--targets-per-subgraph", "0"], "--targets-per-subgraph"),
+        (["--model", LLAMA, "--ignore", "LlamaRotaryEmbeding"], "--ignore"),
+        (["--model", LLAMA, "--ignore", "re:["], "--ignore"),
+        (["--model", LLAMA, "--sequential-targets", "re:("], "--sequential-targets"),
     ],
 )
 def test_bad_input_exits_2_naming_the_parameter(args: list[str], param: str) -> None:

@@ -53,8 +53,10 @@ class TracingOptions:
                 hint="Use 1 for one decoder layer per subgraph.",
                 param="targets_per_subgraph",
             )
-        for pattern in (*(self.sequential_targets or ()), *self.ignored_modules):
-            _check_pattern(pattern)
+        for pattern in self.sequential_targets or ():
+            _check_pattern(pattern, "sequential_targets")
+        for pattern in self.ignored_modules:
+            _check_pattern(pattern, "ignore")
 
     @classmethod
     def parse(
@@ -107,7 +109,7 @@ class TracingOptions:
         )
 
 
-def _check_pattern(pattern: str) -> None:
+def _check_pattern(pattern: str, param: str) -> None:
     if not pattern.startswith("re:"):
         return
     try:
@@ -116,7 +118,7 @@ def _check_pattern(pattern: str) -> None:
         raise BadInputError(
             f"{pattern!r} is not a valid regular expression ({err}).",
             hint="Write a Python regular expression after 're:', e.g. 're:model\\.layers\\.\\d+$'.",
-            param="ignore",
+            param=param,
         ) from None
 
 
