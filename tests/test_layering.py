@@ -8,6 +8,8 @@ README's "How it works" draws the same layers.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "llmc_trace"
@@ -64,3 +66,11 @@ def test_no_import_runs_upwards() -> None:
             if package == "llmc_trace" or (package != own and layer_of(package) >= layer_of(own)):
                 upward.append(f"{relative} imports llmc_trace.{package}")
     assert upward == []
+
+
+def test_the_command_line_loads_without_torch() -> None:
+    """``llmc-trace --help`` must not wait for torch and transformers to import (seconds)."""
+    code = "import sys, llmc_trace, llmc_trace.cli.main; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

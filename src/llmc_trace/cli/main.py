@@ -11,7 +11,6 @@ import sys
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.display import show_report
 from llmc_trace.cli.options import model_options, split_list
 
 
@@ -63,6 +62,7 @@ def attempt(
     Exit code 0: traced and verified; 1: not traceable or not verified; 2: bad input.
     """
     from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.cli.display import show_report
 
     with handle_errors(ctx), ctx.progress(f"attempt {model}") as progress:
         report = attempt_trace(

@@ -6,7 +6,6 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.core.sizes import human_bytes, parse_bytes
 
 
 @click.command()
@@ -46,6 +45,7 @@ def plan(
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one."""
+    from llmc_trace.core.sizes import human_bytes, parse_bytes
     from llmc_trace.plan import RunSettings, plan_source
 
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
