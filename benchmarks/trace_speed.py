@@ -166,7 +166,7 @@ def prepare_case(name: str, workdir: Path) -> ModelCase:
         name=name,
         config_dir=config_dir,
         sample_path=sample_path,
-        targets=default_target_patterns(model),
+        targets=default_target_patterns(model, list(model.named_modules())),
         dtype=str(model.dtype).removeprefix("torch."),
         num_layers=int(getattr(text, "num_hidden_layers", 0) or 0),
     )

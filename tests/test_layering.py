@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "llmc_trace"
 
 #: Lowest first; packages in one layer do not import each other.
@@ -68,9 +70,24 @@ def test_no_import_runs_upwards() -> None:
     assert upward == []
 
 
-def test_the_command_line_loads_without_torch() -> None:
-    """``llmc-trace --help`` must not wait for torch and transformers to import (seconds)."""
-    code = "import sys, llmc_trace, llmc_trace.cli.main; print('torch' in sys.modules)"
+@pytest.mark.parametrize(
+    ("arguments", "exit_code"),
+    [
+        (["--help"], 0),
+        (["attempt", "--help"], 0),
+        (["compress", "--help"], 0),
+        (["attempt", "--no-such-flag"], 2),
+        (["attempt", "--modality", "smell", "--model", "x"], 2),
+    ],
+)
+def test_the_command_line_answers_without_torch(arguments: list[str], exit_code: int) -> None:
+    """Help and bad flags must not wait for torch and transformers to import (seconds)."""
+    code = (
+        "import sys\n"
+        "from llmc_trace.cli.main import cli\n"
+        f"try:\n    cli.main({arguments!r}, prog_name='llmc-trace')\n"
+        "except SystemExit as done:\n"
+        "    print('exit', done.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert result.stdout.splitlines()[-1] == f"exit {exit_code} False False", result.stderr

@@ -123,13 +123,19 @@ class TraceStopped(Exception):
 
     ``cause`` is what the model code raised; ``module_stack`` the ``(path, class)`` of every
     module being traced when it was raised, outermost first; ``partial_graph`` the graph
-    recorded up to that point (a ``torch.fx.Graph``, for the failure view), when there is one.
+    recorded up to that point (a ``torch.fx.Graph``, for the failure view), when there is one;
+    ``leaves`` the trace's leaf plan (a ``LeafPlan``), which the views draw a failure with.
     """
 
     def __init__(
-        self, cause: BaseException, module_stack: list[tuple[str, str]], partial_graph: Any
+        self,
+        cause: BaseException,
+        module_stack: list[tuple[str, str]],
+        partial_graph: Any,
+        leaves: Any,
     ) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.cause = cause
         self.module_stack = module_stack
         self.partial_graph = partial_graph
+        self.leaves = leaves

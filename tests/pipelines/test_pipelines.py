@@ -183,7 +183,7 @@ def test_pipelines_agree_on_real_architectures(name: str) -> None:
     model = _reference_or_twin(name)
     vocab = model.config.vocab_size
     batches = [token_batch(1, 24, vocab=vocab, seed=s) for s in range(2)]
-    pattern = default_target_patterns(model)
+    pattern = default_target_patterns(model, list(model.named_modules()))
     targets = [m for m in model.modules() if type(m).__name__ in pattern]
     seen = {}
     for kind in ("basic", "layer_sequential", "sequential"):

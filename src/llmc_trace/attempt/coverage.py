@@ -14,7 +14,12 @@ from llmc_trace.models.source import builtin_names, resolve_model
 
 @dataclass(frozen=True)
 class CoverageRow:
-    """One model and modality: traced without help, after fixes, or not at all."""
+    """One model and modality: traced without help, after fixes, or not at all.
+
+    ``seconds`` is the whole attempt (fix search and verification included); ``trace_s`` the
+    trace of the model that settled it (with the fix, when one was applied), as
+    ``attempt --json`` reports it.
+    """
 
     model: str
     model_type: str
@@ -24,6 +29,7 @@ class CoverageRow:
     subgraphs: int
     fix: str
     seconds: float
+    trace_s: float
     problem: str
 
 
@@ -55,7 +61,7 @@ def coverage_rows(
             )
             elapsed = time.perf_counter() - start
             rows.append(
-                CoverageRow(name, model_type, modality, False, False, 0, "", elapsed, message)
+                CoverageRow(name, model_type, modality, False, False, 0, "", elapsed, 0.0, message)
             )
             continue
         problem = ""
@@ -80,6 +86,7 @@ def coverage_rows(
                 len(report.subgraphs),
                 ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
                 time.perf_counter() - start,
+                report.timings_s.get("trace_s", 0.0),
                 problem,
             )
         )

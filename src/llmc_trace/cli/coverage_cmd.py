@@ -51,19 +51,21 @@ def coverage(
         ctx.print_json({"rows": [vars(r) for r in rows]})
     elif markdown:
         click.echo(
-            "| model | architecture | modality | traced | verified | subgraphs | fix used | seconds |"
+            "| model | architecture | modality | traced | verified | subgraphs | fix used "
+            "| trace s | seconds |"
         )
-        click.echo("|---|---|---|---|---|---|---|---|")
+        click.echo("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             fix = f"`{r.fix}`" if r.fix else ""
             verdict = "yes" if r.verified else f"no: {r.problem}" if r.problem else "no"
             click.echo(
                 f"| {r.model} | {r.model_type} | {r.modality} | {'yes' if r.traced else 'no'} "
-                f"| {verdict} | {r.subgraphs} | {fix} | {r.seconds:.1f} |"
+                f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} |"
             )
     else:
         table = Table(
-            title=f"coverage: {sum(r.verified for r in rows)}/{len(rows)} verified",
+            title=f"coverage: {sum(r.verified for r in rows)}/{len(rows)} verified, "
+            f"{sum(r.seconds for r in rows):.0f} s",
             title_justify="left",
         )
         for column in (
@@ -74,6 +76,7 @@ def coverage(
             "verified",
             "subgraphs",
             "fix used",
+            "trace s",
             "s",
         ):
             table.add_column(column)
@@ -86,6 +89,7 @@ def coverage(
                 "[green]yes[/]" if r.verified else f"[red]no[/] {r.problem}",
                 str(r.subgraphs),
                 r.fix,
+                f"{r.trace_s:.2f}",
                 f"{r.seconds:.1f}",
             )
         ctx.out.print(table)

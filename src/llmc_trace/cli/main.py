@@ -6,6 +6,7 @@ mismatch, compression failed); 2 bad input, reported before heavy work starts.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -21,10 +22,9 @@ from llmc_trace.cli.options import model_options, split_list
 @click.pass_context
 def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     """Make large models traceable for memory-efficient compression, and compress them."""
-    import transformers
-
-    # transformers' advice about optional kernels is noise here; our own messages are enough
-    transformers.logging.set_verbosity_error()
+    # transformers' advice about optional kernels is noise here; our own messages are enough.
+    # Read when transformers is imported: importing it here would cost every --help seconds
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     click_ctx.obj = CliContext(quiet=quiet, debug=debug)
 
 

@@ -2,7 +2,8 @@
 
 Verification runs real numbers, so it needs real (random) weights; a 70B config cannot
 provide them, its twin can. Widths are divided by one power-of-two factor per config, chosen
-so that at least four attention heads remain; head dimensions, rope sections, patch
+so that at least four attention heads remain; a head count that no power of two divides
+(Falcon-7B's 71) becomes four heads, every width scaled by the same ratio; head dimensions, rope sections, patch
 sizes and every ratio the code relies on are kept, which is what keeps the twin on the same
 code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
 type (dense and MoE, sliding and full attention, attention and SSM). Vocabularies shrink too,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import re
+from fractions import Fraction
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -139,7 +141,9 @@ def _get(config: PretrainedConfig, keys: tuple[str, ...]) -> tuple[str, Any] | N
     return None
 
 
-def _width_factor(config: PretrainedConfig) -> int:
+def _width_ratio(config: PretrainedConfig) -> Fraction:
+    """What every width of ``config`` is multiplied by: ``1/2**k``, or ``4/heads`` when no
+    power of two divides the head count but that ratio keeps every width whole."""
     heads = _get(config, HEAD_KEYS)
     hidden = _get(config, ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width"))
     factor = 1
@@ -150,12 +154,21 @@ def _width_factor(config: PretrainedConfig) -> int:
         if hidden is None or hidden[1] % nxt or hidden[1] // nxt < 64:
             break
         factor = nxt
-    return factor
+    if factor > 1 or heads is None or hidden is None or heads[1] < 2 * MIN_HEADS:
+        return Fraction(1, factor)
+    ratio = Fraction(MIN_HEADS, heads[1])
+    widths = [vars(config).get(key) for key in WIDTH_KEYS]
+    whole = all((w * ratio).denominator == 1 for w in widths if _is_count(w))
+    return ratio if whole and hidden[1] * ratio >= 64 else Fraction(1)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: int) -> None:
     attrs = vars(config)
-    factor = _width_factor(config)
+    ratio = _width_ratio(config)
     head_dim = attrs.get("head_dim")
     heads = _get(config, HEAD_KEYS)
     if (
@@ -165,24 +178,19 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
         and isinstance(attrs["hidden_size"], int)
     ):
         head_dim = attrs["hidden_size"] // heads[1]
-    if factor > 1:
+    if ratio < 1:
         for key in WIDTH_KEYS:
             value = attrs.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < factor:
+            if not _is_count(value) or value * ratio < 1:
                 continue
             if value in renamed:  # mirrors a width already shrunk (a tower's output = text width)
                 setattr(config, key, renamed[value])
             else:
-                renamed[value] = value // factor
-                setattr(config, key, value // factor)
-        for key in HEAD_KEYS:
+                renamed[value] = int(value * ratio)
+                setattr(config, key, renamed[value])
+        for key in (*HEAD_KEYS, *KV_HEAD_KEYS, "n_groups"):
             if isinstance(attrs.get(key), int):
-                setattr(config, key, max(1, attrs[key] // factor))
-        for key in KV_HEAD_KEYS:
-            if isinstance(attrs.get(key), int):
-                setattr(config, key, max(1, attrs[key] // factor))
-        if "n_groups" in attrs and isinstance(attrs["n_groups"], int):
-            config.n_groups = max(1, attrs["n_groups"] // factor)
+                setattr(config, key, max(1, int(attrs[key] * ratio)))
         if head_dim is not None and attrs.get("head_dim") is not None:
             config.head_dim = head_dim
     _shrink_layers(config, min_layers)

@@ -30,7 +30,7 @@ from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.traced.summary import SubgraphSummary, summarize
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.proxy import DataDependentQuestion
-from llmc_trace.tracing.targets import LeafPlan, plan_leaves
+from llmc_trace.tracing.targets import LeafPlan
 from llmc_trace.tracing.trace import TraceResult, trace_graph
 
 
@@ -95,8 +95,6 @@ def trace_model(
     Bad options (targets that match nothing, an autowrap that cannot install) raise
     :class:`~llmc_trace.errors.BadInputError`.
     """
-    # the plan a trace makes too: a failed trace returns none, and the views still need it
-    leaves = plan_leaves(model, options.sequential_targets, list(options.ignored_modules))
     traced = functools.partial(
         TracedModel, name=name, model=model, sample=sample, options=options, source=source
     )
@@ -106,7 +104,7 @@ def trace_model(
     except TraceStopped as stopped:
         question = stopped.cause if isinstance(stopped.cause, DataDependentQuestion) else None
         return traced(
-            leaves=leaves,
+            leaves=stopped.leaves,
             partitioned=None,
             failure=failure_from_exception(stopped),
             partial_graph=_partial_graph(stopped),

@@ -64,7 +64,12 @@ def matches(pattern: str, path: str, module: torch.nn.Module) -> bool:
     return type(module).__name__ == pattern
 
 
-def audio_tower_paths(model: torch.nn.Module) -> set[str]:
+#: Every ``(path, module)`` of a model, walked once: a model with thousands of experts makes
+#: each walk cost tens of milliseconds, and planning the leaves asks several questions of it.
+Modules = list[tuple[str, torch.nn.Module]]
+
+
+def audio_tower_paths(model: torch.nn.Module, modules: Modules) -> set[str]:
     """For speech models (main input is audio features), the encoder is the audio tower."""
     if getattr(model, "main_input_name", "") not in ("input_features", "input_values"):
         return set()
@@ -72,7 +77,7 @@ def audio_tower_paths(model: torch.nn.Module) -> set[str]:
     encoder = get_encoder() if callable(get_encoder) else None
     if encoder is None:
         return set()
-    return {path for path, module in model.named_modules() if module is encoder}
+    return {path for path, module in modules if module is encoder}
 
 
 def is_in_tower(path: str, towers: Iterable[str] = ()) -> bool:
@@ -81,31 +86,29 @@ def is_in_tower(path: str, towers: Iterable[str] = ()) -> bool:
     )
 
 
-def no_split_classes(model: torch.nn.Module) -> list[str]:
+def no_split_classes(modules: Modules) -> list[str]:
     names: list[str] = []
-    for module in model.modules():
+    for _, module in modules:
         for name in getattr(module, "_no_split_modules", None) or []:
             if name not in names:
                 names.append(name)
     return names
 
 
-def default_target_patterns(model: torch.nn.Module) -> list[str]:
+def default_target_patterns(model: torch.nn.Module, modules: Modules) -> list[str]:
     """Classes from ``_no_split_modules`` that have instances outside every tower; failing
     that, the repeated block classes (:func:`repeated_block_classes`)."""
-    towers = audio_tower_paths(model)
+    towers = audio_tower_paths(model, modules)
     present = {
-        type(module).__name__
-        for path, module in model.named_modules()
-        if path and not is_in_tower(path, towers)
+        type(module).__name__ for path, module in modules if path and not is_in_tower(path, towers)
     }
-    classes = [name for name in no_split_classes(model) if name in present]
+    classes = [name for name in no_split_classes(modules) if name in present]
     if classes:
         return classes
-    return repeated_block_classes(model, towers)
+    return repeated_block_classes(modules, towers)
 
 
-def repeated_block_classes(model: torch.nn.Module, towers: set[str]) -> list[str]:
+def repeated_block_classes(modules: Modules, towers: set[str]) -> list[str]:
     """Classes of the blocks a model stacks, for models that name no ``_no_split_modules``.
 
     A stack is a ``ModuleList`` of two or more modules of one class, outside every tower,
@@ -115,7 +118,7 @@ def repeated_block_classes(model: torch.nn.Module, towers: set[str]) -> list[str
     targets.
     """
     found: list[str] = []
-    for path, module in model.named_modules():
+    for path, module in modules:
         if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
             continue
         if is_in_tower(path, towers):
@@ -132,13 +135,17 @@ def repeated_block_classes(model: torch.nn.Module, towers: set[str]) -> list[str
 
 
 def resolve_targets(
-    model: torch.nn.Module, patterns: list[str] | None, *, explicit: bool
+    model: torch.nn.Module, modules: Modules, patterns: list[str] | None, *, explicit: bool
 ) -> list[str]:
-    """Module paths of the sequential targets, outermost matches only, in module order."""
-    towers = set() if explicit else audio_tower_paths(model)
+    """Module paths of the sequential targets, outermost matches only, in module order.
+
+    The walk is depth-first, so a chosen target's descendants follow it at once: only the
+    latest choice can contain the current path.
+    """
+    towers = set() if explicit else audio_tower_paths(model, modules)
     chosen: list[str] = []
-    for path, module in model.named_modules():
-        if not path or any(path.startswith(t + ".") for t in chosen):
+    for path, module in modules:
+        if not path or (chosen and path.startswith(chosen[-1] + ".")):
             continue
         if not explicit and is_in_tower(path, towers):
             continue
@@ -153,19 +160,20 @@ def plan_leaves(
     ignore_modules: list[str],
 ) -> LeafPlan:
     """Resolve targets and ignored modules into a :class:`LeafPlan`, checking the user's input."""
-    known_classes = {type(m).__name__ for m in model.modules()}
+    modules = list(model.named_modules())
+    known_classes = {type(m).__name__ for _, m in modules}
     explicit = sequential_targets is not None
-    patterns = sequential_targets if explicit else default_target_patterns(model)
+    patterns = sequential_targets if explicit else default_target_patterns(model, modules)
     for pattern in patterns:
         if not pattern.startswith("re:") and pattern not in known_classes:
             close = sorted(c for c in known_classes if pattern.lower()[:5] in c.lower())[:5]
             raise BadInputError(
                 f"Sequential target class {pattern!r} does not exist in {type(model).__name__}.",
-                hint=f"Use a class name the model has (e.g. {', '.join(close) or no_split_classes(model)}) "
+                hint=f"Use a class name the model has (e.g. {', '.join(close) or no_split_classes(modules)}) "
                 "or a 're:' pattern on module paths.",
                 param="sequential_targets",
             )
-    targets = resolve_targets(model, patterns, explicit=explicit)
+    targets = resolve_targets(model, modules, patterns, explicit=explicit)
     if not targets:
         raise BadInputError(
             f"The sequential targets {patterns} match no module of {type(model).__name__}.",
@@ -178,7 +186,7 @@ def plan_leaves(
         parts = target.split(".")
         ancestors.update(".".join(parts[:i]) for i in range(1, len(parts)))
     ignored = []
-    for path, module in model.named_modules():
+    for path, module in modules:
         if path and any(matches(p, path, module) for p in ignore_modules):
             if path in ancestors:
                 raise BadInputError(

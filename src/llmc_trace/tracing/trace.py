@@ -82,8 +82,11 @@ def trace_graph(
     tensors, constants = split_sample(sample)
     concrete = {**concrete_arguments(model, sample), **constants}
     tracer = LlmcTracer(lambda path, module: leaves.leaf_reason(path), opaque)
-    was_training = model.training
-    model.eval()
+    # eval mode for the trace, each module's own mode restored after; a walk that sets only
+    # the modules in training costs nothing on a model already in eval mode (thousands of experts)
+    training = [module for module in model.modules() if module.training]
+    for module in training:
+        module.training = False
     try:
         # definitions first: a statement of a definition's method can be autowrapped too
         with (
@@ -97,9 +100,10 @@ def trace_graph(
     except Exception as err:  # everything else is a finding about the model's code
         raised = tracer.state.raised
         stack = raised[1] if raised is not None and raised[0] is err else []
-        raise TraceStopped(err, stack, getattr(tracer, "graph", None)) from err
+        raise TraceStopped(err, stack, getattr(tracer, "graph", None), leaves) from err
     finally:
-        model.train(was_training)
+        for module in training:
+            module.training = True
     target_set = set(leaves.targets)
     target_nodes = [
         node for node in graph.nodes if node.op == "call_module" and node.target in target_set

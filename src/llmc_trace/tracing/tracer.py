@@ -17,6 +17,7 @@ transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.T
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -195,7 +196,7 @@ class LlmcTracer(fx.Tracer):
         self.module_stack: list[tuple[str, str]] = []  # (path, class name), outermost first
         self._constant_count = 0
         self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
-        self._shape_only_outputs: dict[tuple[Any, ...], Any] = {}
+        self._shape_only_outputs: dict[tuple[Any, ...], ComputedValue] = {}
         self._module_shapes: dict[int, tuple[Any, ...]] = {}
 
     # ----------------------------------------------------------------- entry point
@@ -321,21 +322,15 @@ class LlmcTracer(fx.Tracer):
         opaque = kind == "call_module" or id(target) in self._opaque_targets
         key = self._shape_only_key(module, values) if module is not None else None
         if key is not None and key in self._shape_only_outputs:
-            computed = ComputedValue(
-                map_leaves(_fresh_meta, self._shape_only_outputs[key]), False, False
-            )
+            cached = self._shape_only_outputs[key]
+            computed = dataclasses.replace(cached, value=map_leaves(_fresh_meta, cached.value))
         else:
             with _maybe_revert_all_patches():
                 computed = compute_value(
                     run, values[0], values[1], module=module, allow_phantoms=opaque
                 )
-            if (
-                key is not None
-                and not computed.is_real
-                and computed.error is None
-                and not computed.used_phantoms
-            ):
-                self._shape_only_outputs[key] = computed.value
+            if key is not None and not computed.is_real and computed.error is None:
+                self._shape_only_outputs[key] = computed
         node.meta["val"] = computed.value
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
@@ -380,18 +375,21 @@ class LlmcTracer(fx.Tracer):
         """A key under which identical layers share one shape-only output.
 
         Eighty decoder layers of one class, with the same parameter shapes, called on inputs of
-        the same shapes, give outputs of the same shapes: computing that once on ``meta`` is
-        enough. Only for modules with ``meta`` state, whose evaluation converts every input to
-        ``meta`` first (:func:`~llmc_trace.tracing.values.compute_value`), so a real input such
-        as ``position_ids`` cannot change the result through its values either.
+        the same shapes, give outputs of the same shapes: computing that once is enough. Only
+        for modules with ``meta`` state, whose outputs are never real. A ``meta`` input counts by
+        its shape; a real one (``position_ids``, a mask, a router's token counts) may be read
+        for its values (:func:`~llmc_trace.tracing.values.compute_value`'s mixed run), so it
+        counts as the very tensor it is, unmodified: all layers receive the same one.
         """
         signature: list[Any] = []
         unkeyable = False
 
         def visit(leaf: Any) -> Any:
             nonlocal unkeyable
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and leaf.is_meta:
                 signature.append((tuple(leaf.shape), leaf.dtype))
+            elif isinstance(leaf, torch.Tensor) and not leaf.is_inference():
+                signature.append((id(leaf), leaf._version))  # inference tensors have no version
             elif leaf is None or isinstance(leaf, (int, float, str, bool, torch.dtype)):
                 signature.append(leaf)
             else:

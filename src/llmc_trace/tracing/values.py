@@ -11,10 +11,16 @@ Rules, applied per operation:
 1. no ``meta`` tensor among the inputs (and, for modules, no ``meta`` parameter): run it as is,
    with any ``device="meta"`` argument pointed at the CPU; the result is real;
 2. otherwise move every input to ``meta`` and run it there; the result is shape-only;
-3. if ``meta`` cannot run it (the code reads tensor values), run it on *phantom* tensors
-   (zero-stride zeros: real storage of one element, any shape) and keep only the result's
-   shapes. The values are meaningless, so the result is turned back into ``meta`` and marked as
-   having a shape that may depend on data.
+3. if ``meta`` cannot run it (the code reads tensor values), run it *mixed*: operation by
+   operation (a dispatch mode), real tensors stay real and anything touching a ``meta`` tensor
+   runs on ``meta``; only an operation that reads a ``meta`` tensor's values (``.item()``,
+   ``.tolist()``, ``nonzero``) gets *phantoms* for its ``meta`` inputs (zero-stride zeros: real
+   storage of one element, any shape). So a vision tower whose patch counts come from a real
+   ``image_grid_thw`` computes those counts for real and its full-width matrix products on
+   ``meta``: seconds of arithmetic thrown away become none. Code that even the mixed run cannot
+   execute is run whole on phantoms, as a last resort. Either way the result is turned back into
+   ``meta`` and marked as having a shape that may depend on data, since values were guessed or
+   read from data.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -165,6 +172,46 @@ def meta_state(module: torch.nn.Module) -> Iterator[None]:
             getattr(owner, kind)[name] = tensor
 
 
+class MixedExecution(TorchDispatchMode):
+    """Run each ``aten`` operation on real data when its tensors are all real, else on ``meta``.
+
+    Rule 3 of this module's docstring. Inside an operation handler the mode is off, so the
+    calls made here dispatch normally. An operation that ``meta`` cannot run reads values no
+    ``meta`` tensor has: its ``meta`` inputs become phantoms, and its tensor results go back to
+    ``meta`` unless the operation asked for real data (a copy to the CPU, as ``tolist`` makes).
+    """
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not has_meta_tensor((args, kwargs)):
+            return func(*args, **kwargs)
+        try:
+            return func(*tensors_to_meta(args), **tensors_to_meta(kwargs))
+        except (NotImplementedError, RuntimeError):  # it reads data a meta tensor does not have
+            result = func(*to_phantom(args), **to_phantom(kwargs))
+        target = kwargs.get("device")
+        if isinstance(target, torch.device) and target.type != "meta":
+            return result
+        return tensors_to_meta(result)
+
+
+def tensors_to_meta(value: Any) -> Any:
+    """Move every tensor inside ``value`` to ``meta``, leaving device arguments as they are."""
+
+    def convert(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return leaf.to(META)
+        return leaf
+
+    return map_leaves(convert, value)
+
+
 def compute_value(
     run: Callable[..., Any],
     args: tuple[Any, ...],
@@ -189,16 +236,29 @@ def compute_value(
     except Exception as meta_error:
         if not allow_phantoms:
             return ComputedValue(None, False, False, meta_error)
-        phantom_args, phantom_kwargs = to_phantom((args, kwargs))
         try:
-            if module is not None and module_is_meta:
-                with phantom_state(module):
-                    result = run(*phantom_args, **phantom_kwargs)
-            else:
-                result = run(*phantom_args, **phantom_kwargs)
+            with MixedExecution():
+                result = run(*args, **kwargs)
         except Exception:
-            return ComputedValue(None, False, False, meta_error)
+            try:
+                result = _run_on_phantoms(run, args, kwargs, module if module_is_meta else None)
+            except Exception:
+                return ComputedValue(None, False, False, meta_error)
         return ComputedValue(to_meta(result), False, True)
+
+
+def _run_on_phantoms(
+    run: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    meta_module: torch.nn.Module | None,
+) -> Any:
+    """Everything real at full size, ``meta`` replaced by phantoms: slow, but runs any code."""
+    phantom_args, phantom_kwargs = to_phantom((args, kwargs))
+    if meta_module is None:
+        return run(*phantom_args, **phantom_kwargs)
+    with phantom_state(meta_module):
+        return run(*phantom_args, **phantom_kwargs)
 
 
 def runner_for(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
