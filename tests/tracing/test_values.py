@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from llmc_trace.tracing.values import compute_value
+from llmc_trace.tracing.values import MetaMemo, compute_value
 
 WIDTH = 4096
 MATRIX_PRODUCTS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm"}
@@ -55,7 +56,7 @@ def test_meta_module_reading_real_values_runs_no_full_size_product() -> None:
         computed = compute_value(tower, (hidden, lengths), {}, module=tower, allow_phantoms=True)
     assert computed.error is None
     assert computed.value.shape == (3 + 10, WIDTH) and computed.value.is_meta
-    assert computed.used_phantoms  # read from data: the shape is marked as data-dependent
+    assert computed.beyond_meta  # read from data: the shape is marked as data-dependent
     assert counter.elements == []
 
 
@@ -68,7 +69,7 @@ def test_values_read_from_meta_tensors_are_guessed_not_refused() -> None:
 
     x = torch.empty(4, WIDTH, device="meta")
     computed = compute_value(split_by_own_values, (x,), {}, allow_phantoms=True)
-    assert computed.value.shape == (4, 1) and computed.used_phantoms
+    assert computed.value.shape == (4, 1) and computed.beyond_meta
 
 
 def test_code_the_mixed_run_cannot_execute_falls_back_to_phantoms() -> None:
@@ -79,7 +80,7 @@ def test_code_the_mixed_run_cannot_execute_falls_back_to_phantoms() -> None:
 
     x = torch.empty(3, 5, device="meta")
     computed = compute_value(through_numpy, (x,), {}, allow_phantoms=True)
-    assert computed.error is None and computed.value.shape == (15,) and computed.used_phantoms
+    assert computed.error is None and computed.value.shape == (15,) and computed.beyond_meta
 
 
 def test_without_phantoms_a_value_read_is_an_error() -> None:
@@ -87,3 +88,25 @@ def test_without_phantoms_a_value_read_is_an_error() -> None:
     hidden = torch.empty(10, WIDTH, device="meta")
     computed = compute_value(tower, (hidden, torch.tensor([10])), {}, module=tower)
     assert computed.value is None and computed.error is not None
+
+
+def test_meta_memo_answers_repeats_with_the_same_layouts() -> None:
+    """A repeated ``meta`` operation is answered from memory, with the very shape, strides and
+    dtype the kernel gives; writes into an argument always run."""
+    memo = MetaMemo()
+    x = torch.empty(2, 8, 6, device="meta", dtype=torch.bfloat16).transpose(1, 2)
+    y = torch.empty(6, device="meta")
+    with memo:
+        first = [x * 2.0, (x + y[:, None]).sum(-1), x.split([2, 4], dim=1)]
+    with memo:
+        again = [x * 2.0, (x + y[:, None]).sum(-1), x.split([2, 4], dim=1)]
+    expected = [x * 2.0, (x + y[:, None]).sum(-1), x.split([2, 4], dim=1)]
+    layouts = [
+        [(t.shape, t.stride(), t.dtype) for t in tree_flatten(result)[0]]
+        for result in (first, again, expected)
+    ]
+    assert layouts[0] == layouts[1] == layouts[2]
+    assert len(memo.results) >= 3 and all(t.is_meta for t in tree_flatten(again)[0])
+    with memo:
+        grown = torch.empty(3, device="meta").resize_(5)  # mutates its argument: never memoised
+    assert grown.shape == (5,)

@@ -15,7 +15,12 @@ on tensor *data* cannot be answered once for all batches, so it raises
 
 from __future__ import annotations
 
+import dis
+import functools
+import inspect
 import operator
+from collections.abc import Iterator
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -67,6 +72,16 @@ class MetaProxy(fx.Proxy):
     def __len__(self) -> int:
         return self.tracer.answer(self, "len")
 
+    def __iter__(self) -> Iterator[Any]:
+        """``a, b = proxy`` takes its count from the bytecode, as torch.fx does; other iteration
+        asks the tracer. fx decodes the caller's whole function on every unpacking (a tenth of
+        a second on a 128-expert model); the decoded counts are kept per code object here."""
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+        count = _unpack_counts(caller.f_code).get(caller.f_lasti)  # type: ignore[union-attr]
+        if count is not None:
+            return (self[i] for i in range(count))
+        return self.tracer.iter(self)
+
     def __index__(self) -> int:
         return self.tracer.answer(self, "index")
 
@@ -94,6 +109,16 @@ class MetaProxy(fx.Proxy):
     def __setitem__(self, key: Any, value: Any) -> None:
         # torch.fx records no item assignment; without this, Python falls back to __index__
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+
+@functools.lru_cache(maxsize=4096)
+def _unpack_counts(code: CodeType) -> dict[int, int]:
+    """Bytecode offset -> element count of every ``UNPACK_SEQUENCE`` in ``code``."""
+    return {
+        instruction.offset: instruction.argval
+        for instruction in dis.get_instructions(code)
+        if instruction.opname == "UNPACK_SEQUENCE"
+    }
 
 
 class MetaAttribute(MetaProxy):

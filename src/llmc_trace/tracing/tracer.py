@@ -338,7 +338,7 @@ class LlmcTracer(fx.Tracer):
         node.meta["value_static"], node.meta["shape_static"] = _static_flags(
             kind, target, arg_nodes, args, computed.value
         )
-        if computed.used_phantoms or computed.error is not None:
+        if computed.beyond_meta or computed.error is not None:
             node.meta["shape_static"] = False
 
     def _shared_container(self, value: Any) -> Any:

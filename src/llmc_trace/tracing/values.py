@@ -10,7 +10,10 @@ Rules, applied per operation:
 
 1. no ``meta`` tensor among the inputs (and, for modules, no ``meta`` parameter): run it as is,
    with any ``device="meta"`` argument pointed at the CPU; the result is real;
-2. otherwise move every input to ``meta`` and run it there; the result is shape-only;
+2. otherwise move every input to ``meta`` and run it there; the result is shape-only. Many of
+   ``meta``'s kernels are Python (type promotion, broadcasting: 150-250 us per pointwise
+   operation), and a model repeats the same operations on the same shapes layer after layer,
+   so :class:`MetaMemo` answers a repeated operation from its first result;
 3. if ``meta`` cannot run it (the code reads tensor values), run it *mixed*: operation by
    operation (a dispatch mode), real tensors stay real and anything touching a ``meta`` tensor
    runs on ``meta``; only an operation that reads a ``meta`` tensor's values (``.item()``,
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -39,11 +43,15 @@ CPU = torch.device("cpu")
 
 @dataclass(frozen=True)
 class ComputedValue:
-    """The outcome of running one operation for its example value."""
+    """The outcome of running one operation for its example value.
+
+    ``beyond_meta``: ``meta`` could not run it, so it ran mixed or on phantoms (rule 3): values
+    were read from data or guessed, and the result's shape may depend on them.
+    """
 
     value: Any
     is_real: bool
-    used_phantoms: bool
+    beyond_meta: bool
     error: BaseException | None = None
 
 
@@ -172,6 +180,76 @@ def meta_state(module: torch.nn.Module) -> Iterator[None]:
             getattr(owner, kind)[name] = tensor
 
 
+#: Non-tensor arguments a memo key can hold as they are (hashable, compared by value).
+_KEYABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
+
+
+class MetaMemo(TorchDispatchMode):
+    """Answer a ``meta`` operation seen before (same op, shapes, strides, dtypes, scalars) with
+    fresh ``meta`` tensors of the first answer's shapes, strides and dtypes.
+
+    A ``meta`` result is a function of exactly those; so is every result cached here: operations
+    that write into an argument, results that are not all tensors, tensors at a storage offset,
+    and calls with a real tensor or an unhashable argument always run. The cache outlives one
+    trace (the same shapes recur across the models of a coverage run) up to :attr:`limit`
+    entries, then starts over.
+    """
+
+    limit = 200_000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: dict[tuple[Any, ...], tuple[Any, list[tuple[Any, ...]]]] = {}
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        key = None if func._schema.is_mutable else _memo_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        known = self.results.get(key)
+        if known is not None:
+            spec, layouts = known
+            fresh = [
+                torch.empty_strided(shape, stride, dtype=dtype, device=META)
+                for shape, stride, dtype in layouts
+            ]
+            return tree_unflatten(fresh, spec)
+        result = func(*args, **kwargs)
+        leaves, spec = tree_flatten(result)
+        if all(isinstance(t, torch.Tensor) and t.storage_offset() == 0 for t in leaves):
+            if len(self.results) >= self.limit:
+                self.results.clear()
+            self.results[key] = (spec, [(t.shape, t.stride(), t.dtype) for t in leaves])
+        return result
+
+
+def _memo_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    leaves, spec = tree_flatten((args, kwargs))
+    key: list[Any] = [func, spec, torch.get_default_dtype()]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if not leaf.is_meta:
+                return None
+            key.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.storage_offset()))
+        elif isinstance(leaf, _KEYABLE):
+            key.append((type(leaf), leaf))
+        else:
+            return None
+    return tuple(key)
+
+
+#: The memo every ``meta`` evaluation here goes through.
+META_MEMO = MetaMemo()
+
+
 class MixedExecution(TorchDispatchMode):
     """Run each ``aten`` operation on real data when its tensors are all real, else on ``meta``.
 
@@ -192,7 +270,7 @@ class MixedExecution(TorchDispatchMode):
         if not has_meta_tensor((args, kwargs)):
             return func(*args, **kwargs)
         try:
-            return func(*tensors_to_meta(args), **tensors_to_meta(kwargs))
+            return META_MEMO.call(func, tensors_to_meta(args), tensors_to_meta(kwargs))
         except (NotImplementedError, RuntimeError):  # it reads data a meta tensor does not have
             result = func(*to_phantom(args), **to_phantom(kwargs))
         target = kwargs.get("device")
@@ -230,9 +308,10 @@ def compute_value(
     meta_args, meta_kwargs = to_meta((args, kwargs))
     try:
         if module is not None and not module_is_meta:
-            with meta_state(module):
+            with meta_state(module), META_MEMO:
                 return ComputedValue(run(*meta_args, **meta_kwargs), False, False)
-        return ComputedValue(run(*meta_args, **meta_kwargs), False, False)
+        with META_MEMO:
+            return ComputedValue(run(*meta_args, **meta_kwargs), False, False)
     except Exception as meta_error:
         if not allow_phantoms:
             return ComputedValue(None, False, False, meta_error)
