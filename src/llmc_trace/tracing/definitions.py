@@ -119,7 +119,7 @@ def use_definitions(model: torch.nn.Module, entries: list[str]) -> Iterator[list
     paths: list[str] = []
     found: set[str] = set()
     try:
-        for path, module in model.named_modules():
+        for path, module in model.named_modules() if wanted else ():
             cls = type(module)
             if cls.__name__ in wanted and cls in registry:
                 changed.append((module, cls))

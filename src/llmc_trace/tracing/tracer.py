@@ -206,15 +206,26 @@ class LlmcTracer(fx.Tracer):
         """Trace ``model(**inputs, **concrete)``: tensors in ``inputs`` become placeholders."""
         self._inputs = inputs
         self._concrete = concrete
-        self._param_paths = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-        self._buffer_paths = {id(b): n for n, b in model.named_buffers(remove_duplicate=False)}
-        self._module_paths = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
-        self._object_paths = self._collect_object_paths(model)
-        traced = [
-            (path, module)
-            for path, module in model.named_modules()
-            if self._is_leaf(path, module) is None
-        ]
+        # one walk of the modules (tens of milliseconds each on a model with thousands of
+        # experts) answers every path question: a tied weight or shared module keeps its last
+        # path, as named_parameters(remove_duplicate=False) would give it
+        self._param_paths: dict[int, str] = {}
+        self._buffer_paths: dict[int, str] = {}
+        self._module_paths: dict[int, str] = {}
+        self._object_paths: dict[int, str] = {}
+        traced: list[tuple[str, torch.nn.Module]] = []
+        for path, module in model.named_modules(remove_duplicate=False):
+            prefix = f"{path}." if path else ""
+            if id(module) not in self._module_paths and self._is_leaf(path, module) is None:
+                traced.append((path, module))
+            self._module_paths[id(module)] = path
+            for name, tensor in module._parameters.items():
+                if tensor is not None:
+                    self._param_paths[id(tensor)] = prefix + name
+            for name, tensor in module._buffers.items():
+                if tensor is not None:
+                    self._buffer_paths[id(tensor)] = prefix + name
+            self._collect_object_paths(prefix, module)
         attributes = {
             (id(m), key): value
             for _, m in traced
@@ -515,24 +526,21 @@ class LlmcTracer(fx.Tracer):
             return self.create_node("get_attr", self._object_paths[id(a)], (), {})
         return super().create_arg(a)
 
-    @staticmethod
-    def _collect_object_paths(model: torch.nn.Module) -> dict[int, str]:
-        """Attribute paths of the non-tensor objects modules hold (configs, chiefly).
+    def _collect_object_paths(self, prefix: str, module: torch.nn.Module) -> None:
+        """Attribute paths of the non-tensor objects a module holds (configs, chiefly), the
+        first path found kept.
 
         Values the graph can hold as literals are left out: a dtype or device is a shared
         singleton, so ``torch.float32`` reached through ``inputs_embeds.dtype`` would otherwise
         be recorded as a read of whichever module happens to store float32 (Switch's router),
         and the graph would change with the checkpoint's dtype.
         """
-        paths: dict[int, str] = {}
-        for module_path, module in model.named_modules():
-            for key, value in vars(module).items():
-                if key.startswith("_") or isinstance(value, (torch.Tensor, torch.nn.Module)):
-                    continue
-                if isinstance(value, _LITERALS):
-                    continue
-                paths.setdefault(id(value), f"{module_path}.{key}" if module_path else key)
-        return paths
+        for key, value in vars(module).items():
+            if key.startswith("_") or isinstance(value, (torch.Tensor, torch.nn.Module)):
+                continue
+            if isinstance(value, _LITERALS):
+                continue
+            self._object_paths.setdefault(id(value), prefix + key)
 
     # ----------------------------------------------------------------- opaque calls
     def _record_function(

@@ -195,7 +195,7 @@ class MetaMemo(TorchDispatchMode):
     entries, then starts over.
     """
 
-    limit = 200_000
+    limit = 50_000
 
     def __init__(self) -> None:
         super().__init__()
