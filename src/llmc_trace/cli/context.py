@@ -72,8 +72,9 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
     except BadInputError as err:
         if ctx.debug:
             raise
+        sentence = err.message if err.message.endswith((".", "!", "?")) else f"{err.message}."
         raise click.BadParameter(
-            f"{err.message} {err.hint}".strip(),
+            f"{sentence} {err.hint}".strip(),
             param_hint=f"--{err.param.replace('_', '-')}" if err.param else None,
         ) from err
     except LlmcTraceError as err:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
+from llmc_trace.data.source import resolve_source
+from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
 from llmc_trace.models.build import load_pretrained
@@ -36,16 +38,21 @@ def evaluate_model(
     batch_size: int = 8,
     progress: Progress | None = None,
 ) -> PerplexityResult:
-    """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file)."""
-    if str(data).endswith(".npy"):
-        tokens = np.load(data)
-        rows = tokens if samples is None else tokens[:samples]
-        return perplexity(
-            load_for_evaluation(folder), rows, batch_size=batch_size, progress=progress
-        )
-    from transformers import AutoTokenizer
+    """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file).
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    A 2-D token array is scored row by row at its own length, a 1-D stream in windows of
+    ``seq_len``; ``samples`` takes the first rows (all by default; 128 windows of text). The data
+    goes through the calibration loader's checks (file type, pickles, ids inside the model's
+    vocabulary) before the model is loaded, so bad data is refused in a second.
+    """
+    source = resolve_model(str(folder))
+    resolved = resolve_source(data)
+    tokenizer = None if resolved.is_token_array else _tokenizer(Path(folder))
+    if resolved.is_token_array:
+        assert resolved.path is not None
+        array = open_token_array(resolved.path, resolved.description)
+        seq_len = array.shape[1] if array.ndim == 2 else seq_len
+        samples = samples or count_windows(array, seq_len, resolved.description)
     calibration = load_calibration(
         data,
         tokenizer,
@@ -53,7 +60,24 @@ def evaluate_model(
         seq_len=seq_len,
         shuffle=False,
         batch_size=batch_size,
+        vocab_size=getattr(source.config().get_text_config(), "vocab_size", None),
     )
     return perplexity(
         load_for_evaluation(folder), calibration, batch_size=batch_size, progress=progress
     )
+
+
+def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The folder's own tokenizer, for text data; never remote code."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise BadInputError(
+            f"{folder} has no tokenizer that loads without remote code "
+            f"({str(err).strip().splitlines()[0]}).",
+            hint="Give --data as a .npy token array made with the model's tokenizer, or add "
+            "tokenizer.json (transformers' fast tokenizer) to the folder.",
+            param="model",
+        ) from err

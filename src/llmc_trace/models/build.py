@@ -13,6 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
+from llmc_trace.models.weights import check_weight_files, shape_mismatches
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
 AUTO_CLASSES = (
@@ -98,14 +99,51 @@ def load_pretrained(
 ) -> PreTrainedModel:
     """The real model with its weights, for folders that have them (float32 on CPU).
 
+    Weights that cannot be this config's model (a missing, truncated, pickled or misshapen
+    tensor) raise :class:`~llmc_trace.errors.BadInputError` instead of loading half.
+
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
     checkpoint is decompressed by transformers itself, the path a user's code takes.
     """
     assert source.folder is not None
+    files = check_weight_files(source.folder)
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    with _quiet_transformers():
-        model = cls.from_pretrained(source.folder, dtype=torch.float32, **kernel)
+    try:
+        with _quiet_transformers():
+            model, info = cls.from_pretrained(
+                source.folder,
+                dtype=torch.float32,
+                use_safetensors=True,
+                output_loading_info=True,
+                **kernel,
+            )
+    except (RuntimeError, OSError, ValueError) as err:  # shapes that do not fit the config
+        expected = {k: tuple(v.shape) for k, v in build_meta_model(source).state_dict().items()}
+        wrong = shape_mismatches(files, expected)
+        reason = (
+            "; ".join(
+                f"{name} is {got} in the file, {want} by the config"
+                for name, got, want in wrong[:3]
+            )
+            if wrong
+            else str(err).strip().splitlines()[0]
+        )
+        raise BadInputError(
+            f"The weights in {source.folder} do not load as {cls.__name__}: {reason}.",
+            hint="Every tensor must have the shape its config.json implies: check that the "
+            "weights and config.json come from the same checkpoint.",
+            param="model",
+        ) from err
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise BadInputError(
+            f"{source.folder} lacks {len(missing)} tensor(s) its config.json needs "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); loading it "
+            "would fill them with random values.",
+            hint="Re-save the checkpoint whole; a checkpoint is only usable complete.",
+            param="model",
+        )
     prepare_config(model.config)
     return model.eval()
 

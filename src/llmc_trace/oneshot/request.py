@@ -20,6 +20,7 @@ from llmc_trace.core.names import (
 )
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
 
 
@@ -92,12 +93,13 @@ class CompressRequest:
             )
         model = self.model
         source = model if isinstance(model, ModelSource) else resolve_model(str(model))
-        if not source.has_weights:
+        if source.folder is None:
             raise BadInputError(
-                f"{source.name} has no weights (*.safetensors) to compress.",
-                hint="Point --model at a checkpoint folder; built-ins hold configs only.",
+                f"{source.name} has no weights to compress: built-ins and hub ids are configs.",
+                hint="Point --model at a checkpoint folder (config.json beside *.safetensors).",
                 param="model",
             )
+        check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
         out_path = Path(self.out_dir) if self.out_dir is not None else None
         if out_path is not None and out_path.exists() and not self.overwrite:
             raise BadInputError(

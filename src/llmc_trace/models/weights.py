@@ -1,0 +1,87 @@
+"""Check a checkpoint folder's weight files before anything loads them.
+
+A folder whose weights cannot become the model its ``config.json`` describes must be refused with
+the reason, never half-loaded: transformers fills a tensor missing from the files with random
+values and only logs it, and a truncated file fails deep inside the loader. Pickled weights
+(``pytorch_model.bin``, ``*.pt``) are never loaded at all: unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from llmc_trace.errors import BadInputError
+
+#: Weight files that are pickles; named in the refusal so the user knows what was found.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def check_weight_files(folder: Path) -> list[Path]:
+    """The folder's safetensors files, each with a readable header; raises for anything else.
+
+    Reads headers only (the tensor data stays on disk): a shard index naming a missing shard, a
+    truncated or corrupt file, and a folder holding only pickles are each refused, exit code 2.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        found = f"only pickled weights ({', '.join(pickles[:3])})" if pickles else "no weights"
+        raise BadInputError(
+            f"{folder} holds {found}: llmc-trace reads *.safetensors only"
+            + (" (loading a pickle can run arbitrary code)." if pickles else "."),
+            hint="Save the model with save_pretrained(folder) (safetensors is its default) "
+            "where you trust the original files, and point --model at that folder.",
+            param="model",
+        )
+    index = folder / INDEX_NAME
+    if index.exists():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError) as err:
+            raise BadInputError(
+                f"{index} is not a shard index ({err}).",
+                hint="Re-save the checkpoint; the index maps every tensor name to its shard.",
+                param="model",
+            ) from err
+        absent = sorted(name for name in shards if not (folder / name).exists())
+        if absent:
+            raise BadInputError(
+                f"{folder} lacks {len(absent)} shard(s) its index names: {', '.join(absent[:3])}.",
+                hint="Copy the missing shards; a checkpoint is only usable whole.",
+                param="model",
+            )
+    for path in files:
+        try:
+            with safe_open(path, framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as err:
+            raise BadInputError(
+                f"{path} is not a readable safetensors file ({err}).",
+                hint="It is truncated or corrupt: copy or download it again.",
+                param="model",
+            ) from err
+    return files
+
+
+def shape_mismatches(
+    files: list[Path], expected: Mapping[str, tuple[int, ...]]
+) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """``(name, shape in the file, shape the config implies)`` of every tensor that differs.
+
+    Read from the headers; names the model does not have (a compressed checkpoint's packed
+    weights and scales) are not compared.
+    """
+    found = []
+    for path in files:
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():
+                want = expected.get(name)
+                got = tuple(handle.get_slice(name).get_shape())
+                if want is not None and got != tuple(want):
+                    found.append((name, got, tuple(want)))
+    return found

@@ -1,0 +1,146 @@
+"""A checkpoint or token file that cannot be what it claims exits 2 with the reason, never a
+traceback, never a half-loaded model and never an output folder."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from llmc_trace.cli.main import cli
+
+WEIGHTS = "model.safetensors"
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--quiet", *args], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert "Traceback" not in result.output
+    return result.exit_code, " ".join(result.output.split())
+
+
+def drop_a_tensor(folder: Path) -> None:
+    tensors = load_file(folder / WEIGHTS)
+    tensors.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
+
+
+def narrow_a_tensor(folder: Path) -> None:
+    tensors = load_file(folder / WEIGHTS)
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = tensors[name][:, :10].contiguous()
+    save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
+
+
+def truncate(folder: Path) -> None:
+    data = (folder / WEIGHTS).read_bytes()
+    (folder / WEIGHTS).write_bytes(data[: len(data) // 2])
+
+
+def pickle_only(folder: Path) -> None:
+    torch.save(load_file(folder / WEIGHTS), folder / "pytorch_model.bin")
+    (folder / WEIGHTS).unlink()
+
+
+def lose_a_shard(folder: Path) -> None:
+    tensors = load_file(folder / WEIGHTS)
+    names = sorted(tensors)
+    halves = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
+    for shard, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, folder / shard, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: s for s, keys in halves.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(__import__("json").dumps(index))
+    (folder / WEIGHTS).unlink()
+    (folder / "model-00002-of-00002.safetensors").unlink()
+
+
+BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
+    "missing tensor": (
+        drop_a_tensor,
+        "lacks 1 tensor(s) its config.json needs (model.layers.1.mlp.up_proj.weight)",
+    ),
+    "wrong shape": (
+        narrow_a_tensor,
+        "model.layers.0.mlp.up_proj.weight is (256, 10) in the file, (256, 128) by the config",
+    ),
+    "truncated": (truncate, "is not a readable safetensors file"),
+    "pickle only": (pickle_only, "only pickled weights (pytorch_model.bin)"),
+    "lost shard": (
+        lose_a_shard,
+        "lacks 1 shard(s) its index names: model-00002-of-00002.safetensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+@pytest.mark.parametrize("command", ["evaluate", "compress"])
+def test_a_broken_checkpoint_exits_2_naming_what_is_wrong(
+    saved_llama: tuple[Path, Path], tmp_path: Path, case: str, command: str
+) -> None:
+    folder, data = saved_llama
+    break_it, expected = BROKEN[case]
+    break_it(folder)
+    out = tmp_path / "out"
+    if command == "evaluate":
+        code, output = invoke("evaluate", "-m", str(folder), "--data", str(data))
+    else:
+        arguments = ["-m", str(folder), "-d", str(data), "-o", str(out), "--samples", "4"]
+        code, output = invoke("compress", *arguments, "--seq-len", "32")
+    assert code == 2, output
+    assert expected in output and "--model" in output
+    assert not out.exists() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def config_only(tmp_path: Path, folder: Path) -> Path:
+    bare = tmp_path / "config-only"
+    bare.mkdir()
+    shutil.copy(folder / "config.json", bare / "config.json")
+    return bare
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        (
+            np.full((4, 32), 500, dtype=np.int32),
+            "holds token ids from 500 to 500, outside [0, 128)",
+        ),
+        (np.full((4, 32), -1, dtype=np.int32), "holds token ids from -1 to -1, outside [0, 128)"),
+        (np.array([{"ids": [1, 2]}], dtype=object), "is not a readable .npy array"),
+        (np.zeros((2, 3, 4), dtype=np.int32), "holds a 3-D int32 array, not token ids"),
+    ],
+)
+def test_evaluate_refuses_token_arrays_that_are_not_this_models(
+    saved_llama: tuple[Path, Path], tmp_path: Path, tokens: np.ndarray, expected: str
+) -> None:
+    folder, _ = saved_llama
+    bad = tmp_path / "bad.npy"
+    np.save(bad, tokens, allow_pickle=True)
+    code, output = invoke("evaluate", "-m", str(folder), "--data", str(bad))
+    assert code == 2 and expected in output, output
+
+
+def test_evaluate_refuses_missing_data_and_a_folder_without_weights(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    code, output = invoke("evaluate", "-m", str(folder), "--data", str(tmp_path / "none.npy"))
+    assert code == 2 and "does not exist" in output
+    bare = config_only(tmp_path, folder)
+    code, output = invoke("evaluate", "-m", str(bare), "--data", str(data))
+    assert code == 2 and "holds no weights" in output
+
+
+def test_evaluate_scores_a_sound_checkpoint_as_before(saved_llama: tuple[Path, Path]) -> None:
+    """The checks refuse only what is broken: the untouched folder still evaluates."""
+    folder, data = saved_llama
+    code, output = invoke("evaluate", "-m", str(folder), "--data", str(data), "--samples", "2")
+    assert code == 0 and "perplexity" in output
