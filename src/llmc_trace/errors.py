@@ -48,6 +48,22 @@ class VerificationError(LlmcTraceError):
     """Running the subgraphs in order did not reproduce the model's output."""
 
 
+class OutputError(BadInputError):
+    """The output could not be written where asked (a read-only folder, a full disk).
+
+    The writers stage everything beside the target and rename it into place only when complete,
+    so when this is raised nothing partial is left behind and a previous output is untouched.
+    """
+
+    @classmethod
+    def writing(cls, target: object, err: OSError) -> OutputError:
+        return cls(
+            f"could not write {target}: {err.strerror or err}.",
+            hint="Choose an --out on a writable disk with room for it; nothing partial was left.",
+            param="out",
+        )
+
+
 class DataError(BadInputError):
     """A calibration source that cannot give the data asked of it.
 

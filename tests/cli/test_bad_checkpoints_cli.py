@@ -3,7 +3,10 @@ traceback, never a half-loaded model and never an output folder."""
 
 from __future__ import annotations
 
+import errno
+import json
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,7 +60,7 @@ def lose_a_shard(folder: Path) -> None:
     for shard, keys in halves.items():
         save_file({k: tensors[k] for k in keys}, folder / shard, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: s for s, keys in halves.items() for k in keys}}
-    (folder / "model.safetensors.index.json").write_text(__import__("json").dumps(index))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     (folder / WEIGHTS).unlink()
     (folder / "model-00002-of-00002.safetensors").unlink()
 
@@ -144,3 +147,56 @@ def test_evaluate_scores_a_sound_checkpoint_as_before(saved_llama: tuple[Path, P
     folder, data = saved_llama
     code, output = invoke("evaluate", "-m", str(folder), "--data", str(data), "--samples", "2")
     assert code == 0 and "perplexity" in output
+
+
+def test_a_sequence_longer_than_the_models_positions_exits_2(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    limit = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    too_long = str(limit + 1)
+    code, output = invoke("attempt", "-m", str(folder), "--seq-len", too_long)
+    assert code == 2 and f"exceed the {limit} positions" in output and "--seq-len" in output
+    out = tmp_path / "out"
+    code, output = invoke(
+        "compress", "-m", str(folder), "-d", str(data), "-o", str(out), "--seq-len", too_long
+    )
+    assert code == 2 and f"exceed the {limit} positions" in output and not out.exists()
+
+
+def test_an_output_that_cannot_be_written_exits_2_leaving_nothing(
+    saved_llama: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path through a file (unwritable even for root) and a disk that fills at the rename."""
+    folder, data = saved_llama
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    common = ["-m", str(folder), "-d", str(data), "--samples", "2", "--seq-len", "32"]
+    code, output = invoke("compress", *common, "-o", str(blocker / "out"))
+    assert code == 2 and "could not write" in output and "--out" in output
+    code, output = invoke(
+        "render", "-m", "meta-llama/Llama-3.1-8B", "--out", str(blocker / "x.svg")
+    )
+    assert code == 2 and "could not write" in output
+
+    def disk_full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("llmc_trace.checkpoint.writer.os.replace", disk_full)
+    out = tmp_path / "out"
+    code, output = invoke("compress", *common, "-o", str(out))
+    assert code == 2 and "No space left on device" in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "calib.npy", "tiny"]
+
+
+def test_checkpoint_files_are_readable_by_other_users(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    common = ["-m", str(folder), "-d", str(data), "--samples", "2", "--seq-len", "32"]
+    code, output = invoke("compress", *common, "-o", str(out))
+    assert code == 0, output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes and set(modes.values()) == {0o644}, modes

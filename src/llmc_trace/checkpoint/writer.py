@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from llmc_trace.checkpoint.layout import ignored_modules, module_tensors, quantization_config
 from llmc_trace.checkpoint.recipe import Recipe, render_recipe
-from llmc_trace.errors import CheckpointError
+from llmc_trace.errors import CheckpointError, OutputError
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
@@ -272,11 +272,12 @@ def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
     On any failure the partial folder is removed and `out_dir` is left as it was. A previous
     `out_dir` is moved aside first and deleted only after the new folder is in place.
     """
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
         write(staging)
+        _make_readable(staging)
         retired = None
         if out_dir.exists():
             retired = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}.old"
@@ -289,6 +290,16 @@ def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
             raise
         if retired is not None:
             shutil.rmtree(retired)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise OutputError.writing(out_dir, err) from err
         raise
+
+
+def _make_readable(folder: Path) -> None:
+    """Files 0644 and folders 0755, as a server running as another user needs them (some
+    writers create private 0600 files)."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)

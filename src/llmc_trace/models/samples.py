@@ -84,11 +84,26 @@ def make_sample(config: PretrainedConfig, modality: str, options: SampleOptions)
             hint=f"Use --modality {' or '.join(supported)}.",
             param="modality",
         )
+    check_seq_len(config, options.seq_len)
     generator = torch.Generator().manual_seed(options.seed)
     builder = _BUILDERS.get((modality, config.model_type))
     if builder is None:
         return text_sample(config, options, generator)
     return builder(config, options, generator)
+
+
+def check_seq_len(config: PretrainedConfig, seq_len: int) -> None:
+    """Refuse a sequence longer than the model's positions: its rotary or learned positions
+    past that point are untrained (calibration statistics would be garbage) and its masks grow
+    with the square of the length (a trace at 100k tokens needs tens of GB)."""
+    limit = getattr(text_config_of(config), "max_position_embeddings", None)
+    if isinstance(limit, int) and 0 < limit < seq_len:
+        raise BadInputError(
+            f"{seq_len} tokens exceed the {limit} positions {config.model_type} has "
+            "(max_position_embeddings).",
+            hint=f"Use a sequence length of at most {limit}.",
+            param="seq_len",
+        )
 
 
 # ---------------------------------------------------------------- text

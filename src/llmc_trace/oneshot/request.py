@@ -20,6 +20,7 @@ from llmc_trace.core.names import (
 )
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
 
@@ -100,6 +101,7 @@ class CompressRequest:
                 param="model",
             )
         check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
+        check_seq_len(source.config(), self.seq_len)
         out_path = Path(self.out_dir) if self.out_dir is not None else None
         if out_path is not None and out_path.exists() and not self.overwrite:
             raise BadInputError(

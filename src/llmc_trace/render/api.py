@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llmc_trace.core.names import VIEWS
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.errors import BadInputError, NotTraceableError
+from llmc_trace.errors import BadInputError, NotTraceableError, OutputError
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
 from llmc_trace.render.detail import draw_detail
@@ -157,14 +157,21 @@ def write_atomically(path: Path, text: str) -> None:
     Readers see either the old file or the complete new one, never a half-written file,
     even if the process dies mid-write.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+        )
+    except OSError as err:
+        raise OutputError.writing(path, err) from err
     # mkstemp makes the file private (0600); a picture is meant to be shared
     os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else 0o644)
     try:
         with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
             stream.write(text)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as err:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OutputError.writing(path, err) from err
         raise
