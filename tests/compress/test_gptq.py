@@ -101,7 +101,9 @@ def test_act_order_beats_input_order_on_a_refmodel_layer(down_proj: LayerInputs)
     plain = gptq(W, H, QuantizationArgs(num_bits=4)).quantized.weight
     for actorder in ("static", "group"):
         ordered = gptq(W, H, QuantizationArgs(num_bits=4, actorder=actorder)).quantized.weight
-        assert output_error(W, ordered, down_proj.X_eval) < output_error(W, plain, down_proj.X_eval)
+        # measured 0.54x (static) and 0.66x (group): a margin float order cannot cross
+        ordered_error = output_error(W, ordered, down_proj.X_eval)
+        assert ordered_error < 0.8 * output_error(W, plain, down_proj.X_eval)
 
 
 @pytest.mark.parametrize("source", ["random", "refmodel"])
@@ -124,7 +126,7 @@ def test_group_scales_up_front_versus_fitted_in_the_sweep(
     symmetric = QuantizationArgs(num_bits=2, group_size=64)
     assert error(symmetric, True) < 0.8 * error(symmetric, False)
     asymmetric = QuantizationArgs(num_bits=4, symmetric=False, group_size=32)
-    assert error(asymmetric, False) < error(asymmetric, True)
+    assert error(asymmetric, False) < 0.97 * error(asymmetric, True)  # measured 0.86x, 0.93x
 
 
 def test_static_groups_do_not_change_static_act_order(
@@ -155,7 +157,7 @@ def test_dead_columns_are_zeroed(problem: tuple[torch.Tensor, torch.Tensor]) -> 
     X[:, [3, 100]] = 0
     q = gptq(W, hessian(X), QuantizationArgs(num_bits=4)).quantized
     assert (q.weight[:, [3, 100]] == 0).all()
-    assert output_error(W, q.weight, X) < output_error(W, rtn(W, q.args).weight, X)
+    assert output_error(W, q.weight, X) < 0.5 * output_error(W, rtn(W, q.args).weight, X)
 
 
 def test_bf16_weight_keeps_its_dtype_and_exact_integers(

@@ -97,7 +97,8 @@ def test_sparse_and_quantized_keeps_the_mask_exactly(
         assert holds_n_m(result.weight, *sparsity)
     # Compensating the rounding error in the same sweep beats rounding the pruned weights after.
     rounded_after = rtn(sparsegpt(W, H, sparsity).weight, args).weight
-    assert output_error(W, result.weight, X) < output_error(W, rounded_after, X)
+    # measured 0.62-0.74x over these cases: a margin float order cannot cross
+    assert output_error(W, result.weight, X) < 0.85 * output_error(W, rounded_after, X)
 
 
 def test_predicted_loss_equals_the_damped_quadratic(
