@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Create benchmarks/.venv-llmc: llm-compressor 0.14.0.1 beside the system's CPU torch.
+# Create benchmarks/.venv-llmc: llm-compressor 0.14.0.1 beside llmc-trace's own CPU torch.
 #
 # The benchmarks compare llmc-trace with llm-compressor measured in the same run; this venv is
-# where llm-compressor runs. It sees the system site-packages, so it shares the system's torch
-# (2.13 CPU) and transformers, and the two tools trace the very same modelling code.
+# where llm-compressor runs. A .pth file puts the site-packages of the Python that runs
+# llmc-trace (the project's .venv when it is active, else $PYTHON or the system's) behind its
+# own, so it shares that torch (2.13 CPU) and transformers, and the two tools trace the very
+# same modelling code; what it installs itself (compressed-tensors 0.19) comes first.
 #
 # llmcompressor, compressed-tensors, accelerate and auto-round declare a torch requirement that
 # pip would satisfy with a multi-gigabyte CUDA wheel, so they are installed with --no-deps and
@@ -44,7 +46,13 @@ if is_ready; then
     exit 0
 fi
 
-[ -x "$venv/bin/python" ] || "$system_python" -m venv --system-site-packages "$venv"
+shared_site="$("$system_python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" || {
+    echo "$system_python cannot import torch: run scripts/setup.sh and . .venv/bin/activate first" >&2
+    exit 2
+}
+[ -x "$venv/bin/python" ] || "$system_python" -m venv "$venv"
+own_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$shared_site" >"$own_site/_llmc_trace_shared.pth"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --quiet)
 
 # torch-heavy packages: never let pip resolve torch

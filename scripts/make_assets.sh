@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v llmc-trace >/dev/null || { echo "llmc-trace is not installed: run scripts/setup.sh" >&2; exit 2; }
+command -v llmc-trace >/dev/null || { echo "llmc-trace is not installed: run scripts/setup.sh, then . .venv/bin/activate" >&2; exit 2; }
 mkdir -p assets
 
 render() {

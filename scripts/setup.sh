@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything llmc-trace needs on a fresh Debian machine: graphviz (dot) and Chromium
-# (for the HTML view's browser test), the CPU build of torch first (a plain "torch"
-# requirement would pull a multi-GB CUDA build), then the package with its test extras.
+# (for the HTML view's browser test) from Debian, then the project's own virtual environment
+# (.venv: nothing lands in the system's Python) with the CPU build of torch first (a plain
+# "torch" requirement would pull a multi-GB CUDA build) and the package with its test extras.
+# Afterwards: `. .venv/bin/activate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,5 +19,15 @@ if command -v apt-get >/dev/null 2>&1; then
     fi
 fi
 
-python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[test]"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+python=.venv/bin/python
+"$python" -m pip install -q --disable-pip-version-check --upgrade pip
+"$python" -c "import torch" 2>/dev/null ||
+    "$python" -m pip install -q --disable-pip-version-check torch==2.13.0
+"$python" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$python" - <<'EOF'
+from importlib.metadata import version
+
+names = ("torch", "transformers", "compressed-tensors", "numpy", "datasets")
+print("installed in .venv:", ", ".join(f"{name} {version(name)}" for name in names))
+EOF

@@ -200,3 +200,18 @@ def test_checkpoint_files_are_readable_by_other_users(
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
     assert modes and set(modes.values()) == {0o644}, modes
+
+
+def test_with_json_the_error_is_the_one_document_on_stdout(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, _ = saved_llama
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.full((2, 16), 999, dtype=np.int32))
+    result = CliRunner().invoke(
+        cli, ["--quiet", "evaluate", "-m", str(folder), "--data", str(bad), "--json"]
+    )
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 2 and "outside [0, 128)" in document["error"]
+    assert document["hint"]

@@ -66,20 +66,30 @@ pass_cli = click.make_pass_decorator(CliContext, ensure=True)
 
 @contextlib.contextmanager
 def handle_errors(ctx: CliContext) -> Iterator[None]:
-    """Bad input exits 2 naming the parameter; other project errors exit 1 with their hint."""
+    """Bad input exits 2 naming the parameter; other project errors exit 1 with their hint.
+
+    Under ``--json`` the error is the one JSON document on stdout (``error``, ``hint``,
+    ``param``, ``exit_code``), so a script reading stdout never meets a half document.
+    """
     try:
         yield
-    except BadInputError as err:
-        if ctx.debug:
-            raise
-        sentence = err.message if err.message.endswith((".", "!", "?")) else f"{err.message}."
-        raise click.BadParameter(
-            f"{sentence} {err.hint}".strip(),
-            param_hint=f"--{err.param.replace('_', '-')}" if err.param else None,
-        ) from err
     except LlmcTraceError as err:
         if ctx.debug:
             raise
+        code = 2 if isinstance(err, BadInputError) else 1
+        current = click.get_current_context(silent=True)
+        if current is not None and current.params.get("as_json"):
+            option = f"--{err.param.replace('_', '-')}" if err.param else None
+            ctx.print_json(
+                {"error": err.message, "hint": err.hint, "param": option, "exit_code": code}
+            )
+            sys.exit(code)
+        if isinstance(err, BadInputError):
+            sentence = err.message if err.message.endswith((".", "!", "?")) else f"{err.message}."
+            raise click.BadParameter(
+                f"{sentence} {err.hint}".strip(),
+                param_hint=f"--{err.param.replace('_', '-')}" if err.param else None,
+            ) from err
         ctx.err.print(f"[bold red]Error:[/] {err.message}")
         if err.hint:
             ctx.err.print(f"[dim]Hint:[/] {err.hint}")
