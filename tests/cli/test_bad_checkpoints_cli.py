@@ -15,6 +15,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
 
 from llmc_trace.cli.main import cli
 
@@ -215,3 +219,36 @@ def test_with_json_the_error_is_the_one_document_on_stdout(
     document = json.loads(result.stdout)
     assert document["exit_code"] == 2 and "outside [0, 128)" in document["error"]
     assert document["hint"]
+
+
+def test_text_data_needs_a_tokenizer_without_remote_code(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, _ = saved_llama
+    text = tmp_path / "text.txt"
+    text.write_text("def f ( x ) : return x + 1\n" * 50)
+    arguments = ["evaluate", "-m", str(folder), "--data", str(text), "--samples", "2"]
+    code, output = invoke(*arguments, "--seq-len", "16")
+    assert code == 2 and "tokenizer does not load" in output and "--model" in output
+    vocabulary = ["[UNK]", "</s>", "def", "f", "(", "x", ")", ":", "return", "+", "1"]
+    tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(vocabulary)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="</s>")
+    fast.save_pretrained(folder)
+    code, output = invoke(*arguments, "--seq-len", "16")
+    assert code == 0, output  # the folder's own tokenizer loads
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    config["tokenizer_class"] = "EvilTokenizer"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    code, output = invoke(*arguments, "--seq-len", "16")
+    assert code == 2 and "tokenizer does not load" in output and "custom code" in output
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--device-memory", "1.2.3GB"), ("--host-memory", "."), ("--device-memory", "-4GiB")],
+)
+def test_plan_refuses_a_memory_size_it_cannot_read(option: str, value: str) -> None:
+    code, output = invoke("plan", "-m", "meta-llama/Llama-3.1-8B", option, value)
+    assert code == 2 and "is not a memory size" in output and option in output

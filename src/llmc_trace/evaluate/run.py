@@ -75,9 +75,8 @@ def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise BadInputError(
-            f"{folder} has no tokenizer that loads without remote code "
-            f"({str(err).strip().splitlines()[0]}).",
-            hint="Give --data as a .npy token array made with the model's tokenizer, or add "
-            "tokenizer.json (transformers' fast tokenizer) to the folder.",
+            f"{folder}'s tokenizer does not load ({str(err).strip().splitlines()[0]}).",
+            hint="Text data needs the folder's own tokenizer, loadable without remote code "
+            "(tokenizer.json); or give --data as a .npy array of the model's token ids.",
             param="model",
         ) from err
