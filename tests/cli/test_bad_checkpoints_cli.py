@@ -252,3 +252,17 @@ def test_text_data_needs_a_tokenizer_without_remote_code(
 def test_plan_refuses_a_memory_size_it_cannot_read(option: str, value: str) -> None:
     code, output = invoke("plan", "-m", "meta-llama/Llama-3.1-8B", option, value)
     assert code == 2 and "is not a memory size" in output and option in output
+
+
+@pytest.mark.parametrize("command", ["attempt", "render", "plan"])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--ignore", "re:["), ("--sequential-targets", "re:(model"), ("--ignore", "NoSuchClass")],
+)
+def test_tracing_options_that_match_nothing_exit_2_in_every_command(
+    command: str, option: str, value: str, tmp_path: Path
+) -> None:
+    extra = ["--out", str(tmp_path / "x.svg")] if command == "render" else []
+    code, output = invoke(command, "-m", "meta-llama/Llama-3.1-8B", option, value, *extra)
+    assert code == 2 and option in output, output
+    assert not (tmp_path / "x.svg").exists()
