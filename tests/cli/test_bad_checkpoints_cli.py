@@ -88,7 +88,7 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
-@pytest.mark.parametrize("command", ["evaluate", "compress"])
+@pytest.mark.parametrize("command", ["evaluate", "compress", "attempt"])
 def test_a_broken_checkpoint_exits_2_naming_what_is_wrong(
     saved_llama: tuple[Path, Path], tmp_path: Path, case: str, command: str
 ) -> None:
@@ -98,6 +98,8 @@ def test_a_broken_checkpoint_exits_2_naming_what_is_wrong(
     out = tmp_path / "out"
     if command == "evaluate":
         code, output = invoke("evaluate", "-m", str(folder), "--data", str(data))
+    elif command == "attempt":
+        code, output = invoke("attempt", "-m", str(folder), "--real-weights")
     else:
         arguments = ["-m", str(folder), "-d", str(data), "-o", str(out), "--samples", "4"]
         code, output = invoke("compress", *arguments, "--seq-len", "32")
@@ -266,3 +268,27 @@ def test_tracing_options_that_match_nothing_exit_2_in_every_command(
     code, output = invoke(command, "-m", "meta-llama/Llama-3.1-8B", option, value, *extra)
     assert code == 2 and option in output, output
     assert not (tmp_path / "x.svg").exists()
+
+
+def test_compress_refuses_token_ids_outside_the_vocabulary(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, _ = saved_llama
+    bad = tmp_path / "negative.npy"
+    np.save(bad, np.full((4, 32), -3, dtype=np.int32))
+    out = tmp_path / "out"
+    code, output = invoke(
+        "compress",
+        "-m",
+        str(folder),
+        "-d",
+        str(bad),
+        "-o",
+        str(out),
+        "--samples",
+        "2",
+        "--seq-len",
+        "32",
+    )
+    assert code == 2 and "holds token ids from -3 to -3, outside [0, 128)" in output
+    assert not out.exists()

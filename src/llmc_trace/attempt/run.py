@@ -24,6 +24,7 @@ from llmc_trace.graph.partition import partition_trace
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.attempt.report import TraceReport
 from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.traced.model import TracedModel, trace_model, trace_source
 from llmc_trace.traced.twin import TwinCheck, verify_on_twin, verify_on_weights
@@ -140,12 +141,14 @@ def attempt_trace(
     """
     report_progress = progress or no_progress
     source = model if isinstance(model, ModelSource) else resolve_model(model)
-    if real_weights and not source.has_weights:
+    if real_weights and source.folder is None:
         raise BadInputError(
-            f"{source.name} has no weights to verify on.",
-            hint="Drop --real-weights, or point --model at a folder with *.safetensors.",
+            f"{source.name} has no weights to verify on: built-ins and hub ids are configs.",
+            hint="Drop --real-weights, or point --model at a checkpoint folder.",
             param="real_weights",
         )
+    if real_weights:
+        check_weight_files(source.folder)  # before tracing: pickles, truncation, lost shards
     options = SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed)
     report_progress("trace", 0, 3)
     traced = trace_source(

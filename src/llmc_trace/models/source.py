@@ -32,10 +32,6 @@ class ModelSource:
     config_dict: dict[str, Any]
 
     @property
-    def has_weights(self) -> bool:
-        return self.folder is not None and any(self.folder.glob("*.safetensors"))
-
-    @property
     def has_tokenizer(self) -> bool:
         return self.folder is not None and (self.folder / "tokenizer.json").exists()
 
