@@ -184,7 +184,23 @@ def meta_state(module: torch.nn.Module) -> Iterator[None]:
 _KEYABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
 
 
-class MetaMemo(TorchDispatchMode):
+class _OperationMode(TorchDispatchMode):
+    """A dispatch mode whose handler is ``call(func, args, kwargs)``, also callable directly."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+class MetaMemo(_OperationMode):
     """Answer a ``meta`` operation seen before (same op, shapes, strides, dtypes, scalars) with
     fresh ``meta`` tensors of the first answer's shapes, strides and dtypes.
 
@@ -200,15 +216,6 @@ class MetaMemo(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.results: dict[tuple[Any, ...], tuple[Any, list[tuple[Any, ...]]]] = {}
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        return self.call(func, args, kwargs or {})
 
     def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = None if func._schema.is_mutable else _memo_key(func, args, kwargs)
@@ -250,7 +257,7 @@ def _memo_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 META_MEMO = MetaMemo()
 
 
-class MixedExecution(TorchDispatchMode):
+class MixedExecution(_OperationMode):
     """Run each ``aten`` operation on real data when its tensors are all real, else on ``meta``.
 
     Rule 3 of this module's docstring. Inside an operation handler the mode is off, so the
@@ -259,14 +266,7 @@ class MixedExecution(TorchDispatchMode):
     ``meta`` unless the operation asked for real data (a copy to the CPU, as ``tolist`` makes).
     """
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not has_meta_tensor((args, kwargs)):
             return func(*args, **kwargs)
         try:
