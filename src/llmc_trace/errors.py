@@ -70,13 +70,14 @@ class DataError(BadInputError):
     Every problem with a data source (a missing file, an unknown file type, no text column, too
     few samples, an unreachable Hub) is a ``DataError``; the checks that raise it run before any
     model work starts. ``source`` names the dataset or file as the user gave it (empty when no
-    source was involved).
+    source was involved); ``param`` defaults to ``dataset`` when there is one (the option that
+    named it).
     """
 
     def __init__(
         self, message: str, *, hint: str, source: str = "", param: str | None = None
     ) -> None:
-        super().__init__(message, hint=hint, param=param)
+        super().__init__(message, hint=hint, param=param or ("dataset" if source else None))
         self.source = source
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -149,6 +149,7 @@ def compress(
 @click.option("--model", "-m", required=True, help="Checkpoint folder (original or compressed).")
 @click.option(
     "--data",
+    "--dataset",
     "data",
     required=True,
     help="Token array (.npy) or text file, as for --dataset of compress.",
