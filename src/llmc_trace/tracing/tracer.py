@@ -17,6 +17,7 @@ transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.T
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -28,7 +29,6 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.utils._pytree import tree_flatten
 
 from llmc_trace.tracing.guards import Guard, ask
@@ -198,6 +198,11 @@ class LlmcTracer(fx.Tracer):
         self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
         self._shape_only_outputs: dict[tuple[Any, ...], ComputedValue] = {}
         self._module_shapes: dict[int, tuple[Any, ...]] = {}
+        # while example values are computed, fx's patched Module.__call__ and __getattr__ pass
+        # straight through (reverting and re-applying the patches instead sets attributes on
+        # nn.Module, which costs as much as the subclasses loaded: 0.3 s per trace of a
+        # 128-expert model once a hundred architectures are imported)
+        self._computing = False
 
     # ----------------------------------------------------------------- entry point
     def trace_model(
@@ -336,7 +341,7 @@ class LlmcTracer(fx.Tracer):
             cached = self._shape_only_outputs[key]
             computed = dataclasses.replace(cached, value=map_leaves(_fresh_meta, cached.value))
         else:
-            with _maybe_revert_all_patches():
+            with self._computing_values():
                 computed = compute_value(
                     run, values[0], values[1], module=module, allow_phantoms=opaque
                 )
@@ -418,12 +423,20 @@ class LlmcTracer(fx.Tracer):
 
     def _resolve_attr(self, target: str) -> Any:
         # fx patches Module.__getattr__ to emit get_attr nodes; reading through it here would
-        # recurse, so resolve with the patches lifted
+        # recurse, so resolve as plain attribute reads
         value: Any = self.root
-        with _maybe_revert_all_patches():
+        with self._computing_values():
             for atom in target.split("."):
                 value = getattr(value, atom)
         return value
+
+    @contextlib.contextmanager
+    def _computing_values(self) -> Iterator[None]:
+        previous, self._computing = self._computing, True
+        try:
+            yield
+        finally:
+            self._computing = previous
 
     # ----------------------------------------------------------------- questions on proxies
     def answer(self, proxy: fx.Proxy, question: str, *extra: Any) -> Any:
@@ -478,6 +491,8 @@ class LlmcTracer(fx.Tracer):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
+        if self._computing:
+            return forward(*args, **kwargs)
         path = self._module_paths.get(id(m))
         if path is None:  # a module built during forward: not addressable, so trace through it
             return forward(*args, **kwargs)
@@ -496,6 +511,8 @@ class LlmcTracer(fx.Tracer):
             self.module_stack.pop()
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if self._computing:
+            return attr_val
         if isinstance(attr_val, torch.Tensor):
             path = self._param_paths.get(id(attr_val)) or self._buffer_paths.get(id(attr_val))
             if path is not None:
