@@ -1,6 +1,6 @@
 """Compare the perplexity, seconds and memory of llmc-trace's compressors on the reference model.
 
-The README's results table: the trained refmodel (``/work/shared/refmodel``), calibrated on
+The README's results table: the trained refmodel (``../shared/refmodel``), calibrated on
 ``--samples`` rows of 512 tokens drawn from its ``calib.npy`` (``--seed``, default 0) and
 evaluated on all of ``eval.npy``, one row per setting: GPTQ W4A16 (4-bit, group 128, symmetric), 3-bit group 128
 and 2-bit group 64 against round-to-nearest (RTN) at the same setting, and SparseGPT 50 % and
@@ -55,7 +55,8 @@ MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "gptq_llmcompressor.py"
-DEFAULT_MODEL = Path("/work/shared/refmodel")
+#: The reference model beside the checkout, as the tests find it (tests/conftest.py: REFMODEL).
+DEFAULT_MODEL = HERE.parents[1] / "shared" / "refmodel"
 SEQ_LEN = 512
 THREADS = 2
 #: Attention kernel for every side: ``compress``'s default, llm-compressor's model, evaluation.
