@@ -184,23 +184,7 @@ def meta_state(module: torch.nn.Module) -> Iterator[None]:
 _KEYABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
 
 
-class _OperationMode(TorchDispatchMode):
-    """A dispatch mode whose handler is ``call(func, args, kwargs)``, also callable directly."""
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        return self.call(func, args, kwargs or {})
-
-    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-
-class MetaMemo(_OperationMode):
+class MetaMemo(TorchDispatchMode):
     """Answer a ``meta`` operation seen before (same op, shapes, strides, dtypes, scalars) with
     fresh ``meta`` tensors of the first answer's shapes, strides and dtypes.
 
@@ -216,6 +200,11 @@ class MetaMemo(_OperationMode):
     def __init__(self) -> None:
         super().__init__()
         self.results: dict[tuple[Any, ...], tuple[Any, list[tuple[Any, ...]]]] = {}
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        return self.call(func, args, kwargs or {})
 
     def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = None if func._schema.is_mutable else _memo_key(func, args, kwargs)
@@ -257,7 +246,7 @@ def _memo_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 META_MEMO = MetaMemo()
 
 
-class MixedExecution(_OperationMode):
+class MixedExecution(TorchDispatchMode):
     """Run each ``aten`` operation on real data when its tensors are all real, else on ``meta``.
 
     Rule 3 of this module's docstring. Inside an operation handler the mode is off, so the
@@ -266,7 +255,10 @@ class MixedExecution(_OperationMode):
     ``meta`` unless the operation asked for real data (a copy to the CPU, as ``tolist`` makes).
     """
 
-    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
         if not has_meta_tensor((args, kwargs)):
             return func(*args, **kwargs)
         try:
