@@ -80,9 +80,9 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
         if ctx.debug:
             raise
         code = 2 if isinstance(err, BadInputError) else 1
+        option = f"--{err.param.replace('_', '-')}" if err.param else None
         current = click.get_current_context(silent=True)
         if current is not None and current.params.get("as_json"):
-            option = f"--{err.param.replace('_', '-')}" if err.param else None
             ctx.print_json(
                 {"error": err.message, "hint": err.hint, "param": option, "exit_code": code}
             )
@@ -91,7 +91,7 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
             sentence = err.message if err.message.endswith((".", "!", "?")) else f"{err.message}."
             raise click.BadParameter(
                 f"{sentence} {err.hint}".strip(),
-                param_hint=f"--{err.param.replace('_', '-')}" if err.param else None,
+                param_hint=option,
             ) from err
         ctx.err.print(f"[bold red]Error:[/] {err.message}")
         if err.hint:

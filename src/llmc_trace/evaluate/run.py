@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
@@ -14,19 +14,13 @@ from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
 from llmc_trace.models.build import load_pretrained
-from llmc_trace.models.source import resolve_model
+from llmc_trace.models.source import ModelSource, resolve_model
 
 
-def load_for_evaluation(folder: str | Path) -> torch.nn.Module:
-    """The checkpoint in ``folder`` in float32 with transformers' default attention kernel."""
-    path = Path(folder)
-    if not (path / "config.json").exists():
-        raise BadInputError(
-            f"{folder} holds no config.json.",
-            hint="Point --model at a checkpoint folder.",
-            param="model",
-        )
-    return load_pretrained(resolve_model(str(path)), attn_implementation=None)
+def load_for_evaluation(model: str | Path | ModelSource) -> torch.nn.Module:
+    """The checkpoint in float32 with transformers' default attention kernel."""
+    source = model if isinstance(model, ModelSource) else resolve_model(str(model))
+    return load_pretrained(source, attn_implementation=None)
 
 
 def evaluate_model(
@@ -47,12 +41,14 @@ def evaluate_model(
     """
     source = resolve_model(str(folder))
     resolved = resolve_source(data)
-    tokenizer = None if resolved.is_token_array else _tokenizer(Path(folder))
+    tokenizer = None
     if resolved.is_token_array:
         assert resolved.path is not None
         array = open_token_array(resolved.path, resolved.description)
         seq_len = array.shape[1] if array.ndim == 2 else seq_len
         samples = samples or count_windows(array, seq_len, resolved.description)
+    else:
+        tokenizer = _tokenizer(Path(folder))
     calibration = load_calibration(
         data,
         tokenizer,
@@ -63,14 +59,12 @@ def evaluate_model(
         vocab_size=getattr(source.config().get_text_config(), "vocab_size", None),
     )
     return perplexity(
-        load_for_evaluation(folder), calibration, batch_size=batch_size, progress=progress
+        load_for_evaluation(source), calibration, batch_size=batch_size, progress=progress
     )
 
 
 def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """The folder's own tokenizer, for text data; never remote code."""
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as err:

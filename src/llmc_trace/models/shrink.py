@@ -3,9 +3,9 @@
 Verification runs real numbers, so it needs real (random) weights; a 70B config cannot
 provide them, its twin can. Widths are divided by one power-of-two factor per config, chosen
 so that at least four attention heads remain; a head count that no power of two divides
-(Falcon-7B's 71) becomes four heads, every width scaled by the same ratio; head dimensions, rope sections, patch
-sizes and every ratio the code relies on are kept, which is what keeps the twin on the same
-code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
+(Falcon-7B's 71) becomes four heads, every width scaled by the same ratio. Head dimensions,
+rope sections, patch sizes and every ratio the code relies on are kept, which is what keeps
+the twin on the same code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
 type (dense and MoE, sliding and full attention, attention and SSM). Vocabularies shrink too,
 with special token ids moved inside the smaller vocabulary.
 
