@@ -188,9 +188,9 @@ class MetaMemo(TorchDispatchMode):
     """Answer a ``meta`` operation seen before (same op, shapes, strides, dtypes, scalars) with
     fresh ``meta`` tensors of the first answer's shapes, strides and dtypes.
 
-    A ``meta`` result is a function of exactly those; so is every result cached here: operations
-    that write into an argument, results that are not all tensors, tensors at a storage offset,
-    and calls with a real tensor or an unhashable argument always run. The cache outlives one
+    A ``meta`` result is a function of exactly those. Never answered from memory, always run:
+    operations that write into an argument, results that are not all tensors or sit at a storage
+    offset, and calls with a real tensor or an unhashable argument. The cache outlives one
     trace (the same shapes recur across the models of a coverage run) up to :attr:`limit`
     entries, then starts over.
     """
