@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from transformers.utils.quantization_config import CompressedTensorsConfig
 
-from llmc_trace.checkpoint import Recipe, SparsityInfo, save_compressed, unpack_from_int32, writer
+from llmc_trace.checkpoint import Recipe, SparsityInfo, save_compressed, shards, unpack_from_int32
 from llmc_trace.compress import (
     W4A16,
     W4A16_ASYM,
@@ -230,11 +230,17 @@ class _Interrupted(Exception):
 
 
 def _interrupt_after_partial_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    def write_then_fail(tensors: dict[str, torch.Tensor], path: Path, **_: object) -> None:
-        Path(path).write_bytes(b"half a safetensors file")
-        raise _Interrupted
+    """The tenth tensor's write fails: nine are in the shard, the rest never come."""
+    put = shards.ShardedSafetensors.put
+    calls = []
 
-    monkeypatch.setattr(writer, "save_file", write_then_fail)
+    def write_then_fail(self: shards.ShardedSafetensors, name: str, tensor: torch.Tensor) -> None:
+        calls.append(name)
+        if len(calls) == 10:
+            raise _Interrupted
+        put(self, name, tensor)
+
+    monkeypatch.setattr(shards.ShardedSafetensors, "put", write_then_fail)
 
 
 def test_interrupted_write_leaves_no_folder(

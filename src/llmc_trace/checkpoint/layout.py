@@ -30,6 +30,7 @@ from compressed_tensors.quantization import QuantizationConfig as CtQuantization
 from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
 
 from llmc_trace.checkpoint.pack import pack_to_int32
+from llmc_trace.checkpoint.shards import TensorSpec
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
@@ -66,6 +67,32 @@ def module_tensors(
                 zero_point, args.num_bits, packed_dim=0
             )
     return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+def module_tensor_specs(
+    prefix: str, shape: tuple[int, ...], scheme: QuantizationScheme, dtype: torch.dtype
+) -> dict[str, TensorSpec]:
+    """What :func:`module_tensors` will return for a weight of ``shape`` in a ``dtype``
+    checkpoint, known before the weight is quantized (the writer plans its shards from it)."""
+    args = scheme.weights
+    rows, cols = shape
+    groups = {"group": -(-cols // (args.group_size or cols)), "channel": 1}.get(args.strategy)
+    scale_shape = (rows, groups) if groups is not None else (1,)
+    specs = {f"{prefix}.weight_scale": TensorSpec(dtype, scale_shape)}
+    if format_of(scheme) == "int-quantized":
+        specs[f"{prefix}.weight"] = TensorSpec(torch.int8, (rows, cols))
+        if not args.symmetric:
+            specs[f"{prefix}.weight_zero_point"] = TensorSpec(torch.int8, scale_shape)
+    else:
+        specs[f"{prefix}.weight_packed"] = TensorSpec(
+            torch.int32, (rows, -(-cols * args.num_bits // 32))
+        )
+        specs[f"{prefix}.weight_shape"] = TensorSpec(torch.int64, (2,))
+        if not args.symmetric:
+            specs[f"{prefix}.weight_zero_point"] = TensorSpec(
+                torch.int32, (-(-rows * args.num_bits // 32), groups or 1)
+            )
+    return specs
 
 
 def _ct_weight_args(args: QuantizationArgs) -> CtQuantizationArgs:

@@ -1,10 +1,18 @@
 """Write a compressed model as a compressed-tensors checkpoint folder that vLLM and transformers load.
 
-The folder holds `config.json` (the model's config plus `quantization_config`), one
-`model.safetensors`, `generation_config.json` when the model has one, `recipe.yaml` when a
-recipe is given, and the tokenizer files of a source folder when one is given. It is written
-into a hidden temporary folder beside the target and renamed into place only when complete, so
-an interrupted write never leaves a half-written checkpoint under the target's name.
+The folder holds `config.json` (the model's config plus `quantization_config`, and the dtype
+the tensors are stored in), the weights (`model.safetensors`, or shards of at most
+`max_shard_size` bytes with `model.safetensors.index.json`), `generation_config.json` when the
+model has one, `recipe.yaml` when a recipe is given, and the tokenizer files of a source folder
+when one is given. It is written into a hidden temporary folder beside the target and renamed
+into place only when complete, so an interrupted write never leaves a half-written checkpoint
+under the target's name.
+
+:class:`CheckpointWriter` takes the tensors one at a time, as a pipeline finishes them: every
+output tensor is planned from the model and the schemes before the first is computed
+(:func:`planned_tensors`), so each goes to its place in its shard at once
+(:mod:`llmc_trace.checkpoint.shards`) and the writer holds none. :func:`save_compressed` writes
+a model held in memory through the same writer.
 
 Loading it back needs compressed-tensors installed and nothing else:
 `AutoModelForCausalLM.from_pretrained(folder)` decompresses the weights on the first forward
@@ -21,8 +29,7 @@ the weight-only fake-quantized model by that activation rounding.
 
 Tensor names are the paths of `model.state_dict()`, which are the checkpoint names for
 decoder-only models such as Llama, Qwen or Mistral; models that transformers saves under other
-names (its conversion mappings for some multimodal models) are not handled. Everything goes
-into a single safetensors file, not shards.
+names (its conversion mappings for some multimodal models) are not handled.
 """
 
 from __future__ import annotations
@@ -31,19 +38,25 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 import torch
-from safetensors.torch import save_file
 
-from llmc_trace.checkpoint.layout import ignored_modules, module_tensors, quantization_config
+from llmc_trace.checkpoint.layout import (
+    ignored_modules,
+    module_tensor_specs,
+    module_tensors,
+    quantization_config,
+)
 from llmc_trace.checkpoint.recipe import Recipe, render_recipe
 from llmc_trace.errors import CheckpointError, OutputError
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors, TensorSpec
 
 TOKENIZER_FILES = (
     "added_tokens.json",
@@ -69,6 +82,192 @@ class SparsityInfo:
     modules: tuple[str, ...]
 
 
+def planned_tensors(
+    model: torch.nn.Module,
+    assignment: Mapping[str, QuantizationScheme],
+    dtype: torch.dtype,
+) -> dict[str, TensorSpec]:
+    """Every tensor the checkpoint will hold, in the model's order, before any is computed.
+
+    Parameters are stored in `dtype` (the checkpoint's), buffers as they are; the weight of
+    every module in `assignment` becomes its scheme's compressed tensors; a tied parameter is
+    stored once, under its first name (transformers ties it again from the config). Works on
+    a model whose parameters are on `meta`.
+    """
+    parameters = {id(p) for p in model.parameters()}
+    specs: dict[str, TensorSpec] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        prefix, _, attr = name.rpartition(".")
+        if attr == "weight" and prefix in assignment:
+            specs.update(
+                module_tensor_specs(prefix, tuple(tensor.shape), assignment[prefix], dtype)
+            )
+            continue
+        stored = dtype if id(tensor) in parameters and tensor.is_floating_point() else tensor.dtype
+        specs[name] = TensorSpec(stored, tuple(tensor.shape))
+    return specs
+
+
+def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model.state_dict()` with each tied tensor under its first name only."""
+    seen: set[int] = set()
+    state = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state[name] = tensor.detach()
+    return state
+
+
+class CheckpointWriter:
+    """One checkpoint folder, written tensor by tensor (see the module docstring).
+
+    `assignment` names every module whose weight will be stored quantized, with its scheme;
+    `quantized` is where their `QuantizedWeight`s appear (a compressor's dict): each is taken
+    out of it when its module's weight is put. Modules in `pruned` have their zeros counted
+    for the config's measured sparsity. Used as a context manager, an exception removes the
+    partial folder; :meth:`commit` completes it and renames it into place.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        model: torch.nn.Module,
+        assignment: Mapping[str, QuantizationScheme],
+        quantized: MutableMapping[str, QuantizedWeight],
+        *,
+        dtype: torch.dtype,
+        pruned: Collection[str] = (),
+        max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+        overwrite: bool = False,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not overwrite:
+            raise CheckpointError(
+                "the output folder already exists.",
+                hint="choose another folder, or pass overwrite=True to replace it.",
+                location=str(self.out_dir),
+            )
+        self.config = getattr(model, "config", None)
+        if self.config is None:
+            raise CheckpointError(
+                "the model has no `config`; a checkpoint needs one for config.json.",
+                hint="pass a transformers PreTrainedModel.",
+            )
+        self.generation_config = getattr(model, "generation_config", None)
+        self.assignment = dict(assignment)
+        self.quantized = quantized
+        self.dtype = dtype
+        self.pruned = set(pruned)
+        self.schemes = list(dict.fromkeys(self.assignment.values()))
+        self.ignore = ignored_modules(model, self.schemes, self.assignment)
+        self.specs = planned_tensors(model, self.assignment, dtype)
+        self.staging = self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
+        self._zeros = 0
+        self._counted = 0
+        try:
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.staging.mkdir()
+            self._shards = ShardedSafetensors(self.staging, self.specs, max_shard_size)
+        except OSError as err:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise OutputError.writing(self.out_dir, err) from err
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            self.abort()
+            if isinstance(error, OSError):
+                raise OutputError.writing(self.out_dir, error) from error
+
+    def put(self, key: str, value: torch.Tensor) -> None:
+        """Store the model tensor `key` (its compressed form when its module is quantized)."""
+        prefix, _, attr = key.rpartition(".")
+        if attr == "weight" and prefix in self.assignment:
+            weight = self.quantized.pop(prefix, None)
+            if weight is None:
+                raise CheckpointError(
+                    "this module's weight reached the checkpoint without being compressed.",
+                    hint="the pipeline must compress every targeted module before it is written.",
+                    location=prefix,
+                )
+            scheme = self.assignment[prefix]
+            check_quantized(prefix, weight, scheme, tuple(value.shape), self.dtype)
+            tensors = module_tensors(prefix, weight, scheme)
+            if prefix in self.pruned:
+                self._count_zeros(weight.dequantized())
+        else:
+            spec = self.specs.get(key)
+            tensors = {key: value.to(spec.dtype) if spec is not None else value}
+            if prefix in self.pruned and attr == "weight":
+                self._count_zeros(value)
+        for name, tensor in tensors.items():
+            self._shards.put(name, tensor)
+
+    def _count_zeros(self, weight: torch.Tensor) -> None:
+        self._zeros += int((weight == 0).sum().item())
+        self._counted += weight.numel()
+
+    def commit(
+        self,
+        *,
+        sparsity: Sparsity | None = None,
+        recipe: Recipe | None = None,
+        tokenizer_dir: str | Path | None = None,
+    ) -> Path:
+        """Write the config and the small files, check every tensor arrived, and rename the
+        folder into place (replacing an existing one only now, when overwriting)."""
+        self._shards.close()
+        config_dict = self.config.to_diff_dict()
+        config_dict["dtype"] = str(self.dtype).removeprefix("torch.")
+        used = self.schemes
+        if used or sparsity is not None:
+            measured = None
+            if sparsity is not None:
+                global_sparsity = round(self._zeros / self._counted, 6) if self._counted else 0.0
+                measured = (sparsity, global_sparsity)
+            config_dict["quantization_config"] = quantization_config(used, self.ignore, measured)
+        folder = self.staging
+        try:
+            (folder / "config.json").write_text(
+                json.dumps(config_dict, indent=2, sort_keys=True) + "\n"
+            )
+            if self.generation_config is not None:
+                self.generation_config.to_json_file(
+                    folder / "generation_config.json", use_diff=True
+                )
+            if recipe is not None:
+                (folder / "recipe.yaml").write_text(render_recipe(recipe, used, sparsity))
+            if tokenizer_dir is not None:
+                for name in TOKENIZER_FILES:
+                    if (Path(tokenizer_dir) / name).is_file():
+                        shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
+            _make_readable(folder)
+            _replace(self.out_dir, folder)
+        except BaseException as err:
+            self.abort()
+            if isinstance(err, OSError):
+                raise OutputError.writing(self.out_dir, err) from err
+            raise
+        return self.out_dir
+
+    def abort(self) -> None:
+        """Remove the partial folder; the target is left as it was."""
+        self._shards.abandon()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
 def save_compressed(
     model: torch.nn.Module,
     out_dir: str | Path,
@@ -79,16 +278,17 @@ def save_compressed(
     recipe: Recipe | None = None,
     tokenizer_dir: str | Path | None = None,
     overwrite: bool = False,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
-    """Write `model` with the modules in `quantized` stored as integers; return the folder.
+    """Write `model`, held in memory, with the modules in `quantized` stored as integers.
 
     `quantized` maps module paths to their `QuantizedWeight`; each must be targeted by exactly
     one of `schemes` (by `targets` alone) and use that scheme's weight arguments, and its scales
     must be in the model's dtype, so that the stored integers dequantize exactly to the weight
-    they were computed from. Every other tensor, including pruned but unquantized weights, is
-    written as it is in `model`. With `sparsity`, the config states the structure and the
-    measured sparsity of those modules; their weights stay dense (see
-    `llmc_trace.checkpoint.layout.quantization_config` for why).
+    they were computed from; all of it is checked before anything is written. Every other
+    tensor, including pruned but unquantized weights, is written as it is in `model`. With
+    `sparsity`, the config states the structure and the measured sparsity of those modules;
+    their weights stay dense (see `llmc_trace.checkpoint.layout.quantization_config` for why).
 
     An existing `out_dir` is an error unless `overwrite`, in which case it is replaced only once
     the new folder is complete.
@@ -118,44 +318,34 @@ def save_compressed(
             hint="choose another folder, or pass overwrite=True to replace it.",
             location=str(out_dir),
         )
-    config = getattr(model, "config", None)
-    if config is None:
-        raise CheckpointError(
-            "the model has no `config`; a checkpoint needs one for config.json.",
-            hint="pass a transformers PreTrainedModel.",
-        )
     dtype = _model_dtype(model)
-    assignment = _assign_schemes(model, quantized, schemes, dtype)
-    used = [scheme for scheme in schemes if scheme in assignment.values()]
-    tensors = _checkpoint_tensors(model, quantized, assignment)
-
-    config_dict = config.to_diff_dict()
-    config_dict["dtype"] = str(dtype).removeprefix("torch.")
-    if used or sparsity is not None:
-        measured = None
-        if sparsity is not None:
-            measured = (sparsity.structure, _global_sparsity(model, quantized, sparsity.modules))
-        ignore = ignored_modules(model, used, quantized)
-        config_dict["quantization_config"] = quantization_config(used, ignore, measured)
-    generation_config = getattr(model, "generation_config", None)
-
-    def write(folder: Path) -> None:
-        (folder / "config.json").write_text(
-            json.dumps(config_dict, indent=2, sort_keys=True) + "\n"
+    assignment = assign_schemes(model, quantized, schemes)
+    for name, weight in quantized.items():
+        shape = tuple(model.get_submodule(name).weight.shape)
+        check_quantized(name, weight, assignment[name], shape, dtype)
+    with CheckpointWriter(
+        out_dir,
+        model,
+        assignment,
+        dict(quantized),
+        dtype=dtype,
+        pruned=sparsity.modules if sparsity is not None else (),
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+    ) as writer:
+        for key, value in unique_state(model).items():
+            if value.is_meta:
+                raise CheckpointError(
+                    "this tensor is on the meta device (offloaded), so it has no values to write.",
+                    hint="load the model's weights (onload them) before writing the checkpoint.",
+                    location=key,
+                )
+            writer.put(key, value)
+        return writer.commit(
+            sparsity=sparsity.structure if sparsity is not None else None,
+            recipe=recipe,
+            tokenizer_dir=tokenizer_dir,
         )
-        if generation_config is not None:
-            generation_config.to_json_file(folder / "generation_config.json", use_diff=True)
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        if recipe is not None:
-            structure = sparsity.structure if sparsity is not None else None
-            (folder / "recipe.yaml").write_text(render_recipe(recipe, used, structure))
-        if tokenizer_dir is not None:
-            for name in TOKENIZER_FILES:
-                if (Path(tokenizer_dir) / name).is_file():
-                    shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
-
-    _write_atomically(out_dir, write)
-    return out_dir
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -166,15 +356,14 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype:
     raise CheckpointError("the model has no floating-point parameters.", hint="pass the model.")
 
 
-def _assign_schemes(
+def assign_schemes(
     model: torch.nn.Module,
-    quantized: Mapping[str, QuantizedWeight],
+    names: Collection[str],
     schemes: Sequence[QuantizationScheme],
-    dtype: torch.dtype,
 ) -> dict[str, QuantizationScheme]:
-    """The scheme of each quantized module, checking that the checkpoint will reproduce it."""
+    """The scheme of each module in `names`: the one scheme whose `targets` match it."""
     assignment = {}
-    for name, weight in quantized.items():
+    for name in names:
         try:
             module = model.get_submodule(name)
         except AttributeError as err:
@@ -189,112 +378,62 @@ def _assign_schemes(
                 hint="give each scheme targets that match disjoint modules.",
                 location=name,
             )
-        scheme = targeting[0]
-        if weight.args != scheme.weights:
-            raise CheckpointError(
-                f"quantized with {weight.args}, but its scheme {scheme.name} says "
-                f"{scheme.weights}.",
-                hint="pass the scheme whose weight arguments produced this module.",
-                location=name,
-            )
-        if weight.g_idx is not None:
-            raise CheckpointError(
-                "actorder='group' needs a g_idx, which compressed-tensors >= 0.20 and vLLM "
-                "no longer load.",
-                hint="quantize with actorder='static' (or None).",
-                location=name,
-            )
-        if tuple(weight.int_weight.shape) != tuple(module.weight.shape):
-            raise CheckpointError(
-                f"quantized weight of shape {tuple(weight.int_weight.shape)} does not fit the "
-                f"module's weight {tuple(module.weight.shape)}.",
-                hint="pass the QuantizedWeight computed from this module's weight.",
-                location=name,
-            )
-        if weight.scale.dtype != dtype:
-            raise CheckpointError(
-                f"scales are {weight.scale.dtype} but the model is {dtype}; loaders cast them, "
-                "so the stored integers would no longer dequantize to the quantized weight.",
-                hint="quantize the weight in the dtype the model is saved in.",
-                location=name,
-            )
-        assignment[name] = scheme
+        assignment[name] = targeting[0]
     return assignment
 
 
-def _checkpoint_tensors(
-    model: torch.nn.Module,
-    quantized: Mapping[str, QuantizedWeight],
-    assignment: Mapping[str, QuantizationScheme],
-) -> dict[str, torch.Tensor]:
-    """Every tensor to store, in `state_dict` order, quantized weights replaced by integers."""
-    tensors: dict[str, torch.Tensor] = {}
-    aliases = set()
-    for name, tensor in model.state_dict().items():
-        module_name, _, tensor_name = name.rpartition(".")
-        if module_name in quantized and tensor_name == "weight":
-            prefix = module_name
-            for key, value in module_tensors(prefix, quantized[prefix], assignment[prefix]).items():
-                tensors[key] = value.detach().cpu()
-            continue
-        if tensor.is_meta:
-            raise CheckpointError(
-                "this tensor is on the meta device (offloaded), so it has no values to write.",
-                hint="load the model's weights (onload them) before writing the checkpoint.",
-                location=name,
-            )
-        alias = (tensor.device, tensor.data_ptr(), tensor.shape, tensor.stride())
-        if alias in aliases:
-            continue  # a tied weight: transformers ties it again from the config when loading
-        aliases.add(alias)
-        tensors[name] = tensor.detach().cpu().contiguous()
-    return tensors
-
-
-def _global_sparsity(
-    model: torch.nn.Module, quantized: Mapping[str, QuantizedWeight], modules: Sequence[str]
-) -> float:
-    """Fraction of zeros over the weights of `modules`, as they will be stored (quantized ones
-    counted from their integers: what loads is what the integers dequantize to)."""
-    zeros, total = 0, 0
-    for name in modules:
-        weight = (
-            quantized[name].dequantized() if name in quantized else model.get_submodule(name).weight
+def check_quantized(
+    name: str,
+    weight: QuantizedWeight,
+    scheme: QuantizationScheme,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> None:
+    """`weight` must be what `scheme` stores for a weight of `shape` in a `dtype` checkpoint."""
+    if weight.args != scheme.weights:
+        raise CheckpointError(
+            f"quantized with {weight.args}, but its scheme {scheme.name} says {scheme.weights}.",
+            hint="pass the scheme whose weight arguments produced this module.",
+            location=name,
         )
-        zeros += int((weight == 0).sum().item())
-        total += weight.numel()
-    return round(zeros / total, 6) if total else 0.0
+    if weight.g_idx is not None:
+        raise CheckpointError(
+            "actorder='group' needs a g_idx, which compressed-tensors >= 0.20 and vLLM "
+            "no longer load.",
+            hint="quantize with actorder='static' (or None).",
+            location=name,
+        )
+    if tuple(weight.int_weight.shape) != shape:
+        raise CheckpointError(
+            f"quantized weight of shape {tuple(weight.int_weight.shape)} does not fit the "
+            f"module's weight {shape}.",
+            hint="pass the QuantizedWeight computed from this module's weight.",
+            location=name,
+        )
+    if weight.scale.dtype != dtype:
+        raise CheckpointError(
+            f"scales are {weight.scale.dtype} but the model is {dtype}; loaders cast them, "
+            "so the stored integers would no longer dequantize to the quantized weight.",
+            hint="quantize the weight in the dtype the model is saved in.",
+            location=name,
+        )
 
 
-def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
-    """Run `write` into a fresh hidden folder beside `out_dir`, then rename it to `out_dir`.
-
-    On any failure the partial folder is removed and `out_dir` is left as it was. A previous
-    `out_dir` is moved aside first and deleted only after the new folder is in place.
-    """
-    staging = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
+def _replace(out_dir: Path, staging: Path) -> None:
+    """Rename the complete `staging` folder to `out_dir`; a previous `out_dir` is moved aside
+    first and deleted only after the new folder is in place."""
+    retired = None
+    if out_dir.exists():
+        retired = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}.old"
+        os.replace(out_dir, retired)
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        write(staging)
-        _make_readable(staging)
-        retired = None
-        if out_dir.exists():
-            retired = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}.old"
-            os.replace(out_dir, retired)
-        try:
-            os.replace(staging, out_dir)
-        except OSError:
-            if retired is not None:
-                os.replace(retired, out_dir)
-            raise
+        os.replace(staging, out_dir)
+    except OSError:
         if retired is not None:
-            shutil.rmtree(retired)
-    except BaseException as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(err, OSError):
-            raise OutputError.writing(out_dir, err) from err
+            os.replace(retired, out_dir)
         raise
+    if retired is not None:
+        shutil.rmtree(retired)
 
 
 def _make_readable(folder: Path) -> None:

@@ -13,6 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
+from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.models.weights import check_weight_files, shape_mismatches
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
@@ -75,6 +76,56 @@ def build_meta_model(
         model = cls._from_config(
             config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
         )
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside lands on ``meta``; buffers stay real.
+
+    Buffers a module computes at init and never saves (rotary ``inv_freq``) exist only if
+    the constructor really runs; parameters are what checkpoints hold and what must not be
+    allocated. ``torch.empty`` allocations are never touched, so they cost no resident memory
+    before they move to ``meta`` (and an initialiser then runs on ``meta``, for free).
+    """
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def build_skeleton(
+    source: ModelSource,
+    attn_implementation: str = "eager",
+    dtype: torch.dtype | None = None,
+) -> PreTrainedModel:
+    """The full-size model with parameters on ``meta`` and real buffers, to fill from disk.
+
+    Unlike :func:`build_meta_model` the buffers computed at init (rotary tables) hold their
+    values, so a pipeline that reads each part's parameters from the checkpoint when it runs
+    (:class:`~llmc_trace.pipelines.residency.Streamed`) computes what the loaded model would.
+    Persistent buffers the checkpoint stores are read from it.
+    """
+    assert source.folder is not None
+    store = WeightStore(source.folder)
+    config = prepare_config(source.config())
+    cls = model_class(config, source.name)
+    with _quiet_transformers(), _parameters_on_meta():
+        model = cls._from_config(
+            config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
+        )
+    saved = [name for name, _ in model.named_buffers() if name in store]
+    for name, value in store.read(saved).items():
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attr] = value
     return model.eval()
 
 

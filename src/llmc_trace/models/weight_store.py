@@ -1,0 +1,91 @@
+"""``WeightStore``: a checkpoint's tensors, read from its safetensors files only when asked.
+
+A 70B checkpoint is 140 GB; compressing it must never hold it. The store knows every tensor's
+file, dtype and shape from the headers alone (single ``model.safetensors`` and sharded folders
+alike), and :meth:`WeightStore.read` memory-maps the files holding the requested tensors,
+copies those tensors out and unmaps the files again: pages touched through a mapping count in
+the process's resident set for as long as the mapping lives, so a mapping kept open for the
+whole run would grow to the model's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from llmc_trace.models.weights import check_weight_files
+
+#: safetensors' dtype names, as written in the headers.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where one tensor lives and what it is, from its file's header."""
+
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+
+class WeightStore:
+    """Every tensor of a checkpoint folder, by name; nothing read until :meth:`read`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.tensors: dict[str, StoredTensor] = {}
+        for path in check_weight_files(folder):
+            with safe_open(path, framework="pt") as handle:
+                for name in handle.keys():
+                    piece = handle.get_slice(name)
+                    self.tensors[name] = StoredTensor(
+                        path, _DTYPES[piece.get_dtype()], tuple(piece.get_shape())
+                    )
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def read(
+        self,
+        names: Iterable[str],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The tensors ``names``, as fresh tensors on ``device`` (floating ones cast to ``dtype``
+        when given); each file is mapped only while its tensors are copied out."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.tensors[name].file, []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for path, wanted in by_file.items():
+            with safe_open(path, framework="pt") as handle:
+                for name in wanted:
+                    tensor = handle.get_tensor(name)
+                    if dtype is not None and tensor.is_floating_point():
+                        tensor = tensor.to(dtype)
+                    out[name] = tensor.to(device)
+        return out
