@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT
-from llmc_trace.core.names import AUTO, GPTQ, METHODS, PIPELINES, SPARSEGPT
+
+from llmc_trace.core.names import AUTO, DTYPES, GPTQ, METHODS, PIPELINES, SPARSEGPT
+
+if TYPE_CHECKING:
+    import torch
 
 
 @click.command()
@@ -86,6 +91,19 @@ from llmc_trace.core.names import AUTO, GPTQ, METHODS, PIPELINES, SPARSEGPT
     type=click.Choice(["sdpa", "eager"]),
     help="Attention kernel for calibration (eager where the model has no sdpa).",
 )
+@click.option(
+    "--dtype",
+    default=AUTO,
+    **SHOW_DEFAULT,
+    type=click.Choice(DTYPES),
+    help="The checkpoint's dtype (auto: the one config.json declares).",
+)
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    **SHOW_DEFAULT,
+    help="Bytes of tensors per output shard (e.g. 5GB, 500MiB).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete).")
 @pass_cli
 def compress(
@@ -105,6 +123,8 @@ def compress(
     refine_passes: int,
     seed: int,
     attn_implementation: str,
+    dtype: str,
+    max_shard_size: str,
     overwrite: bool,
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
@@ -112,6 +132,7 @@ def compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
+    from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.oneshot import CompressRequest
     from llmc_trace.oneshot import compress as run_compress
 
@@ -134,6 +155,8 @@ def compress(
             refine_passes=refine_passes,
             overwrite=overwrite,
             attn_implementation=attn_implementation,
+            dtype=_dtype(dtype),
+            max_shard_size=parse_bytes(max_shard_size, "max_shard_size"),
         )
         result = run_compress(request, progress=progress)
     ctx.out.print(
@@ -170,6 +193,13 @@ def compress(
 @click.option(
     "--batch-size", default=8, **SHOW_DEFAULT, type=click.IntRange(1), help="Rows per forward pass."
 )
+@click.option(
+    "--dtype",
+    default=AUTO,
+    **SHOW_DEFAULT,
+    type=click.Choice(DTYPES),
+    help="Evaluate in this dtype (auto: the one config.json declares).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout only.")
 @pass_cli
 def evaluate(
@@ -179,6 +209,7 @@ def evaluate(
     samples: int | None,
     seq_len: int,
     batch_size: int,
+    dtype: str,
     as_json: bool,
 ) -> None:
     """Perplexity of MODEL on DATA (each row scored independently)."""
@@ -191,6 +222,7 @@ def evaluate(
             samples=samples,
             seq_len=seq_len,
             batch_size=batch_size,
+            dtype=_dtype(dtype),
             progress=progress,
         )
     if as_json:
@@ -198,6 +230,7 @@ def evaluate(
             {
                 "model": model,
                 "data": data,
+                "dtype": dtype,
                 "perplexity": result.perplexity,
                 "num_tokens": result.num_tokens,
                 "elapsed_s": result.elapsed_s,
@@ -209,3 +242,10 @@ def evaluate(
     table.add_row("tokens scored", str(result.num_tokens))
     table.add_row("seconds", f"{result.elapsed_s:.1f}")
     ctx.out.print(table)
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    """The torch dtype named on the command line; ``None`` for auto."""
+    import torch
+
+    return None if name == AUTO else getattr(torch, name)

@@ -23,6 +23,9 @@ BASIC = "basic"
 DATA_FREE = "data_free"
 #: The pipeline the memory plan chooses.
 AUTO = "auto"
+
+#: dtypes a model may be compressed or evaluated in; ``auto`` is the one its config declares.
+DTYPES = (AUTO, "bfloat16", "float16", "float32")
 #: Pipelines that calibrate on data, in order of preference: quality first, then memory.
 PREFERENCE = (SEQUENTIAL, LAYER_SEQUENTIAL, BASIC)
 PIPELINES = (*PREFERENCE, DATA_FREE)

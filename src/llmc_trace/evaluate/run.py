@@ -17,10 +17,13 @@ from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import ModelSource, resolve_model
 
 
-def load_for_evaluation(model: str | Path | ModelSource) -> torch.nn.Module:
-    """The checkpoint in float32 with transformers' default attention kernel."""
+def load_for_evaluation(
+    model: str | Path | ModelSource, dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """The checkpoint with transformers' default attention kernel, in ``dtype`` (default: the
+    one its config declares, as it is served)."""
     source = model if isinstance(model, ModelSource) else resolve_model(str(model))
-    return load_pretrained(source, attn_implementation=None)
+    return load_pretrained(source, attn_implementation=None, dtype=dtype)
 
 
 def evaluate_model(
@@ -30,6 +33,7 @@ def evaluate_model(
     samples: int | None = None,
     seq_len: int = 512,
     batch_size: int = 8,
+    dtype: torch.dtype | None = None,
     progress: Progress | None = None,
 ) -> PerplexityResult:
     """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file).
@@ -37,7 +41,8 @@ def evaluate_model(
     A 2-D token array is scored row by row at its own length, a 1-D stream in windows of
     ``seq_len``; ``samples`` takes the first rows (all by default; 128 windows of text). The data
     goes through the calibration loader's checks (file type, pickles, ids inside the model's
-    vocabulary) before the model is loaded, so bad data is refused in a second.
+    vocabulary) before the model is loaded, so bad data is refused in a second. ``dtype``:
+    see :func:`load_for_evaluation`.
     """
     source = resolve_model(str(folder))
     resolved = resolve_source(data)
@@ -59,7 +64,7 @@ def evaluate_model(
         vocab_size=getattr(source.config().get_text_config(), "vocab_size", None),
     )
     return perplexity(
-        load_for_evaluation(source), calibration, batch_size=batch_size, progress=progress
+        load_for_evaluation(source, dtype), calibration, batch_size=batch_size, progress=progress
     )
 
 

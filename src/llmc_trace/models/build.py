@@ -120,7 +120,9 @@ def build_skeleton(
     cls = model_class(config, source.name)
     with _quiet_transformers(), _parameters_on_meta():
         model = cls._from_config(
-            config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
+            config,
+            attn_implementation=attn_implementation,
+            dtype=dtype or checkpoint_dtype(config, store),
         )
     saved = [name for name, _ in model.named_buffers() if name in store]
     for name, value in store.read(saved).items():
@@ -146,9 +148,12 @@ def build_twin(
 
 
 def load_pretrained(
-    source: ModelSource, attn_implementation: str | None = "eager"
+    source: ModelSource,
+    attn_implementation: str | None = "eager",
+    dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
-    """The real model with its weights, for folders that have them (float32 on CPU).
+    """The real model with its weights, for folders that have them, on the CPU, in ``dtype``
+    (default: the one its ``config.json`` declares).
 
     Weights that cannot be this config's model (a missing, truncated, pickled or misshapen
     tensor) raise :class:`~llmc_trace.errors.BadInputError` instead of loading half.
@@ -164,7 +169,7 @@ def load_pretrained(
         with _quiet_transformers():
             model, info = cls.from_pretrained(
                 source.folder,
-                dtype=torch.float32,
+                dtype=dtype or checkpoint_dtype(source.config(), WeightStore(source.folder)),
                 use_safetensors=True,
                 output_loading_info=True,
                 **kernel,
@@ -211,6 +216,15 @@ def _instantiate(
         return cls._from_config(config, experts_implementation="eager", **kwargs)
     except (ValueError, TypeError):
         return cls._from_config(config, **kwargs)
+
+
+def checkpoint_dtype(config: PretrainedConfig, store: WeightStore) -> torch.dtype:
+    """The dtype ``config.json`` declares, else the one its floating-point tensors are saved in
+    (transformers' ``dtype="auto"``)."""
+    if getattr(config, "dtype", None) or getattr(config, "torch_dtype", None):
+        return _config_dtype(config)
+    stored = (t.dtype for t in store.tensors.values() if t.dtype.is_floating_point)
+    return next(stored, torch.float32)
 
 
 def _config_dtype(config: PretrainedConfig) -> torch.dtype:

@@ -51,7 +51,9 @@ class LayerCompressor:
     """Pipeline callbacks compressing every targeted layer of a subgraph (see module docstring).
 
     ``scheme`` is ``None`` for pruning without quantization; ``sparsity`` is ``None`` for
-    quantization without pruning.
+    quantization without pruning. ``storage_dtype`` is the checkpoint's dtype: weights are
+    compressed from (and scales computed in) that dtype whatever dtype the forward passes ran
+    in, so the stored integers dequantize to exactly the weight left in the module.
     """
 
     method: str
@@ -60,6 +62,7 @@ class LayerCompressor:
     blocksize: int = 128
     percdamp: float = 0.01
     refine_passes: int = 0
+    storage_dtype: torch.dtype | None = None
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     pruned: list[str] = field(default_factory=list)
     results: list[LayerResult] = field(default_factory=list)
@@ -132,7 +135,7 @@ class LayerCompressor:
             )
 
     def _compress(self, name: str, module: torch.nn.Linear, H: torch.Tensor | None) -> float:
-        W = module.weight.data
+        W = module.weight.data.to(self.storage_dtype or module.weight.dtype)
         args = self.scheme.weights if self.scheme is not None else None
         if self.method in DATA_METHODS and H is None:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
@@ -157,7 +160,7 @@ class LayerCompressor:
             pruned = sparsegpt(
                 W, H, self.sparsity, quantize=args, blocksize=self.blocksize, percdamp=self.percdamp
             )
-            module.weight.data = pruned.weight.to(W.dtype)
+            module.weight.data = pruned.weight.to(module.weight.dtype)
             self.pruned.append(name)
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
@@ -168,7 +171,7 @@ class LayerCompressor:
             if args is not None:
                 quantized = rtn(weight, args)
                 weight = quantized.weight * (weight != 0)
-            module.weight.data = weight.to(W.dtype)
+            module.weight.data = weight.to(module.weight.dtype)
             self.pruned.append(name)
             return 0.0
         raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")

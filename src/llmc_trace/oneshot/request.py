@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
 from llmc_trace.compress.scheme import QuantizationScheme, resolve_scheme
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.core.names import (
@@ -40,7 +41,9 @@ class CompressRequest:
     then gate/up, then down), each on inputs from the stages before it already compressed; the
     sequential pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this
     many passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`);
-    0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`).
+    0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). ``dtype``: the
+    checkpoint's dtype, ``None`` for the one the model's ``config.json`` declares (what it was
+    saved in); ``max_shard_size``: bytes of tensors per output shard.
 
     Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter (names,
     combinations, the model's weights, the output folder, the dataset's shape) and resolves
@@ -64,6 +67,7 @@ class CompressRequest:
     refine_passes: int = 0
     attn_implementation: str = "sdpa"
     dtype: torch.dtype | None = None
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     overwrite: bool = False
     source: ModelSource = field(init=False, repr=False)
     quantization: QuantizationScheme | None = field(init=False, repr=False)
@@ -142,6 +146,12 @@ class CompressRequest:
                 f"{', no propagation' if not self.propagate_error else ''}).",
                 hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
                 param="true_sequential",
+            )
+        if self.max_shard_size < 1:
+            raise BadInputError(
+                f"the shard size must be positive (got {self.max_shard_size} bytes).",
+                hint="Pass e.g. --max-shard-size 5GB.",
+                param="max_shard_size",
             )
         if self.refine_passes < 0:
             raise BadInputError(

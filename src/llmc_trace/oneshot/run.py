@@ -1,10 +1,18 @@
 """``compress``: calibrate a model with a planned pipeline and write a compressed-tensors checkpoint.
 
-It reads as its steps: the request, validated once before heavy work; the model, loaded; the
-traced model, traced once on the first calibration batch with the fixes ``attempt --fix``
-would use (proved on the tiny twin); the memory plan from that trace; the pipeline, by name
-from :mod:`llmc_trace.pipelines.registry` with its fallback rule; the checkpoint, saved
-atomically (a temporary folder renamed when complete: an interrupted run leaves no output).
+It reads as its steps: the request, validated once before heavy work; the model: a skeleton
+whose parameters stay on disk when a checkpoint is written (each part is read when the
+pipeline runs it, and written out when it is done: host memory does not grow with the model),
+loaded whole in memory otherwise; the traced model, traced once on the first calibration batch
+with the fixes ``attempt --fix`` would use (proved on the tiny twin); the memory plan from
+that trace; the pipeline, by name from :mod:`llmc_trace.pipelines.registry` with its fallback
+rule; the checkpoint, streamed into a temporary folder renamed when complete (an interrupted
+run leaves no output).
+
+The model keeps the dtype its ``config.json`` declares (or the requested one): non-quantized
+tensors, scales and ``config.json`` are stored in it; forward passes run in it on a GPU and in
+float32 on a CPU (:func:`~llmc_trace.pipelines.residency.compute_dtype`); Hessians and the
+GPTQ/SparseGPT arithmetic are float32 everywhere.
 """
 
 from __future__ import annotations
@@ -18,17 +26,24 @@ import torch
 
 from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.recipe import Recipe
-from llmc_trace.checkpoint.writer import SparsityInfo, save_compressed
+from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.data import load_calibration
 from llmc_trace.errors import BadInputError
-from llmc_trace.models.build import build_meta_model, load_pretrained
+from llmc_trace.models.build import build_meta_model, build_skeleton, load_pretrained
+from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
 from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
 from llmc_trace.oneshot.request import CompressRequest
-from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
+from llmc_trace.pipelines.registry import (
+    Calibration,
+    PipelineOutcome,
+    fallback_order,
+    run_pipelines,
+)
+from llmc_trace.pipelines.residency import InMemory, Residency, Streamed, compute_dtype
 from llmc_trace.pipelines.sequential import PipelineStats
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
 from llmc_trace.traced.model import TracedModel, display_name, trace_model
@@ -42,7 +57,8 @@ class CompressionResult:
     """What ``compress`` did and where the checkpoint is."""
 
     out_dir: Path | None
-    model: torch.nn.Module = field(repr=False)  # the compressed model, in memory
+    #: the compressed model in memory; a skeleton on ``meta`` when it was streamed to out_dir
+    model: torch.nn.Module = field(repr=False)
     pipeline: str
     plan: MemoryPlan
     stats: PipelineStats
@@ -62,7 +78,9 @@ def compress(
     """Compress as ``request`` says (see :class:`CompressRequest`) and write the checkpoint.
 
     ``device``: where calibration runs (CUDA when there is one). Nothing is written unless
-    the run completes: the checkpoint goes to a temporary folder renamed at the end.
+    the run completes: the checkpoint goes to a temporary folder renamed at the end. With an
+    ``out_dir`` the weights stream from the source checkpoint to the new one and
+    ``CompressionResult.model`` is left a skeleton; without, the model is compressed in memory.
 
     >>> request = CompressRequest("tiny-llama/", dataset="calib.npy", out_dir="out/")  # doctest: +SKIP
     >>> compress(request).pipeline                                                    # doctest: +SKIP
@@ -73,7 +91,10 @@ def compress(
     if request.needs_data:
         refuse_weight_changing(request.source)
     report("load", 0, 1)
-    loaded = _load(request)
+    streamed = request.out_path is not None
+    loaded = _load(request, streamed)
+    storage = _stored_dtype(loaded)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # token ids need no tokenizer (checked against the embedding table instead); the
     # checkpoint copies the tokenizer's files either way
     calibration = load_calibration(
@@ -90,50 +111,74 @@ def compress(
         request.quantization,
         request.target_sparsity,
         refine_passes=request.refine_passes,
+        storage_dtype=storage,
     )
     _check_targets(loaded, compressor, request.source.name)
     report("trace", 0, 1)
     traced, check = trace_for_calibration(request, loaded, calibration.batches[0])
+    compute = compute_dtype(storage, device)
     settings = RunSettings(
         request.samples,
         request.seq_len,
         request.batch_size,
-        dtype_bytes=next(loaded.parameters()).element_size(),
+        dtype_bytes=compute.itemsize,
+        storage_bytes=storage.itemsize,
         needs_data=request.needs_data,
-        kept_bytes_per_weight=0.0 if request.quantization is None else 1.0,
+        streamed=streamed,
+        device_is_host=device.type == "cpu",
     )
     plan = plan_memory(traced, settings, twin=check.twin if check else None)
     chosen = plan.chosen if request.pipeline == AUTO else request.pipeline
-    outcome = run_pipelines(
-        fallback_order(chosen, plan.pipelines()),
-        Calibration(
-            traced,
-            calibration.batches,
-            compressor,
-            device or torch.device("cuda" if torch.cuda.is_available() else "cpu"),
-            propagate_error=request.propagate_error,
-            true_sequential=request.true_sequential,
-            progress=report,
-        ),
-    )
+    order = fallback_order(chosen, plan.pipelines())
+
+    def calibrate(residency: Residency) -> PipelineOutcome:
+        return run_pipelines(
+            order,
+            Calibration(
+                traced,
+                calibration.batches,
+                compressor,
+                device,
+                propagate_error=request.propagate_error,
+                true_sequential=request.true_sequential,
+                progress=report,
+                residency=residency,
+                twin=check.twin if check else None,
+            ),
+        )
+
+    if request.out_path is None:
+        outcome = calibrate(InMemory(torch.device("cpu"), compute))
+    else:
+        targets = [n for n, m in loaded.named_modules() if compressor.is_target(n, m)]
+        schemes = [request.quantization] if request.quantization else []
+        with CheckpointWriter(
+            request.out_path,
+            loaded,
+            assign_schemes(loaded, targets, schemes) if schemes else {},
+            compressor.quantized,
+            dtype=storage,
+            pruned=targets if request.target_sparsity is not None else (),
+            max_shard_size=request.max_shard_size,
+            overwrite=request.overwrite,
+        ) as writer:
+            assert request.source.folder is not None
+            residency = Streamed(loaded, WeightStore(request.source.folder), writer.put, compute)
+            outcome = calibrate(residency)
+            residency.finish()
+            report("write", 0, 1)
+            writer.commit(
+                sparsity=request.target_sparsity,
+                recipe=_recipe(
+                    request, outcome.pipeline, calibration.num_samples, compressor, loaded
+                ),
+                tokenizer_dir=request.source.folder,
+            )
     fallbacks = list(outcome.fallbacks)
     if request.true_sequential and outcome.pipeline != SEQUENTIAL and request.needs_data:
         fallbacks.append(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates each "
             "target in one stage"
-        )
-    if request.out_path is not None:
-        save_compressed(
-            loaded,
-            request.out_path,
-            compressor.quantized,
-            [request.quantization] if request.quantization else [],
-            sparsity=SparsityInfo(request.target_sparsity, tuple(compressor.pruned))
-            if request.target_sparsity is not None
-            else None,
-            recipe=_recipe(request, outcome.pipeline, calibration.num_samples, compressor, loaded),
-            tokenizer_dir=request.source.folder,
-            overwrite=request.overwrite,
         )
     return CompressionResult(
         request.out_path,
@@ -185,17 +230,20 @@ def refuse_weight_changing(source: ModelSource) -> None:
         )
 
 
-def _load(request: CompressRequest) -> torch.nn.Module:
-    """The model with the requested attention kernel, or eager where the architecture lacks it."""
+def _load(request: CompressRequest, streamed: bool) -> torch.nn.Module:
+    """The model (its skeleton when ``streamed``) in the requested dtype, with the requested
+    attention kernel, or eager where the architecture lacks it."""
+    load = build_skeleton if streamed else load_pretrained
     try:
-        loaded = load_pretrained(request.source, request.attn_implementation)
+        return load(request.source, request.attn_implementation, request.dtype)
     except ValueError:
         if request.attn_implementation == "eager":
             raise
-        loaded = load_pretrained(request.source, "eager")
-    if request.dtype is not None:
-        loaded.to(request.dtype)
-    return loaded
+        return load(request.source, "eager", request.dtype)
+
+
+def _stored_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
 def _recipe(

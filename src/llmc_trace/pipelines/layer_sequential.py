@@ -18,6 +18,7 @@ import torch
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
 from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
+from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.pipelines.sequential import PipelineStats
 
@@ -114,29 +115,33 @@ def run_layer_sequential(
     propagate_error: bool = True,
     progress: Progress | None = None,
     forward_kwargs: dict[str, Any] | None = None,
+    residency: Residency | None = None,
 ) -> PipelineStats:
     """Run each target over every batch's captured call, feeding outputs forward.
 
-    Only one target and one batch's call sit on ``device`` at a time: the model's head runs
-    where the model is to capture the calls, which then wait on ``offload_device``, with the
-    arguments every batch shares (mask, rotary tables) stored once.
+    Only one target and one batch's call sit on ``device`` at a time, besides the modules
+    outside every target (embeddings, final norm, head), which come in first to capture the
+    calls; the calls then wait on ``offload_device``, with the arguments every batch shares
+    (mask, rotary tables) stored once.
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
     report = progress or no_progress
     kwargs = forward_kwargs or {}
-    home = next(model.parameters()).device
+    residency = residency or InMemory(offload)
+    inside = {id(m) for target in targets for m in target.modules()}
+    outside = [m for m in model.modules() if id(m) not in inside]
+    residency.prepare([outside, *(list(target.modules()) for target in targets)])
+    residency.enter(outside, device)
     calls: list[TargetCall] = []
     for batch in batches:
-        call = capture_first_inputs(model, targets[0], move(batch, home), kwargs)
+        call = capture_first_inputs(model, targets[0], move(batch, device), kwargs)
         calls.append(share_with(move_call(call, offload), calls[0] if calls else None))
     stats = PipelineStats()
-    on_device = device != offload
     for position, target in enumerate(targets):
         label = f"target {position + 1}/{len(targets)}"
         named = named_submodules(model, list(target.modules()))
-        if on_device:
-            target.to(device)
+        residency.enter(list(target.modules()), device)
         # as in sequential: a calibration pass that a propagation pass will follow keeps no
         # outputs, and the pass that keeps them replaces each batch's call as it goes
         will_propagate = propagate_error and position < len(targets) - 1
@@ -157,9 +162,9 @@ def run_layer_sequential(
         if will_propagate:
             _run_target(target, calls, device, offload, label + " · propagate", report)
         stats.passes.append(2 if will_propagate else 1)
-        if on_device:
-            target.to(offload)
+        residency.leave(list(target.modules()))
         release_free_memory()
+    residency.leave(outside)
     return stats
 
 

@@ -9,6 +9,7 @@ preference runs instead, and the reason is kept for the report.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from llmc_trace.errors import LlmcTraceError
 from llmc_trace.pipelines.basic import run_basic, run_data_free
 from llmc_trace.pipelines.callbacks import Callbacks
 from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_layer_sequential
+from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.pipelines.sequential import PipelineStats, run_sequential
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.guards import check_guards, input_signature
@@ -37,6 +39,9 @@ class Calibration:
 
     ``traced`` is the model to calibrate, traced on ``batches[0]`` (its ``model`` is the one
     whose weights change); the leaf plan names the sequential targets even when tracing failed.
+    ``residency`` says where the weights are (:mod:`~llmc_trace.pipelines.residency`; default:
+    in memory); ``twin``, the tiny twin of the same trace, is where checks that need a whole
+    forward pass run (layer_sequential's exactness), never on the full-size model.
     """
 
     traced: TracedModel
@@ -46,6 +51,8 @@ class Calibration:
     propagate_error: bool = True
     true_sequential: bool = False
     progress: Progress = field(default=no_progress)
+    residency: Residency | None = None
+    twin: TracedModel | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -77,14 +84,22 @@ def fallback_order(chosen: str, available: list[str]) -> list[str]:
 
 
 def run_pipelines(order: list[str], calibration: Calibration) -> PipelineOutcome:
-    """Run the first pipeline of ``order`` that succeeds (see the module docstring)."""
+    """Run the first pipeline of ``order`` that succeeds (see the module docstring).
+
+    A pipeline that failed after compressing a part has no fallback: the next one would
+    compress that part again (and, streamed, part of the checkpoint is written already).
+    """
     fallbacks: list[str] = []
+    residency = calibration.residency or InMemory(torch.device("cpu"))
+    run = dataclasses.replace(calibration, residency=residency)
     for name in order:
         try:
-            return PipelineOutcome(name, RUNNERS[name](calibration), fallbacks)
+            return PipelineOutcome(name, RUNNERS[name](run), fallbacks)
         except (torch.OutOfMemoryError, LlmcTraceError):
             raise  # memory is the plan's business; a compressor's error is not the pipeline's
         except Exception as err:  # fall back, saying why; never on out-of-memory
+            if residency.left_any:
+                raise
             logger.warning(
                 "pipeline %s failed (%s: %s); falling back", name, type(err).__name__, err
             )
@@ -136,12 +151,13 @@ def _sequential(run: Calibration) -> PipelineStats:
         propagate_error=run.propagate_error,
         true_sequential=run.true_sequential,
         progress=run.progress,
+        residency=run.residency,
     )
 
 
 def _layer_sequential(run: Calibration) -> PipelineStats:
     targets, forward_kwargs = run.target_modules(), run.forward_kwargs()
-    problems = check_layer_sequential(run.model, targets, run.batches[0], forward_kwargs)
+    problems = _layer_sequential_problems(run)
     if problems:
         raise RuntimeError("layer_sequential is not exact here: " + "; ".join(problems))
     return run_layer_sequential(
@@ -153,7 +169,18 @@ def _layer_sequential(run: Calibration) -> PipelineStats:
         propagate_error=run.propagate_error,
         progress=run.progress,
         forward_kwargs=forward_kwargs,
+        residency=run.residency,
     )
+
+
+def _layer_sequential_problems(run: Calibration) -> list[str]:
+    """layer_sequential's exactness, checked on the twin (the same code at a tiny size) when
+    there is one: a check on the full-size model would run all of it at once."""
+    checked = run.twin or run.traced
+    model = checked.model
+    targets = [model.get_submodule(path) for path in checked.leaves.targets]
+    batch = checked.sample if run.twin is not None else run.batches[0]
+    return check_layer_sequential(model, targets, batch, concrete_arguments(model, batch))
 
 
 def _basic(run: Calibration) -> PipelineStats:
@@ -165,12 +192,18 @@ def _basic(run: Calibration) -> PipelineStats:
         device=run.device,
         progress=run.progress,
         forward_kwargs=run.forward_kwargs(),
+        residency=run.residency,
     )
 
 
 def _data_free(run: Calibration) -> PipelineStats:
-    # the callbacks pick their targets among every module of the model
-    return run_data_free(run.model, [run.model], run.callbacks)
+    return run_data_free(
+        run.model,
+        run.target_modules(),
+        run.callbacks,
+        device=run.device,
+        residency=run.residency,
+    )
 
 
 def _rank(name: str) -> int:

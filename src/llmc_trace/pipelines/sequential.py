@@ -1,13 +1,15 @@
 """The sequential pipeline: calibrate subgraph by subgraph over the verified partition.
 
-For each subgraph: onload its modules, run every batch once with the callbacks listening
+For each subgraph: bring its modules in (:mod:`~llmc_trace.pipelines.residency`: moved to the
+device, or read from the checkpoint), run every batch once with the callbacks listening
 (calibration), let the callbacks compress, and, with error propagation on, run the batches
 again so the next subgraph sees the *compressed* outputs. A subgraph that no callback wants
 runs once, with nobody listening, to feed later ones; the last subgraph a callback wants is
 not propagated, and the ones after it (the head: norm, ``lm_head``, logits) do not run at
 all. Nothing runs that cannot change anything.
 
-Memory: only one subgraph's modules sit on the device at a time; intermediates wait on the
+Memory: only one subgraph's modules sit on the device at a time (and, streamed, in memory at
+all); intermediates wait on the
 offload device (see :class:`~llmc_trace.pipelines.cache.IntermediatesCache`). A calibration
 pass that a propagation pass will follow keeps no outputs (they would be stale), and the pass
 that keeps them drops each batch's consumed inputs as soon as that batch is done, so the cache
@@ -16,7 +18,6 @@ holds one set of hidden states plus one batch, never two sets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
+from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
 
 
@@ -36,11 +38,6 @@ class PipelineStats:
     passes: list[int] = field(default_factory=list)
     peak_cache_bytes: int = 0
     shared_names: list[str] = field(default_factory=list)
-
-
-def _onload(modules: Sequence[torch.nn.Module], device: torch.device) -> None:
-    for module in modules:
-        module.to(device)
 
 
 def run_sequential(
@@ -54,11 +51,13 @@ def run_sequential(
     propagate_error: bool = True,
     true_sequential: bool = False,
     progress: Progress | None = None,
+    residency: Residency | None = None,
 ) -> PipelineStats:
     """Run ``subgraphs`` over ``batches`` (see the module docstring); returns statistics.
 
     With ``true_sequential`` (and error propagation), a subgraph's layers are calibrated in
-    dependency stages (:mod:`~llmc_trace.pipelines.stages`).
+    dependency stages (:mod:`~llmc_trace.pipelines.stages`). ``residency`` says where the
+    weights are (default: in memory, moved between ``offload_device`` and ``device``).
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
@@ -67,18 +66,18 @@ def run_sequential(
     cache = IntermediatesCache.from_batches(inputs, offload)
     release_free_memory()  # what loading and tracing freed would count towards our peak
     stats = PipelineStats()
-    on_device = device != offload
+    residency = residency or InMemory(offload)
     modules_of = [s.submodules(model) for s in subgraphs]
     named_of = [named_submodules(model, modules) for modules in modules_of]
     wanted = [position for position, named in enumerate(named_of) if callbacks.wants(named)]
     last = wanted[-1] if wanted else -1  # later subgraphs can change nothing anybody sees
+    residency.prepare(modules_of[: last + 1])
     for position, subgraph in enumerate(subgraphs[: last + 1]):
         label = f"subgraph {position + 1}/{last + 1}"
         if subgraph.targets:
             label += f" · {subgraph.targets[0]}"
         modules, named = modules_of[position], named_of[position]
-        if on_device:
-            _onload(modules, device)
+        residency.enter(modules, device)
         listening = position in wanted
         # When a propagation pass will follow, the calibration pass's outputs would be stale:
         # they are not kept, so the cache never holds two sets of hidden states.
@@ -116,8 +115,7 @@ def run_sequential(
             passes += 1
         stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
         stats.passes.append(passes)
-        if on_device:
-            _onload(modules, offload)
+        residency.leave(modules)
         release_free_memory()
     stats.passes.extend([0] * (len(subgraphs) - last - 1))
     stats.shared_names = sorted(cache.shared_names)

@@ -14,7 +14,12 @@ no score matrix, so there the scores term is an upper bound.
 The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
 float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one), found by
 running each target once on ``meta``; one solver call's working memory on the device; and the
-integer weights kept on the host until the checkpoint is written.
+integer weights kept on the host until their module is written (or, in memory, to the end).
+
+Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
+holds every weight in the checkpoint's dtype and the device one group in the compute dtype;
+streamed, the host holds one group's pages of the checkpoint while it is read and nothing
+after. On a CPU run the device *is* the host, so the host figure includes the device's.
 """
 
 from __future__ import annotations
@@ -42,13 +47,34 @@ class RunSettings:
     samples: int
     seq_len: int
     batch_size: int = 1
-    dtype_bytes: int = 2
+    dtype_bytes: int = 2  # the compute dtype: weights on the device, activations
+    storage_bytes: int = 2  # the checkpoint's dtype: weights on the host
     hessian_bytes_per_column2: int = 4  # a float32 Hessian: cols² × 4 bytes per distinct input
     needs_data: bool = True
     #: Host bytes kept per compressed weight until the checkpoint is written: the int8 grid
     #: values (scales add under 2 % at group 128); the dense weight stays in its module, on a
     #: GPU run too. Pruning alone keeps nothing.
     kept_bytes_per_weight: float = 1.0
+    #: Weights read from the checkpoint part by part (compress with an output folder).
+    streamed: bool = False
+    #: Calibration runs on the CPU: device and host are one memory.
+    device_is_host: bool = False
+
+    def host_bytes(
+        self, device: int, group: int, weights: int, cache: int, kept: int, kept_group: int
+    ) -> int:
+        """Host peak from the device peak and the weights: ``group`` is the largest group's
+        parameter count times ``dtype_bytes`` (what the device holds of it), ``weights`` all
+        of the model's at ``storage_bytes`` (see the module docstring)."""
+        staged = group * self.storage_bytes // self.dtype_bytes  # its checkpoint pages
+        if self.streamed:
+            held = kept_group + (max(device, group + staged) if self.device_is_host else staged)
+            return cache + held
+        on_host = weights + kept
+        if self.device_is_host:  # the group's weights are the host's, cast when dtypes differ
+            shared = staged if self.storage_bytes == self.dtype_bytes else 0
+            on_host += device - shared
+        return cache + on_host
 
 
 @dataclass(frozen=True)
@@ -72,13 +98,20 @@ class CompressorCost:
 
 
 def scaled_bytes(
-    value: Any, batch: int, seq: int, traced: tuple[int, int] = (PLAN_BATCH, PLAN_SEQ)
+    value: Any,
+    batch: int,
+    seq: int,
+    traced: tuple[int, int] = (PLAN_BATCH, PLAN_SEQ),
+    float_bytes: int | None = None,
 ) -> int:
     """Bytes of ``value`` at the run's batch and sequence size, from its size at ``traced``
-    ``(batch, sequence)`` (see module docstring)."""
+    ``(batch, sequence)`` (see module docstring); floating tensors at ``float_bytes`` per
+    element when given (activations in the compute dtype, not the traced one)."""
     traced_batch, traced_seq = traced
     if isinstance(value, torch.Tensor):
         factor = 1.0
+        if float_bytes and value.is_floating_point():
+            factor = float_bytes / value.element_size()
         for i, dim in enumerate(value.shape):
             if dim == traced_seq:
                 factor *= seq / traced_seq
@@ -86,9 +119,9 @@ def scaled_bytes(
                 factor *= batch / traced_batch
         return int(value.numel() * value.element_size() * factor)
     if isinstance(value, dict):
-        return sum(scaled_bytes(v, batch, seq, traced) for v in value.values())
+        return sum(scaled_bytes(v, batch, seq, traced, float_bytes) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(scaled_bytes(v, batch, seq, traced) for v in value)
+        return sum(scaled_bytes(v, batch, seq, traced, float_bytes) for v in value)
     return 0
 
 
@@ -226,14 +259,17 @@ def estimate_pipelines(
     """
     batches = -(-settings.samples // settings.batch_size)
     b, s = settings.batch_size, settings.seq_len
-    weights = parameter_bytes(list(model.modules()), settings.dtype_bytes)
+    compute = settings.dtype_bytes
+    modules = list(model.modules())
+    weights = parameter_bytes(modules, settings.storage_bytes)
     targets = _target_modules(model, partitioned)
     costs = compressor_costs(model, partitioned, settings)
     kept = sum(c.kept_bytes for c in costs)
+    kept_one = max((c.kept_bytes for c in costs), default=0)
     solver = max((c.solver_bytes for c in costs), default=0)
-    working = layer_working_bytes(model.config, b, s, settings.dtype_bytes)
+    working = layer_working_bytes(model.config, b, s, compute)
     text = getattr(model.config, "text_config", None) or model.config
-    hidden_state = b * s * getattr(text, "hidden_size", 0) * settings.dtype_bytes
+    hidden_state = b * s * getattr(text, "hidden_size", 0) * compute
     logits = b * s * _vocab(model.config) * 4
     estimates = []
     if partitioned is not None:
@@ -242,42 +278,53 @@ def estimate_pipelines(
                 model, partitioned, settings, batches, weights, costs, working, invariant, traced
             )
         )
-    largest_target = max(
-        (parameter_bytes(list(t.modules()), settings.dtype_bytes) for t in targets), default=0
-    )
-    varying, shared = _target_arguments(partitioned, invariant, b, s, traced)
+    largest_target = max((parameter_bytes(list(t.modules()), compute) for t in targets), default=0)
+    inside = {id(m) for t in targets for m in t.modules()}
+    outside = parameter_bytes([m for m in modules if id(m) not in inside], compute)
+    varying, shared = _target_arguments(partitioned, invariant, b, s, traced, compute)
     # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
     # replaces each call's hidden states as it goes, so one batch's output comes on top
     calls = batches * (hidden_state + varying) + shared + hidden_state
+    device = (
+        outside
+        + largest_target
+        + max((c.hessian_bytes for c in costs), default=0)
+        + solver
+        + working
+        + 2 * hidden_state
+        + varying
+        + shared
+    )
     estimates.append(
         PipelineEstimate(
             LAYER_SEQUENTIAL,
-            device_bytes=largest_target
-            + max((c.hessian_bytes for c in costs), default=0)
-            + solver
-            + working
-            + 2 * hidden_state
-            + varying
-            + shared,
-            host_bytes=weights + calls + kept,
+            device_bytes=device,
+            host_bytes=settings.host_bytes(
+                device, outside + largest_target, weights, calls, kept, kept_one
+            ),
             cache_bytes=calls,
-            detail="one target and one batch on the device; every batch's call on the host",
+            detail="one target and one batch on the device, with the modules outside the "
+            "targets; every batch's call on the host",
         )
     )
+    everything = parameter_bytes(modules, compute)
+    device = everything + sum(c.hessian_bytes for c in costs) + solver + working + logits
     estimates.append(
         PipelineEstimate(
             BASIC,
-            device_bytes=weights + sum(c.hessian_bytes for c in costs) + solver + working + logits,
-            host_bytes=weights + kept,
+            device_bytes=device,
+            host_bytes=settings.host_bytes(device, everything, weights, 0, kept, kept),
             cache_bytes=0,
-            detail="the whole model and every compressor's state on the device at once",
+            detail="the whole model and every compressor's state on the device at once "
+            "(streamed or not, it reads every weight before it starts)",
         )
     )
+    device = max(largest_target, outside)
     estimates.append(
         PipelineEstimate(
             DATA_FREE,
-            device_bytes=largest_target,
-            host_bytes=weights + kept,
+            device_bytes=device,
+            host_bytes=settings.host_bytes(device, device, weights, 0, kept, kept_one),
             cache_bytes=0,
             detail="weights only, one target at a time",
         )
@@ -300,30 +347,32 @@ def _sequential(
     an input the same subgraph consumes takes that input's slab over row by row; any other
     output needs a slab of its own while the consumed inputs' slabs are still held."""
     b, s = settings.batch_size, settings.seq_len
+    compute = settings.dtype_bytes
+
+    def size(value: Any) -> int:
+        return scaled_bytes(value, b, s, traced, compute)
+
     values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
     cost_of = dict(zip(partitioned.trace.leaves.targets, costs))
     live = {  # the batches' model inputs are cached from the start
-        n.name: scaled_bytes(values.get(n.name), b, s, traced) * batches
+        n.name: size(values.get(n.name)) * batches
         for n in partitioned.trace.graph.nodes
         if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
     }
-    peak_cache = 0
-    peak_device = 0
+    peak_cache = peak_device = peak_host = 0
     for subgraph in partitioned.subgraphs:
-        param_bytes = parameter_bytes(subgraph.submodules(model), settings.dtype_bytes)
+        group = parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         state = sum(c.hessian_bytes for c in mine) + max((c.solver_bytes for c in mine), default=0)
-        io = sum(
-            scaled_bytes(values.get(n), b, s, traced)
-            for n in subgraph.input_names + subgraph.output_names
-        )
+        io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
         layer = working if subgraph.targets else 0
-        peak_device = max(peak_device, param_bytes + state + io + layer)
+        device = group + state + io + layer
+        peak_device = max(peak_device, device)
         donors = [_signature(values.get(n)) for n in subgraph.consumed_names if n in live]
         before = sum(live.values())
         added = 0
         for name in subgraph.output_names:
-            per_batch = scaled_bytes(values.get(name), b, s, traced)
+            per_batch = size(values.get(name))
             live[name] = per_batch if name in invariant else per_batch * batches
             signature = _signature(values.get(name))
             if name not in invariant and signature is not None and signature in donors:
@@ -331,13 +380,19 @@ def _sequential(
             else:
                 added += live[name]
         peak_cache = max(peak_cache, before + added)
+        kept_here = sum(c.kept_bytes for c in mine)
+        peak_host = max(
+            peak_host,
+            settings.host_bytes(device, group, weights, before + added, 0, kept_here),
+        )
         for name in subgraph.consumed_names:
             live.pop(name, None)
-    kept = sum(c.kept_bytes for c in costs)
+    if not settings.streamed:  # in memory, every compressed layer's integers stay to the end
+        peak_host += sum(c.kept_bytes for c in costs)
     return PipelineEstimate(
         SEQUENTIAL,
         device_bytes=peak_device,
-        host_bytes=weights + peak_cache + kept,
+        host_bytes=peak_host,
         cache_bytes=peak_cache,
         detail="one subgraph on the device; cross-subgraph values of every batch on the host",
     )
@@ -353,6 +408,7 @@ def _target_arguments(
     batch: int,
     seq: int,
     traced: tuple[int, int],
+    float_bytes: int,
 ) -> tuple[int, int]:
     """Bytes of a target's arguments besides the hidden states (mask, rotary tables):
     ``(per batch, once)``, as layer_sequential stores them (shared when equal for all)."""
@@ -361,7 +417,7 @@ def _target_arguments(
     first = partitioned.trace.target_nodes[0]
     varying = shared = 0
     for node in first.all_input_nodes[1:]:
-        size = scaled_bytes(node.meta.get("val"), batch, seq, traced)
+        size = scaled_bytes(node.meta.get("val"), batch, seq, traced, float_bytes)
         if node.name in invariant:
             shared += size
         else:

@@ -60,7 +60,7 @@ def verify_on_weights(traced: TracedModel, modality: str, options: SampleOptions
     """Load the folder's real weights, trace that model the same way and replay it."""
     source = _source_of(traced)
     start = time.perf_counter()
-    model = load_pretrained(source)
+    model = load_pretrained(source, dtype=torch.float32)
     return _check(
         traced, model, modality, options, "real weights", {"load_s": time.perf_counter() - start}
     )
