@@ -30,16 +30,19 @@ def test_checkpoint_reloads_in_transformers_with_our_numbers(
     shared = [layer for layer in result.layers if layer.shares_hessian_with]
     assert {layer.name.rsplit(".", 1)[1] for layer in shared} == {"k_proj", "v_proj", "up_proj"}
 
+    assert all(p.is_meta for p in result.model.parameters())  # streamed: nothing held
+
+    # the streamed run's checkpoint is the model the in-memory run computes
+    in_memory = compress(
+        CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
+    )
+    assert [r.loss for r in in_memory.layers] == [r.loss for r in result.layers]
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = torch.as_tensor(np.load(data)[:4], dtype=torch.long)
     with torch.no_grad():
-        ours = result.model.float()(input_ids=tokens).logits
+        ours = in_memory.model(input_ids=tokens).logits
         theirs = reloaded(input_ids=tokens).logits
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
-    again = compress(
-        CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
-    )
-    assert [r.loss for r in again.layers] == [r.loss for r in result.layers]  # deterministic
 
 
 def test_true_sequential_calibrates_in_stages_and_says_so(
@@ -72,12 +75,12 @@ def test_interrupted_write_leaves_no_folder(
     saved_llama: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder, data = saved_llama
-    from llmc_trace.checkpoint import writer
+    from llmc_trace.checkpoint import shards
 
     def explode(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer, "save_file", explode)
+    monkeypatch.setattr(shards.ShardedSafetensors, "put", explode)
     with pytest.raises(KeyboardInterrupt):
         compress(
             CompressRequest(

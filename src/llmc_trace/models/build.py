@@ -13,8 +13,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
-from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.models.weights import check_weight_files, shape_mismatches
+from llmc_trace.models.weight_store import WeightStore, stored_names
+from llmc_trace.models.weights import check_weight_files, missing_tensors, shape_mismatches
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
 AUTO_CLASSES = (
@@ -124,6 +124,7 @@ def build_skeleton(
             attn_implementation=attn_implementation,
             dtype=dtype or checkpoint_dtype(config, store),
         )
+    stored_names(model, store)  # refuses missing and misshapen tensors before any work
     saved = [name for name, _ in model.named_buffers() if name in store]
     for name, value in store.read(saved).items():
         owner, _, attr = name.rpartition(".")
@@ -193,13 +194,7 @@ def load_pretrained(
         ) from err
     missing = sorted(info["missing_keys"])
     if missing:
-        raise BadInputError(
-            f"{source.folder} lacks {len(missing)} tensor(s) its config.json needs "
-            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); loading it "
-            "would fill them with random values.",
-            hint="Re-save the checkpoint whole; a checkpoint is only usable complete.",
-            param="model",
-        )
+        raise missing_tensors(source.folder, missing)
     prepare_config(model.config)
     return model.eval()
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from llmc_trace.models.weights import check_weight_files
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.weights import check_weight_files, missing_tensors
 
 #: safetensors' dtype names, as written in the headers.
 _DTYPES = {
@@ -89,3 +90,33 @@ class WeightStore:
                         tensor = tensor.to(dtype)
                     out[name] = tensor.to(device)
         return out
+
+
+def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:
+    """For each parameter of ``model`` (under its first name), the name ``store`` holds it
+    under (a tied parameter may be saved under any of its names); raises
+    :class:`~llmc_trace.errors.BadInputError` for a tensor the files lack or shape otherwise."""
+    aliases: dict[int, list[str]] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+        shapes[id(param)] = tuple(param.shape)
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    for identity, names in aliases.items():
+        stored = next((name for name in names if name in store), None)
+        if stored is None:
+            missing.append(names[0])
+            continue
+        if store.tensors[stored].shape != shapes[identity]:
+            raise BadInputError(
+                f"The weights in {store.folder} do not fit its config: {stored} is "
+                f"{store.tensors[stored].shape} in the file, {shapes[identity]} by the config.",
+                hint="Every tensor must have the shape its config.json implies: check that the "
+                "weights and config.json come from the same checkpoint.",
+                param="model",
+            )
+        found[names[0]] = stored
+    if missing:
+        raise missing_tensors(store.folder, sorted(missing))
+    return found

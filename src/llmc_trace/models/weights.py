@@ -85,3 +85,14 @@ def shape_mismatches(
                 if want is not None and got != tuple(want):
                     found.append((name, got, tuple(want)))
     return found
+
+
+def missing_tensors(folder: Path, missing: list[str]) -> BadInputError:
+    """The refusal of a checkpoint that lacks tensors its config needs."""
+    return BadInputError(
+        f"{folder} lacks {len(missing)} tensor(s) its config.json needs "
+        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); loading it "
+        "would fill them with random values.",
+        hint="Re-save the checkpoint whole; a checkpoint is only usable complete.",
+        param="model",
+    )

@@ -30,8 +30,7 @@ from typing import Protocol
 
 import torch
 
-from llmc_trace.errors import BadInputError
-from llmc_trace.models.weight_store import WeightStore
+from llmc_trace.models.weight_store import WeightStore, stored_names
 
 Modules = Sequence[torch.nn.Module]
 
@@ -134,15 +133,10 @@ class Streamed:
         self._dtype: dict[str, torch.dtype] = {}  # the skeleton's, restored on release
         self._source: dict[str, str] = {}  # our name -> the name the checkpoint stores it under
         self._keys_of: dict[int, list[str]] = {}
+        stored_as = stored_names(model, store)
         for identity, aliases in names.items():
             key = aliases[0]
-            stored = next((alias for alias in aliases if alias in store), None)
-            if stored is None:
-                raise BadInputError(
-                    f"{store.folder} has no tensor {key}, which the model's config needs.",
-                    hint="Re-save the checkpoint whole; a checkpoint is only usable complete.",
-                    param="model",
-                )
+            stored = stored_as[key]
             self._slots[key] = owners[identity]
             module, attr = owners[identity][0]
             self._dtype[key] = module._parameters[attr].dtype  # type: ignore[union-attr]

@@ -1,0 +1,79 @@
+"""Compress a checkpoint folder with llm-compressor 0.14 as its users do, and measure it.
+
+Runs inside ``benchmarks/.venv-llmc`` (see ``benchmarks/reference_env.sh``), started by
+``benchmarks/compress_scale.py`` in a fresh process; it imports nothing from llmc-trace. The
+model loads with ``dtype="auto"`` (the checkpoint's own), ``oneshot`` runs GPTQ W4A16 on every
+Linear but ``lm_head`` over the given token rows, and ``save_pretrained(save_compressed=True)``
+writes the compressed-tensors checkpoint: the same work ``llmc-trace compress`` does.
+
+Seconds cover loading, ``oneshot`` and saving; memory is the resident high-water mark (VmHWM)
+over the whole process, and the resident set right after the imports is reported beside it, so
+the caller subtracts the same baseline it subtracts from llmc-trace.
+
+    python compress_scale_llmcompressor.py MODEL_DIR CALIB_ROWS.npy OUT_DIR --threads 2
+
+Prints one line ``RESULT {json}``, or with ``error`` when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("calib_rows", help=".npy token ids, one calibration sample per row")
+    parser.add_argument("out_dir")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+    import transformers  # noqa: F401  (part of the baseline, as for llmc-trace)
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from transformers import AutoModelForCausalLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result: dict[str, object] = {"baseline_rss_bytes": resident_bytes()}
+    try:
+        rows = np.load(args.calib_rows).astype(np.int64)
+        dataset = Dataset.from_dict(
+            {"input_ids": rows.tolist(), "attention_mask": np.ones_like(rows).tolist()}
+        )
+        start = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model_dir, dtype="auto", attn_implementation="sdpa"
+        )
+        model = oneshot(
+            model=model,
+            dataset=dataset,
+            recipe=GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"]),
+            num_calibration_samples=rows.shape[0],
+            max_seq_length=rows.shape[1],
+            shuffle_calibration_samples=False,
+        )
+        model.save_pretrained(args.out_dir, save_compressed=True)
+        result["seconds"] = time.perf_counter() - start
+        result["peak_rss_bytes"] = peak_rss_since_reset()
+    except Exception as err:  # a failed reference run is a result to report, not a crash
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        message = str(err).strip().splitlines()
+        result["error"] = f"{type(err).__name__}: {message[-1] if message else ''}{where}"
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

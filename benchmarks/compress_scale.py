@@ -1,0 +1,269 @@
+"""Compress bf16 Llamas of growing size: seconds, memory against the plan, checkpoint bytes.
+
+For each size, a random-weight bf16 Llama is built once and cached under
+``benchmarks/.cache/scale/`` (``--cache`` elsewhere); then, each in a fresh process, llmc-trace's
+``compress`` (GPTQ W4A16, 16 samples of 256 tokens) and, where ``benchmarks/.venv-llmc`` exists,
+llm-compressor 0.14 on the same folder and token rows (``_reference/compress_scale_llmcompressor.py``:
+``dtype="auto"``, ``oneshot``, ``save_pretrained(save_compressed=True)``).
+
+Per size it prints: seconds (the whole call: loading, tracing, calibrating, writing; theirs:
+loading, ``oneshot``, saving); the peak resident set and its growth over the same process's
+resident set after ``import torch, transformers`` (and ``llmc_trace``); the checkpoint's bytes
+against the ideal W4A16 size (int4 packed, bf16 group scales, every other tensor in bf16); the
+plan's host (and, on a GPU, device) estimate against the measured peak growth (and
+``torch.cuda.max_memory_allocated``).
+
+Targets: at the largest size, our growth at most 0.25x the checkpoint's bf16 bytes + 256 MiB
+and at most half of llm-compressor's; seconds no worse than llm-compressor's; checkpoint within
+3 % of ideal; plan within 25 % of each measured peak.
+
+    python benchmarks/compress_scale.py                  # 0.1B, 0.4B, 1.6B (~40 min on 2 cores)
+    python benchmarks/compress_scale.py --sizes 0.1B     # one size
+    python benchmarks/compress_scale.py --sizes 8B       # Llama-3.1-8B's shape (for a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
+
+REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
+REFERENCE_SCRIPT = HERE / "_reference" / "compress_scale_llmcompressor.py"
+MiB = 2**20
+GiB = 2**30
+SAMPLES, SEQ_LEN = 16, 256
+
+#: Llama shapes: (hidden, intermediate, layers, heads, kv heads, vocabulary).
+SIZES = {
+    "0.1B": (768, 2048, 12, 12, 4, 32000),
+    "0.4B": (1536, 4096, 12, 12, 4, 32000),
+    "1.6B": (2048, 5632, 32, 16, 4, 32000),
+    "8B": (4096, 14336, 32, 32, 8, 128256),
+}
+
+
+def build(name: str, folder: Path) -> None:
+    """A random bf16 Llama of shape ``SIZES[name]`` saved in ``folder`` (once)."""
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, inner, layers, heads, kv, vocab = SIZES[name]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inner,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    model = LlamaForCausalLM(config)
+    partial = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(partial)
+    rows = np.random.default_rng(0).integers(0, vocab, (SAMPLES, SEQ_LEN), dtype=np.int64)
+    np.save(partial / "calib.npy", rows)
+    os.replace(partial, folder)
+
+
+def ideal_bytes(folder: Path) -> tuple[int, int]:
+    """(ideal W4A16 checkpoint bytes, the model's bf16 bytes), from its config on ``meta``."""
+    import torch
+
+    from llmc_trace.compress.scheme import W4A16
+    from llmc_trace.models.build import build_meta_model
+    from llmc_trace.models.source import resolve_model
+
+    model = build_meta_model(resolve_model(str(folder)), dtype=torch.bfloat16)
+    ideal = bf16 = 0
+    quantized = set()
+    for name, module in model.named_modules():
+        if W4A16.is_target(name, module):
+            rows, cols = module.weight.shape
+            ideal += rows * cols // 2 + rows * (cols // 128) * 2 + 16
+            quantized.add(id(module.weight))
+    for param in {id(p): p for p in model.parameters()}.values():
+        bf16 += param.numel() * 2
+        if id(param) not in quantized:
+            ideal += param.numel() * 2
+    return ideal, bf16
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def ours(spec: dict[str, Any]) -> dict[str, Any]:
+    """One ``compress`` in this fresh process."""
+    import torch
+    import transformers  # noqa: F401
+
+    import llmc_trace  # noqa: F401
+    from llmc_trace.oneshot import CompressRequest, compress
+
+    torch.set_num_threads(spec["threads"])
+    baseline = resident_bytes()
+    cuda = torch.cuda.is_available()
+    request = CompressRequest(
+        spec["model"],
+        spec["data"],
+        spec["out"],
+        samples=SAMPLES,
+        seq_len=SEQ_LEN,
+        max_shard_size=spec["max_shard_size"],
+    )
+    start = time.perf_counter()
+    result = compress(request)
+    seconds = time.perf_counter() - start
+    chosen = result.plan.estimate(result.pipeline)
+    layers = sum(1 for passes in result.stats.passes if passes)
+    return {
+        "seconds": seconds,
+        "seconds_per_layer": seconds / max(layers, 1),
+        "baseline_rss_bytes": baseline,
+        "peak_rss_bytes": peak_rss_since_reset(),
+        "device_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "plan_host_bytes": chosen.host_bytes,
+        "plan_device_bytes": chosen.device_bytes,
+        "pipeline": result.pipeline,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+    }
+
+
+def run(command: list[str], what: str) -> dict[str, Any]:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+    child = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
+    if child.returncode != 0 or not lines:
+        tail = (child.stderr or child.stdout).strip().splitlines()[-3:]
+        print(f"  {what}: failed (exit {child.returncode}): {' | '.join(tail)}", flush=True)
+        return {"error": tail[-1] if tail else f"exit {child.returncode}"}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def mib(count: float | None) -> str:
+    return "-" if count is None else f"{count / MiB:,.0f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}x"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["0.1B", "0.4B", "1.6B"], choices=SIZES)
+    parser.add_argument("--cache", type=Path, default=HERE / ".cache" / "scale")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--max-shard-size", type=int, default=5 * 10**9)
+    parser.add_argument("--no-reference", action="store_true", help="llmc-trace only")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        try:
+            result = ours(json.loads(args.worker))
+        except Exception as err:  # reported as a result, not a crash
+            result = {"error": f"{type(err).__name__}: {err}"}
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    reference = REFERENCE_PYTHON.exists() and not args.no_reference
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; threads {args.threads}", flush=True)
+    rows = []
+    for name in args.sizes:
+        folder = args.cache / name
+        if not folder.exists():
+            print(f"building {name} in {folder} ...", flush=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import sys; sys.path.insert(0, {str(HERE)!r}); "
+                    f"from compress_scale import build; from pathlib import Path; "
+                    f"build({name!r}, Path({str(folder)!r}))",
+                ],
+                check=True,
+            )
+        ideal, bf16 = ideal_bytes(folder)
+        with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
+            spec = {
+                "model": str(folder),
+                "data": str(folder / "calib.npy"),
+                "out": str(Path(scratch) / "ours"),
+                "threads": args.threads,
+                "max_shard_size": args.max_shard_size,
+            }
+            mine = run([sys.executable, __file__, "--worker", json.dumps(spec)], f"{name} ours")
+            mine["checkpoint_bytes"] = (
+                folder_bytes(Path(spec["out"])) if "error" not in mine else None
+            )
+            theirs: dict[str, Any] = {}
+            if reference:
+                out = Path(scratch) / "theirs"
+                command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(folder)]
+                command += [spec["data"], str(out), "--threads", str(args.threads)]
+                theirs = run(command, f"{name} llm-compressor")
+                if "error" not in theirs:
+                    theirs["checkpoint_bytes"] = folder_bytes(out)
+            shutil.rmtree(scratch, ignore_errors=True)
+        rows.append((name, bf16, ideal, mine, theirs))
+        print(f"  {name}: ours {json.dumps(mine)}", flush=True)
+        if theirs:
+            print(f"  {name}: llm-compressor {json.dumps(theirs)}", flush=True)
+
+    print()
+    print(
+        "| size | bf16 MiB | tool | seconds | s/layer | peak RSS MiB | growth MiB | growth / bf16 "
+        "| checkpoint / ideal | plan host / growth | plan device / device peak |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, bf16, ideal, mine, theirs in rows:
+        for tool, r in (("llmc-trace", mine), ("llm-compressor", theirs)):
+            if not r or "error" in r:
+                if r:
+                    print(f"| {name} | {mib(bf16)} | {tool} | failed: {r['error']} |||||||")
+                continue
+            growth = r["peak_rss_bytes"] - r["baseline_rss_bytes"]
+            print(
+                f"| {name} | {mib(bf16)} | {tool} | {r['seconds']:.1f} | "
+                f"{r.get('seconds_per_layer', 0) and round(r['seconds_per_layer'], 2) or '-'} | "
+                f"{mib(r['peak_rss_bytes'])} | {mib(growth)} | {growth / bf16:.2f} | "
+                f"{ratio(r.get('checkpoint_bytes'), ideal)} | "
+                f"{ratio(r.get('plan_host_bytes'), growth)} | "
+                f"{ratio(r.get('plan_device_bytes'), r.get('device_peak_bytes'))} |"
+            )
+    name, bf16, ideal, mine, theirs = rows[-1]
+    if "error" not in mine:
+        growth = mine["peak_rss_bytes"] - mine["baseline_rss_bytes"]
+        limit = 0.25 * bf16 + 256 * MiB
+        print(
+            f"\n{name}: growth {mib(growth)} MiB, target <= {mib(limit)} MiB: "
+            f"{'met' if growth <= limit else 'MISSED'}"
+        )
+        if theirs and "error" not in theirs:
+            their_growth = theirs["peak_rss_bytes"] - theirs["baseline_rss_bytes"]
+            print(
+                f"{name}: growth ours/theirs {growth / their_growth:.2f} (target <= 0.5); "
+                f"seconds ours/theirs {mine['seconds'] / theirs['seconds']:.2f} (target <= 1)"
+            )
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

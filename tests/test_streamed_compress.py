@@ -1,0 +1,138 @@
+"""``compress`` at real scale, tested small: the checkpoint's dtype end to end, shards in and
+out, and host memory that does not grow with the model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from llmc_trace.oneshot import CompressRequest, compress
+
+
+def bf16_llama(folder: Path, layers: int = 2, hidden: int = 128, **save: object) -> Path:
+    """A random Llama saved in bfloat16 with tied embeddings (``save``: save_pretrained's)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, **save)
+    return folder
+
+
+def stored(folder: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, "pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "calib.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 256, size=(8, 32)))
+    return path
+
+
+def run(model: Path, calib: Path, out: Path | None, **kwargs: object) -> object:
+    return compress(CompressRequest(model, calib, out, samples=8, seq_len=32, **kwargs))
+
+
+def test_bf16_checkpoint_stays_bf16_and_reloads_as_the_in_memory_result(
+    tmp_path: Path, calib: Path
+) -> None:
+    source = bf16_llama(tmp_path / "source")
+    run(source, calib, tmp_path / "out")
+    in_memory = run(source, calib, None).model  # type: ignore[attr-defined]
+
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    tensors = stored(tmp_path / "out")
+    floating = {n: t.dtype for n, t in tensors.items() if t.is_floating_point()}
+    assert floating and set(floating.values()) == {torch.bfloat16}
+    assert any(n.endswith("weight_scale") for n in floating)
+    assert "lm_head.weight" not in tensors  # tied: stored once, tied again when loading
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.dtype == in_memory.dtype == torch.bfloat16
+    tokens = torch.as_tensor(np.load(calib)[:2])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(tokens).logits, in_memory(tokens).logits, rtol=0, atol=0
+        )
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {0o644}
+
+
+def test_sharded_source_and_sharded_output_give_the_single_file_checkpoint(
+    tmp_path: Path, calib: Path
+) -> None:
+    single = bf16_llama(tmp_path / "single")
+    sharded = bf16_llama(tmp_path / "sharded", max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").exists()
+    run(single, calib, tmp_path / "from-single")
+    run(sharded, calib, tmp_path / "from-shards", max_shard_size=60_000)
+
+    shards = sorted(p.name for p in (tmp_path / "from-shards").glob("*.safetensors"))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "from-shards" / "model.safetensors.index.json").read_text())
+    expected, got = stored(tmp_path / "from-single"), stored(tmp_path / "from-shards")
+    assert set(index["weight_map"]) == set(expected) == set(got)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    tokens = torch.as_tensor(np.load(calib)[:2])
+    with torch.no_grad():
+        logits = [
+            AutoModelForCausalLM.from_pretrained(tmp_path / folder)(tokens).logits
+            for folder in ("from-single", "from-shards")
+        ]
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+PEAK_SCRIPT = """
+import json, re, sys
+import torch, transformers, llmc_trace
+from llmc_trace.oneshot import CompressRequest, compress
+def rss(key):
+    return int(re.search(key + r":\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+torch.set_num_threads(1)
+baseline = rss("VmRSS")
+compress(CompressRequest(sys.argv[1], sys.argv[2], sys.argv[3], samples=4, seq_len=32))
+print(json.dumps(rss("VmHWM") - baseline))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_host_memory_does_not_grow_with_depth(tmp_path: Path, calib: Path) -> None:
+    """4 and 16 layers of the same width, each compressed in a fresh process: the peak's growth
+    over the imports differs by far less than the 12 extra layers' bytes (loading the model
+    would add all of them, twice over in float32)."""
+    growth = {}
+    for layers in (4, 16):
+        source = bf16_llama(tmp_path / f"l{layers}", layers=layers, hidden=768)
+        out = tmp_path / f"out{layers}"
+        child = subprocess.run(
+            [sys.executable, "-c", PEAK_SCRIPT, str(source), str(calib), str(out)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        growth[layers] = json.loads(child.stdout.strip().splitlines()[-1])
+    layer_bytes = sum(
+        t.numel() * 2 for n, t in stored(tmp_path / "l16").items() if ".layers.0." in n
+    )
+    assert growth[16] - growth[4] < 12 * layer_bytes / 2, (growth, layer_bytes)
