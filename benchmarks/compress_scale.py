@@ -41,6 +41,7 @@ from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
 
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "compress_scale_llmcompressor.py"
+TOKENIZER = HERE.parents[1] / "shared" / "refmodel"  # any tokenizer: llm-compressor wants one
 MiB = 2**20
 GiB = 2**30
 SAMPLES, SEQ_LEN = 16, 256
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-shard-size", type=int, default=5 * 10**9)
     parser.add_argument("--no-reference", action="store_true", help="llmc-trace only")
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -218,6 +220,7 @@ def main() -> None:
                 out = Path(scratch) / "theirs"
                 command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(folder)]
                 command += [spec["data"], str(out), "--threads", str(args.threads)]
+                command += ["--tokenizer", str(args.tokenizer)]
                 theirs = run(command, f"{name} llm-compressor")
                 if "error" not in theirs:
                     theirs["checkpoint_bytes"] = folder_bytes(out)

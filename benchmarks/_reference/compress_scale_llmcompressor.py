@@ -10,7 +10,10 @@ Seconds cover loading, ``oneshot`` and saving; memory is the resident high-water
 over the whole process, and the resident set right after the imports is reported beside it, so
 the caller subtracts the same baseline it subtracts from llmc-trace.
 
-    python compress_scale_llmcompressor.py MODEL_DIR CALIB_ROWS.npy OUT_DIR --threads 2
+    python compress_scale_llmcompressor.py MODEL_DIR CALIB_ROWS.npy OUT_DIR --tokenizer DIR
+
+``oneshot`` insists on a processor even for token ids; the random models have no tokenizer, so
+``--tokenizer`` names a folder holding one (its vocabulary is never used: the rows are ids).
 
 Prints one line ``RESULT {json}``, or with ``error`` when it fails.
 """
@@ -33,6 +36,7 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("calib_rows", help=".npy token ids, one calibration sample per row")
     parser.add_argument("out_dir")
+    parser.add_argument("--tokenizer", required=True, help="a folder with any tokenizer")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args()
 
@@ -42,7 +46,7 @@ def main() -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.gptq import GPTQModifier
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,6 +64,7 @@ def main() -> None:
             model=model,
             dataset=dataset,
             recipe=GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"]),
+            processor=AutoTokenizer.from_pretrained(args.tokenizer),
             num_calibration_samples=rows.shape[0],
             max_seq_length=rows.shape[1],
             shuffle_calibration_samples=False,

@@ -1,11 +1,13 @@
 """``WeightStore``: a checkpoint's tensors, read from its safetensors files only when asked.
 
 A 70B checkpoint is 140 GB; compressing it must never hold it. The store knows every tensor's
-file, dtype and shape from the headers alone (single ``model.safetensors`` and sharded folders
-alike), and :meth:`WeightStore.read` memory-maps the files holding the requested tensors,
-copies those tensors out and unmaps the files again: pages touched through a mapping count in
-the process's resident set for as long as the mapping lives, so a mapping kept open for the
-whole run would grow to the model's size.
+file, offset, dtype and shape from the headers alone (single ``model.safetensors`` and sharded
+folders alike), and :meth:`WeightStore.read` reads each requested tensor's bytes straight into
+a tensor of its own (``os.preadv``), one at a time. Not through a memory map: every page
+touched through a mapping counts in the process's resident set for as long as the mapping
+lives, so reading a group of tensors through one costs their bytes twice (the mapped pages and
+the copy), and a mapping kept open grows to the model's size. Read this way, the only copy is
+the tensor itself; the file's pages stay in the kernel's page cache, which is not ours.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+import json
+import os
 
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.weights import check_weight_files, missing_tensors
@@ -42,6 +45,7 @@ class StoredTensor:
     """Where one tensor lives and what it is, from its file's header."""
 
     file: Path
+    offset: int  # of its first byte in the file
     dtype: torch.dtype
     shape: tuple[int, ...]
 
@@ -59,13 +63,18 @@ class WeightStore:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.tensors: dict[str, StoredTensor] = {}
-        for path in check_weight_files(folder):
-            with safe_open(path, framework="pt") as handle:
-                for name in handle.keys():
-                    piece = handle.get_slice(name)
-                    self.tensors[name] = StoredTensor(
-                        path, _DTYPES[piece.get_dtype()], tuple(piece.get_shape())
-                    )
+        for path in check_weight_files(folder):  # every header is known to parse
+            with path.open("rb") as file:
+                length = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(length))
+            header.pop("__metadata__", None)
+            for name, entry in header.items():
+                self.tensors[name] = StoredTensor(
+                    path,
+                    8 + length + entry["data_offsets"][0],
+                    _DTYPES[entry["dtype"]],
+                    tuple(entry["shape"]),
+                )
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
@@ -77,19 +86,35 @@ class WeightStore:
         dtype: torch.dtype | None = None,
     ) -> dict[str, torch.Tensor]:
         """The tensors ``names``, as fresh tensors on ``device`` (floating ones cast to ``dtype``
-        when given); each file is mapped only while its tensors are copied out."""
+        when given), read one at a time (see the module docstring)."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self.tensors[name].file, []).append(name)
         out: dict[str, torch.Tensor] = {}
         for path, wanted in by_file.items():
-            with safe_open(path, framework="pt") as handle:
+            fd = os.open(path, os.O_RDONLY)
+            try:
                 for name in wanted:
-                    tensor = handle.get_tensor(name)
+                    tensor = _read(fd, self.tensors[name], name)
                     if dtype is not None and tensor.is_floating_point():
                         tensor = tensor.to(dtype)
                     out[name] = tensor.to(device)
+            finally:
+                os.close(fd)
         return out
+
+
+def _read(fd: int, stored: StoredTensor, name: str) -> torch.Tensor:
+    """One tensor's bytes from ``fd`` into a new CPU tensor."""
+    tensor = torch.empty(stored.shape, dtype=stored.dtype)
+    buffer = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    done = 0
+    while done < stored.nbytes:  # one read moves at most about 2 GiB on Linux
+        count = os.preadv(fd, [buffer[done:]], stored.offset + done)
+        if count == 0:
+            raise OSError(f"{stored.file} ends inside tensor {name}")
+        done += count
+    return tensor
 
 
 def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:
