@@ -147,8 +147,10 @@ def ours(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(command: list[str], what: str) -> dict[str, Any]:
+def run(command: list[str], what: str, pythonpath: str | None = None) -> dict[str, Any]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     child = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
     if child.returncode != 0 or not lines:
@@ -174,6 +176,15 @@ def main() -> None:
     parser.add_argument("--max-shard-size", type=int, default=5 * 10**9)
     parser.add_argument("--no-reference", action="store_true", help="llmc-trace only")
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--reference-python",
+        type=Path,
+        default=REFERENCE_PYTHON,
+        help="the Python with llm-compressor (default: benchmarks/.venv-llmc)",
+    )
+    parser.add_argument(
+        "--reference-path", default=None, help="PYTHONPATH for --reference-python only"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -184,7 +195,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    reference = REFERENCE_PYTHON.exists() and not args.no_reference
+    reference = (args.reference_path or args.reference_python.exists()) and not args.no_reference
     print(f"load average at start: {os.getloadavg()[0]:.2f}; threads {args.threads}", flush=True)
     rows = []
     for name in args.sizes:
@@ -218,10 +229,10 @@ def main() -> None:
             theirs: dict[str, Any] = {}
             if reference:
                 out = Path(scratch) / "theirs"
-                command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(folder)]
+                command = [str(args.reference_python), str(REFERENCE_SCRIPT), str(folder)]
                 command += [spec["data"], str(out), "--threads", str(args.threads)]
                 command += ["--tokenizer", str(args.tokenizer)]
-                theirs = run(command, f"{name} llm-compressor")
+                theirs = run(command, f"{name} llm-compressor", args.reference_path)
                 if "error" not in theirs:
                     theirs["checkpoint_bytes"] = folder_bytes(out)
             shutil.rmtree(scratch, ignore_errors=True)

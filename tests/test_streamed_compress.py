@@ -136,3 +136,23 @@ def test_host_memory_does_not_grow_with_depth(tmp_path: Path, calib: Path) -> No
         t.numel() * 2 for n, t in stored(tmp_path / "l16").items() if ".layers.0." in n
     )
     assert growth[16] - growth[4] < 12 * layer_bytes / 2, (growth, layer_bytes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_streamed_and_in_memory_runs_agree_on_cuda(tmp_path: Path, calib: Path) -> None:
+    """On a GPU the forward passes run in bf16 and the weights stream to the device; the
+    checkpoint still reloads as the in-memory run's model, and nothing stays on the device."""
+    source = bf16_llama(tmp_path / "source")
+    cuda = torch.device("cuda")
+    request = CompressRequest(source, calib, tmp_path / "out", samples=8, seq_len=32)
+    compress(request, device=cuda)
+    in_memory = compress(
+        CompressRequest(source, calib, None, samples=8, seq_len=32), device=cuda
+    ).model
+    assert {p.device.type for p in in_memory.parameters()} == {"cpu"}
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    tokens = torch.as_tensor(np.load(calib)[:2])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(tokens).logits, in_memory(tokens).logits, rtol=0, atol=0
+        )
