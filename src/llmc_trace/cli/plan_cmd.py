@@ -44,7 +44,13 @@ def plan(
     data_free: bool,
     as_json: bool,
 ) -> None:
-    """Estimate each pipeline's peak device and host memory for MODEL and choose one."""
+    """Estimate each pipeline's peak device and host memory for MODEL and choose one.
+
+    The plan is for ``compress`` with an output folder (weights streamed from the checkpoint),
+    on a GPU when ``--device-memory`` is given or one is present, else on this CPU.
+    """
+    import torch
+
     from llmc_trace.core.sizes import human_bytes, parse_bytes
     from llmc_trace.plan import RunSettings, plan_source
 
@@ -53,7 +59,14 @@ def plan(
         host = parse_bytes(host_memory, "host_memory") if host_memory else None
         result = plan_source(
             model,
-            RunSettings(samples, seq_len, batch_size, needs_data=not data_free),
+            RunSettings(
+                samples,
+                seq_len,
+                batch_size,
+                needs_data=not data_free,
+                streamed=True,
+                device_is_host=device is None and not torch.cuda.is_available(),
+            ),
             device_memory=device,
             host_memory=host,
         )

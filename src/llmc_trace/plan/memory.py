@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import psutil
 import torch
 
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.models.samples import SampleOptions
+from llmc_trace.pipelines.residency import compute_dtype
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings, estimate_pipelines
 from llmc_trace.plan.invariants import sample_invariant_names
@@ -65,9 +68,17 @@ def plan_source(
     host_memory: int | None = None,
 ) -> MemoryPlan:
     """Trace ``model`` on ``meta`` at the planning sizes (which collide with no model width,
-    so every sequence and batch dimension can be told apart and scaled) and plan it."""
+    so every sequence and batch dimension can be told apart and scaled) and plan it, with the
+    model's own dtype for storage and the compute dtype of the device ``settings`` name."""
     traced = trace_source(
         model, sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
+    )
+    storage = next(p.dtype for p in traced.model.parameters() if p.is_floating_point())
+    device = torch.device("cpu" if settings.device_is_host else "cuda")
+    settings = dataclasses.replace(
+        settings,
+        storage_bytes=storage.itemsize,
+        dtype_bytes=compute_dtype(storage, device).itemsize,
     )
     return plan_memory(traced, settings, device_memory=device_memory, host_memory=host_memory)
 
