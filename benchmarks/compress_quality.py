@@ -159,7 +159,9 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if spec["evaluate"]:
         tokens = np.load(model_dir / "eval.npy")
-        measured["ppl"] = perplexity(result.model, tokens, batch_size=EVAL_BATCH_SIZE).perplexity
+        # the model keeps the checkpoint's bf16; scored in float32 like every other row
+        model = result.model.float()
+        measured["ppl"] = perplexity(model, tokens, batch_size=EVAL_BATCH_SIZE).perplexity
     return measured
 
 

@@ -72,8 +72,8 @@ def run_sequential(
     wanted = [position for position, named in enumerate(named_of) if callbacks.wants(named)]
     last = wanted[-1] if wanted else -1  # later subgraphs can change nothing anybody sees
     if last >= 0:  # the last runs only what is listened to: the head after it stays out
-        final = _listened_part(model, subgraphs[last], callbacks)
-        modules_of[last] = final.submodules(model)
+        last_part = _listened_part(model, subgraphs[last], callbacks)
+        modules_of[last] = last_part.submodules(model)
         named_of[last] = named_submodules(model, modules_of[last])
     residency.prepare(modules_of[: last + 1])
     for position, subgraph in enumerate(subgraphs[: last + 1]):
@@ -89,7 +89,7 @@ def run_sequential(
         stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
         passes = 0
         if listening:
-            part = subgraph if position < last else final
+            part = subgraph if position < last else last_part
             stages = (
                 _stages(model, part, cache, device, named, callbacks)
                 if true_sequential and propagate_error
