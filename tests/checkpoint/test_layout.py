@@ -11,7 +11,8 @@ from compressed_tensors.compressors import (
 )
 from compressed_tensors.quantization import preset_name_to_scheme
 
-from llmc_trace.checkpoint.layout import module_tensors, quantization_config
+from llmc_trace.checkpoint.layout import module_tensor_specs, module_tensors, quantization_config
+from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.compress import W4A16, W4A16_ASYM, W8A8, W8A16, QuantizationScheme, rtn
 
 
@@ -50,6 +51,10 @@ def test_module_tensors_equal_compressed_tensors_compressor(
     for name, tensor in theirs.items():
         assert ours[f"layer.{name}"].dtype == tensor.dtype, name
         assert torch.equal(ours[f"layer.{name}"], tensor), name
+    # what the writer plans before quantizing is what quantizing gives (72 rows: the packed
+    # zero point's rows do not divide evenly)
+    planned = module_tensor_specs("layer", (72, 256), scheme, dtype)
+    assert planned == {name: TensorSpec(t.dtype, tuple(t.shape)) for name, t in ours.items()}
 
 
 def test_w4a16_quantization_config_is_the_documented_layout() -> None:

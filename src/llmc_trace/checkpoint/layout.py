@@ -30,7 +30,7 @@ from compressed_tensors.quantization import QuantizationConfig as CtQuantization
 from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
 
 from llmc_trace.checkpoint.pack import pack_to_int32
-from llmc_trace.checkpoint.shards import TensorSpec
+from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity

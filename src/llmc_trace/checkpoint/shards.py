@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import CheckpointError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -40,21 +41,6 @@ _NAMES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """What a tensor of the checkpoint will be, known before it is computed."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ from llmc_trace.errors import CheckpointError, OutputError
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
-from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors, TensorSpec
+from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
+from llmc_trace.core.sizes import TensorSpec
 
 TOKENIZER_FILES = (
     "added_tokens.json",

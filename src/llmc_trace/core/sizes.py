@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,21 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's dtype and shape, known before (or without) its values."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
 
 
 def value_bytes(value: Any) -> int:

@@ -20,6 +20,7 @@ import torch
 import json
 import os
 
+from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.weights import check_weight_files, missing_tensors
 
@@ -41,20 +42,11 @@ _DTYPES = {
 
 
 @dataclass(frozen=True)
-class StoredTensor:
-    """Where one tensor lives and what it is, from its file's header."""
+class StoredTensor(TensorSpec):
+    """What one tensor is and where it lives, from its file's header."""
 
-    file: Path
-    offset: int  # of its first byte in the file
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.dtype.itemsize
+    file: Path = Path()
+    offset: int = 0  # of its first byte in the file
 
 
 class WeightStore:
@@ -70,10 +62,10 @@ class WeightStore:
             header.pop("__metadata__", None)
             for name, entry in header.items():
                 self.tensors[name] = StoredTensor(
-                    path,
-                    8 + length + entry["data_offsets"][0],
                     _DTYPES[entry["dtype"]],
                     tuple(entry["shape"]),
+                    file=path,
+                    offset=8 + length + entry["data_offsets"][0],
                 )
 
     def __contains__(self, name: object) -> bool:
