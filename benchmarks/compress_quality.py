@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _worker
 import numpy as np
 from _rss import peak_rss_since_reset, reset_peak_rss
 
@@ -228,17 +228,7 @@ def child_environment() -> dict[str, str]:
 
 
 def run_child(command: list[str], what: str) -> dict[str, Any]:
-    """Run one measurement process and return its ``RESULT`` line, or ``{"error": ...}``."""
-    child = subprocess.run(command, capture_output=True, text=True, env=child_environment())
-    lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
-    if child.returncode != 0 or not lines:
-        tail = (child.stderr or child.stdout).strip().splitlines()[-3:]
-        print(f"  {what}: failed (exit {child.returncode}): {' | '.join(tail)}", flush=True)
-        return {"error": tail[-1] if tail else f"exit {child.returncode}"}
-    result = json.loads(lines[-1].removeprefix("RESULT "))
-    if "error" in result:
-        print(f"  {what}: failed: {result['error']}", flush=True)
-    return result
+    return _worker.run_child(command, what, child_environment())
 
 
 def run_worker(kind: str, spec: dict[str, Any], what: str) -> dict[str, Any]:

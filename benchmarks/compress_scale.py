@@ -38,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
+from _worker import failure_text, run_child  # noqa: E402
 
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "compress_scale_llmcompressor.py"
@@ -151,13 +152,7 @@ def run(command: list[str], what: str, pythonpath: str | None = None) -> dict[st
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    child = subprocess.run(command, capture_output=True, text=True, env=env)
-    lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
-    if child.returncode != 0 or not lines:
-        tail = (child.stderr or child.stdout).strip().splitlines()[-3:]
-        print(f"  {what}: failed (exit {child.returncode}): {' | '.join(tail)}", flush=True)
-        return {"error": tail[-1] if tail else f"exit {child.returncode}"}
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return run_child(command, what, env)
 
 
 def mib(count: float | None) -> str:
@@ -186,12 +181,16 @@ def main() -> None:
         "--reference-path", default=None, help="PYTHONPATH for --reference-python only"
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--build", nargs=2, metavar=("SIZE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.build:
+        build(args.build[0], Path(args.build[1]))
+        return
     if args.worker:
         try:
             result = ours(json.loads(args.worker))
         except Exception as err:  # reported as a result, not a crash
-            result = {"error": f"{type(err).__name__}: {err}"}
+            result = {"error": failure_text(err)}
         print("RESULT " + json.dumps(result), flush=True)
         return
 

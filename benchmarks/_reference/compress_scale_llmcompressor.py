@@ -24,11 +24,11 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
+from _worker import failure_text  # noqa: E402
 
 
 def main() -> None:
@@ -73,10 +73,7 @@ def main() -> None:
         result["seconds"] = time.perf_counter() - start
         result["peak_rss_bytes"] = peak_rss_since_reset()
     except Exception as err:  # a failed reference run is a result to report, not a crash
-        frames = traceback.extract_tb(err.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        message = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {message[-1] if message else ''}{where}"
+        result["error"] = failure_text(err)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -36,11 +36,11 @@ import json
 import resource
 import time
 import sys
-import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
 from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
+from _worker import failure_text  # noqa: E402
 
 
 def build_recipe(bits: int, group_size: int):  # type: ignore[no-untyped-def]
@@ -131,10 +131,7 @@ def main() -> None:
                     check = {"input_ids": row, "logits": model(input_ids=row).logits.float()}
             torch.save({"weights": weights, "check": check}, args.save)
     except Exception as err:  # a failed reference run is a result to report, not a crash
-        frames = traceback.extract_tb(err.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        message = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {message[-1] if message else ''}{where}"
+        result["error"] = failure_text(err)
     print("RESULT " + json.dumps(result), flush=True)
 
 

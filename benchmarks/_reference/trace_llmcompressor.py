@@ -22,11 +22,11 @@ import json
 import resource
 import time
 import sys
-import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
 from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
+from _worker import failure_text  # noqa: E402
 
 
 def build_meta_model(config_dir: str, dtype_name: str):  # type: ignore[no-untyped-def]
@@ -82,10 +82,7 @@ def main() -> None:
             if exact and key == "first_s":
                 result["trace_rss_bytes"] = peak_rss_since_reset() - before
     except Exception as err:  # a model llm-compressor cannot trace is a result, not a crash
-        frames = traceback.extract_tb(err.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        message = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {message[-1] if message else ''}{where}"
+        result["error"] = failure_text(err)
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print("RESULT " + json.dumps(result), flush=True)
 

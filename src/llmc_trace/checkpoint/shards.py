@@ -23,24 +23,14 @@ import torch
 
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import CheckpointError
+from llmc_trace.models.weight_store import SAFETENSORS_DTYPES
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 """5 GB, the shard size transformers' ``save_pretrained`` uses by default."""
 
-_NAMES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
+_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 
 
 @dataclass(frozen=True)

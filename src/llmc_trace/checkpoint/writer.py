@@ -57,7 +57,7 @@ from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
-from llmc_trace.core.sizes import TensorSpec
+from llmc_trace.core.sizes import TensorSpec, parameter_dtype
 
 TOKENIZER_FILES = (
     "added_tokens.json",
@@ -97,11 +97,7 @@ def planned_tensors(
     """
     parameters = {id(p) for p in model.parameters()}
     specs: dict[str, TensorSpec] = {}
-    seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
+    for name, tensor in unique_state(model).items():
         prefix, _, attr = name.rpartition(".")
         if attr == "weight" and prefix in assignment:
             specs.update(
@@ -114,13 +110,13 @@ def planned_tensors(
 
 
 def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """`model.state_dict()` with each tied tensor under its first name only."""
+    """`model.state_dict(keep_vars=True)` with each tied tensor under its first name only."""
     seen: set[int] = set()
     state = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
             seen.add(id(tensor))
-            state[name] = tensor.detach()
+            state[name] = tensor
     return state
 
 
@@ -228,39 +224,33 @@ class CheckpointWriter:
         tokenizer_dir: str | Path | None = None,
     ) -> Path:
         """Write the config and the small files, check every tensor arrived, and rename the
-        folder into place (replacing an existing one only now, when overwriting)."""
+        folder into place (replacing an existing one only now, when overwriting). Inside the
+        ``with`` block, so a failure here removes the partial folder too."""
         self._shards.close()
         config_dict = self.config.to_diff_dict()
         config_dict["dtype"] = str(self.dtype).removeprefix("torch.")
-        used = self.schemes
-        if used or sparsity is not None:
+        if self.schemes or sparsity is not None:
             measured = None
             if sparsity is not None:
                 global_sparsity = round(self._zeros / self._counted, 6) if self._counted else 0.0
                 measured = (sparsity, global_sparsity)
-            config_dict["quantization_config"] = quantization_config(used, self.ignore, measured)
-        folder = self.staging
-        try:
-            (folder / "config.json").write_text(
-                json.dumps(config_dict, indent=2, sort_keys=True) + "\n"
+            config_dict["quantization_config"] = quantization_config(
+                self.schemes, self.ignore, measured
             )
-            if self.generation_config is not None:
-                self.generation_config.to_json_file(
-                    folder / "generation_config.json", use_diff=True
-                )
-            if recipe is not None:
-                (folder / "recipe.yaml").write_text(render_recipe(recipe, used, sparsity))
-            if tokenizer_dir is not None:
-                for name in TOKENIZER_FILES:
-                    if (Path(tokenizer_dir) / name).is_file():
-                        shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
-            _make_readable(folder)
-            _replace(self.out_dir, folder)
-        except BaseException as err:
-            self.abort()
-            if isinstance(err, OSError):
-                raise OutputError.writing(self.out_dir, err) from err
-            raise
+        folder = self.staging
+        (folder / "config.json").write_text(
+            json.dumps(config_dict, indent=2, sort_keys=True) + "\n"
+        )
+        if self.generation_config is not None:
+            self.generation_config.to_json_file(folder / "generation_config.json", use_diff=True)
+        if recipe is not None:
+            (folder / "recipe.yaml").write_text(render_recipe(recipe, self.schemes, sparsity))
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
+        _make_readable(folder)
+        _replace(self.out_dir, folder)
         return self.out_dir
 
     def abort(self) -> None:
@@ -312,13 +302,6 @@ def save_compressed(
     ...     sorted(path.name for path in folder.iterdir())
     ['config.json', 'generation_config.json', 'model.safetensors']
     """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise CheckpointError(
-            "the output folder already exists.",
-            hint="choose another folder, or pass overwrite=True to replace it.",
-            location=str(out_dir),
-        )
     dtype = _model_dtype(model)
     assignment = assign_schemes(model, quantized, schemes)
     for name, weight in quantized.items():
@@ -341,7 +324,7 @@ def save_compressed(
                     hint="load the model's weights (onload them) before writing the checkpoint.",
                     location=key,
                 )
-            writer.put(key, value)
+            writer.put(key, value.detach())
         return writer.commit(
             sparsity=sparsity.structure if sparsity is not None else None,
             recipe=recipe,
@@ -350,11 +333,10 @@ def save_compressed(
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's floating-point parameters, which scales are stored in."""
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    raise CheckpointError("the model has no floating-point parameters.", hint="pass the model.")
+    dtype = parameter_dtype(model)
+    if dtype is None:
+        raise CheckpointError("the model has no floating-point parameters.", hint="pass the model.")
+    return dtype
 
 
 def assign_schemes(

@@ -39,6 +39,12 @@ class TensorSpec:
         return count * self.dtype.itemsize
 
 
+def parameter_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the model's floating-point parameters (``None`` if it has none): what a
+    checkpoint of it stores, and its scales are computed in."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
 def value_bytes(value: Any) -> int:
     """Bytes of every tensor in ``value`` (a tensor, or dicts, lists and tuples of them)."""
     if isinstance(value, torch.Tensor):

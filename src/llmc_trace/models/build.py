@@ -14,7 +14,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
 from llmc_trace.models.weight_store import WeightStore, stored_names
-from llmc_trace.models.weights import check_weight_files, missing_tensors, shape_mismatches
+from llmc_trace.models.weights import missing_tensors
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
 AUTO_CLASSES = (
@@ -104,6 +104,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def build_skeleton(
     source: ModelSource,
+    store: WeightStore,
     attn_implementation: str = "eager",
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
@@ -112,10 +113,8 @@ def build_skeleton(
     Unlike :func:`build_meta_model` the buffers computed at init (rotary tables) hold their
     values, so a pipeline that reads each part's parameters from the checkpoint when it runs
     (:class:`~llmc_trace.pipelines.residency.Streamed`) computes what the loaded model would.
-    Persistent buffers the checkpoint stores are read from it.
+    Persistent buffers the checkpoint stores are read from ``store`` (the source's files).
     """
-    assert source.folder is not None
-    store = WeightStore(source.folder)
     config = prepare_config(source.config())
     cls = model_class(config, source.name)
     with _quiet_transformers(), _parameters_on_meta():
@@ -163,21 +162,26 @@ def load_pretrained(
     checkpoint is decompressed by transformers itself, the path a user's code takes.
     """
     assert source.folder is not None
-    files = check_weight_files(source.folder)
+    store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         with _quiet_transformers():
             model, info = cls.from_pretrained(
                 source.folder,
-                dtype=dtype or checkpoint_dtype(source.config(), WeightStore(source.folder)),
+                dtype=dtype or checkpoint_dtype(source.config(), store),
                 use_safetensors=True,
                 output_loading_info=True,
                 **kernel,
             )
     except (RuntimeError, OSError, ValueError) as err:  # shapes that do not fit the config
         expected = {k: tuple(v.shape) for k, v in build_meta_model(source).state_dict().items()}
-        wrong = shape_mismatches(files, expected)
+        # names the model does not have (a compressed checkpoint's packed weights) not compared
+        wrong = [
+            (name, stored.shape, expected[name])
+            for name, stored in store.tensors.items()
+            if name in expected and stored.shape != expected[name]
+        ]
         reason = (
             "; ".join(
                 f"{name} is {got} in the file, {want} by the config"

@@ -12,20 +12,20 @@ the tensor itself; the file's pages stay in the kernel's page cache, which is no
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import json
-import os
 
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.weights import check_weight_files, missing_tensors
 
 #: safetensors' dtype names, as written in the headers.
-_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -62,7 +62,7 @@ class WeightStore:
             header.pop("__metadata__", None)
             for name, entry in header.items():
                 self.tensors[name] = StoredTensor(
-                    _DTYPES[entry["dtype"]],
+                    SAFETENSORS_DTYPES[entry["dtype"]],
                     tuple(entry["shape"]),
                     file=path,
                     offset=8 + length + entry["data_offsets"][0],

@@ -9,7 +9,6 @@ values and only logs it, and a truncated file fails deep inside the loader. Pick
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -66,25 +65,6 @@ def check_weight_files(folder: Path) -> list[Path]:
                 param="model",
             ) from err
     return files
-
-
-def shape_mismatches(
-    files: list[Path], expected: Mapping[str, tuple[int, ...]]
-) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """``(name, shape in the file, shape the config implies)`` of every tensor that differs.
-
-    Read from the headers; names the model does not have (a compressed checkpoint's packed
-    weights and scales) are not compared.
-    """
-    found = []
-    for path in files:
-        with safe_open(path, framework="pt") as handle:
-            for name in handle.keys():
-                want = expected.get(name)
-                got = tuple(handle.get_slice(name).get_shape())
-                if want is not None and got != tuple(want):
-                    found.append((name, got, tuple(want)))
-    return found
 
 
 def missing_tensors(folder: Path, missing: list[str]) -> BadInputError:

@@ -64,7 +64,6 @@ class LayerCompressor:
     refine_passes: int = 0
     storage_dtype: torch.dtype | None = None
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
-    pruned: list[str] = field(default_factory=list)
     results: list[LayerResult] = field(default_factory=list)
     _hessians: dict[str, _SharedHessian] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
@@ -161,7 +160,6 @@ class LayerCompressor:
                 W, H, self.sparsity, quantize=args, blocksize=self.blocksize, percdamp=self.percdamp
             )
             module.weight.data = pruned.weight.to(module.weight.dtype)
-            self.pruned.append(name)
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
             return pruned.loss
@@ -172,7 +170,6 @@ class LayerCompressor:
                 quantized = rtn(weight, args)
                 weight = quantized.weight * (weight != 0)
             module.weight.data = weight.to(module.weight.dtype)
-            self.pruned.append(name)
             return 0.0
         raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
 

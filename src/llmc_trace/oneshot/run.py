@@ -29,6 +29,7 @@ from llmc_trace.checkpoint.recipe import Recipe
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.data import load_calibration
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import build_meta_model, build_skeleton, load_pretrained
@@ -91,9 +92,11 @@ def compress(
     if request.needs_data:
         refuse_weight_changing(request.source)
     report("load", 0, 1)
-    streamed = request.out_path is not None
-    loaded = _load(request, streamed)
-    storage = _stored_dtype(loaded)
+    assert request.source.folder is not None  # a request has weights
+    store = WeightStore(request.source.folder) if request.out_path is not None else None
+    loaded = _load(request, store)
+    storage = parameter_dtype(loaded)
+    assert storage is not None  # loading refuses a model without floating-point weights
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # token ids need no tokenizer (checked against the embedding table instead); the
     # checkpoint copies the tokenizer's files either way
@@ -113,7 +116,7 @@ def compress(
         refine_passes=request.refine_passes,
         storage_dtype=storage,
     )
-    _check_targets(loaded, compressor, request.source.name)
+    targets = _check_targets(loaded, compressor, request.source.name)
     report("trace", 0, 1)
     traced, check = trace_for_calibration(request, loaded, calibration.batches[0])
     compute = compute_dtype(storage, device)
@@ -124,7 +127,8 @@ def compress(
         dtype_bytes=compute.itemsize,
         storage_bytes=storage.itemsize,
         needs_data=request.needs_data,
-        streamed=streamed,
+        kept_bytes_per_weight=0.0 if request.quantization is None else 1.0,
+        streamed=store is not None,
         device_is_host=device.type == "cpu",
     )
     plan = plan_memory(traced, settings, twin=check.twin if check else None)
@@ -147,10 +151,10 @@ def compress(
             ),
         )
 
-    if request.out_path is None:
+    if store is None:
         outcome = calibrate(InMemory(torch.device("cpu"), compute))
     else:
-        targets = [n for n, m in loaded.named_modules() if compressor.is_target(n, m)]
+        assert request.out_path is not None
         schemes = [request.quantization] if request.quantization else []
         with CheckpointWriter(
             request.out_path,
@@ -162,8 +166,7 @@ def compress(
             max_shard_size=request.max_shard_size,
             overwrite=request.overwrite,
         ) as writer:
-            assert request.source.folder is not None
-            residency = Streamed(loaded, WeightStore(request.source.folder), writer.put, compute)
+            residency = Streamed(loaded, store, writer.put, compute)
             outcome = calibrate(residency)
             residency.finish()
             report("write", 0, 1)
@@ -230,20 +233,21 @@ def refuse_weight_changing(source: ModelSource) -> None:
         )
 
 
-def _load(request: CompressRequest, streamed: bool) -> torch.nn.Module:
-    """The model (its skeleton when ``streamed``) in the requested dtype, with the requested
-    attention kernel, or eager where the architecture lacks it."""
-    load = build_skeleton if streamed else load_pretrained
+def _load(request: CompressRequest, store: WeightStore | None) -> torch.nn.Module:
+    """The model (its skeleton, to fill from ``store``, when there is one) in the requested
+    dtype, with the requested attention kernel, or eager where the architecture lacks it."""
+
+    def load(kernel: str) -> torch.nn.Module:
+        if store is not None:
+            return build_skeleton(request.source, store, kernel, request.dtype)
+        return load_pretrained(request.source, kernel, request.dtype)
+
     try:
-        return load(request.source, request.attn_implementation, request.dtype)
+        return load(request.attn_implementation)
     except ValueError:
         if request.attn_implementation == "eager":
             raise
-        return load(request.source, "eager", request.dtype)
-
-
-def _stored_dtype(model: torch.nn.Module) -> torch.dtype:
-    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+        return load("eager")
 
 
 def _recipe(
@@ -270,8 +274,9 @@ def _recipe(
     )
 
 
-def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> None:
-    """Something must be targeted, and every group must fit its layer, before calibration."""
+def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:
+    """The paths of the targeted layers: something must be targeted, and every group must
+    fit its layer, before calibration."""
     targets = [(n, m) for n, m in model.named_modules() if compressor.is_target(n, m)]
     if not targets:
         raise BadInputError(
@@ -289,6 +294,7 @@ def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: st
                 hint="Use a per-channel scheme or a smaller group size, or ignore those layers.",
                 param="scheme",
             )
+    return [n for n, _ in targets]
 
 
 def _tokenizer(source: ModelSource) -> Any:

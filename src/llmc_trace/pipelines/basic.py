@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from llmc_trace.pipelines.cache import move
-from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
+from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
 from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.pipelines.sequential import PipelineStats
@@ -62,9 +62,8 @@ def run_data_free(
     at a time, then whatever lies outside every target (the callbacks pick their layers)."""
     device = device or torch.device("cpu")
     residency = residency or InMemory(torch.device("cpu"))
-    inside = {id(m) for target in target_modules for m in target.modules()}
     groups = [list(target.modules()) for target in target_modules]
-    groups.append([m for m in model.modules() if id(m) not in inside])
+    groups.append(modules_outside(model, target_modules))
     residency.prepare(groups)
     for index, group in enumerate(groups):
         named = named_submodules(model, group)

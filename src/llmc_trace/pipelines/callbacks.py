@@ -41,3 +41,12 @@ def named_submodules(
     """Pair modules with their paths in ``model``, in module order."""
     wanted = {id(m) for m in modules}
     return [(name, module) for name, module in model.named_modules() if id(module) in wanted]
+
+
+def modules_outside(
+    model: torch.nn.Module, targets: Sequence[torch.nn.Module]
+) -> list[torch.nn.Module]:
+    """Every module of ``model`` that is neither one of ``targets`` nor inside one (the
+    embeddings, final norm and head of a decoder stack, and the containers holding them)."""
+    inside = {id(m) for target in targets for m in target.modules()}
+    return [m for m in model.modules() if id(m) not in inside]

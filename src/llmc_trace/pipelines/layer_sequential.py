@@ -17,7 +17,7 @@ import torch
 
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
-from llmc_trace.pipelines.callbacks import Callbacks, named_submodules
+from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
 from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.pipelines.sequential import PipelineStats
@@ -129,8 +129,7 @@ def run_layer_sequential(
     report = progress or no_progress
     kwargs = forward_kwargs or {}
     residency = residency or InMemory(offload)
-    inside = {id(m) for target in targets for m in target.modules()}
-    outside = [m for m in model.modules() if id(m) not in inside]
+    outside = modules_outside(model, targets)
     residency.prepare([outside, *(list(target.modules()) for target in targets)])
     residency.enter(outside, device)
     calls: list[TargetCall] = []

@@ -12,7 +12,7 @@ needed. What that means is the residency's business:
   from the checkpoint's safetensors files straight to the device, leaving hands each finished
   tensor to ``export`` (the checkpoint writer) and puts ``meta`` back, once no later group
   uses it (a tied embedding stays until the head is done). :meth:`~Streamed.finish` exports
-  what no group ran (the head after the last compressed layer), read from disk one module at
+  what no group ran (the head after the last compressed layer), read from disk one tensor at
   a time. Host memory is then one group's weights, whatever the model's size.
 
 The compute dtype is the one the forward passes run in: the checkpoint's own on a GPU; on a
@@ -122,25 +122,20 @@ class Streamed:
         self.export = export
         self.compute = compute
         owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-        names: dict[int, list[str]] = {}
+        keys: dict[int, str] = {}  # each parameter's first name, the one it is exported under
         for module_name, module in model.named_modules(remove_duplicate=False):
             for attr, param in module._parameters.items():
-                if param is None:
-                    continue
-                owners.setdefault(id(param), []).append((module, attr))
-                names.setdefault(id(param), []).append(f"{module_name}.{attr}".lstrip("."))
+                if param is not None:
+                    keys.setdefault(id(param), f"{module_name}.{attr}".lstrip("."))
+                    owners.setdefault(id(param), []).append((module, attr))
+        self._source = stored_names(model, store)  # our name -> the name the files use
         self._slots: dict[str, list[tuple[torch.nn.Module, str]]] = {}
         self._dtype: dict[str, torch.dtype] = {}  # the skeleton's, restored on release
-        self._source: dict[str, str] = {}  # our name -> the name the checkpoint stores it under
         self._keys_of: dict[int, list[str]] = {}
-        stored_as = stored_names(model, store)
-        for identity, aliases in names.items():
-            key = aliases[0]
-            stored = stored_as[key]
+        for identity, key in keys.items():
             self._slots[key] = owners[identity]
             module, attr = owners[identity][0]
             self._dtype[key] = module._parameters[attr].dtype  # type: ignore[union-attr]
-            self._source[key] = stored
             for module, _ in owners[identity]:
                 self._keys_of.setdefault(id(module), []).append(key)
         self._users: dict[str, int] = {}
@@ -172,7 +167,7 @@ class Streamed:
         _move_buffers(modules, torch.device("cpu"))
 
     def finish(self) -> None:
-        """Export every tensor no group left (read from disk, one module at a time), then the
+        """Export every tensor no group left (read from disk one at a time), then the
         persistent buffers; the model is a skeleton again afterwards."""
         for key in [k for k in self._slots if k not in self._exported]:
             param = self._param(key)

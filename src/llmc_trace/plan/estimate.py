@@ -34,6 +34,7 @@ from transformers import PretrainedConfig
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
+from llmc_trace.pipelines.callbacks import modules_outside
 
 #: Batch and sequence sizes of the planning trace, chosen to match no model dimension.
 PLAN_BATCH = 3
@@ -66,7 +67,9 @@ class RunSettings:
         """Host peak from the device peak and the weights: ``group`` is the largest group's
         parameter count times ``dtype_bytes`` (what the device holds of it), ``weights`` all
         of the model's at ``storage_bytes`` (see the module docstring)."""
-        staged = group * self.storage_bytes // self.dtype_bytes  # its checkpoint pages
+        # the group in the stored dtype as it is read (an upper bound: each tensor is cast to
+        # the compute dtype as soon as it is read)
+        staged = group * self.storage_bytes // self.dtype_bytes
         if self.streamed:
             held = kept_group + (max(device, group + staged) if self.device_is_host else staged)
             return cache + held
@@ -279,8 +282,7 @@ def estimate_pipelines(
             )
         )
     largest_target = max((parameter_bytes(list(t.modules()), compute) for t in targets), default=0)
-    inside = {id(m) for t in targets for m in t.modules()}
-    outside = parameter_bytes([m for m in modules if id(m) not in inside], compute)
+    outside = parameter_bytes(modules_outside(model, targets), compute)
     varying, shared = _target_arguments(partitioned, invariant, b, s, traced, compute)
     # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
     # replaces each call's hidden states as it goes, so one batch's output comes on top

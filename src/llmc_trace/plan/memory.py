@@ -8,6 +8,7 @@ import psutil
 import torch
 
 from llmc_trace.core.names import SEQUENTIAL
+from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.pipelines.residency import compute_dtype
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
@@ -73,7 +74,7 @@ def plan_source(
     traced = trace_source(
         model, sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
     )
-    storage = next(p.dtype for p in traced.model.parameters() if p.is_floating_point())
+    storage = parameter_dtype(traced.model) or torch.float32
     device = torch.device("cpu" if settings.device_is_host else "cuda")
     settings = dataclasses.replace(
         settings,
