@@ -200,7 +200,8 @@ def unique_hessian_bytes(model: Any, compressor: Any, layer: str) -> int:
 
 
 def gptq_working_bytes(model: Any) -> dict:
-    """Peak bytes of one GPTQ call on the model's Linear with the widest input, H given."""
+    """Peak bytes of one GPTQ call on the model's Linear with the widest input, its H given up
+    (as the compressor gives a Hessian up to its last Linear)."""
     import torch
 
     from llmc_trace.compress.gptq import gptq
@@ -215,7 +216,7 @@ def gptq_working_bytes(model: Any) -> dict:
     accumulator.add(torch.randn(4 * linear.in_features, linear.in_features))
     weight = linear.weight.detach().clone()
     with PeakMemory(weight.device) as peak:
-        gptq(weight, accumulator.H, resolve_scheme("W4A16").weights)
+        gptq(weight, accumulator.H, resolve_scheme("W4A16").weights, overwrite_hessian=True)
     return {"name": name, "shape": list(weight.shape), "peak_bytes": peak.peak_bytes}
 
 

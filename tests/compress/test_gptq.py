@@ -184,3 +184,17 @@ def test_gptq_on_cuda_matches_cpu(problem: tuple[torch.Tensor, torch.Tensor]) ->
         # float reductions differ, so rounding ties may flip a few weights; the descent then
         # starts from a slightly different point and may settle a few more elsewhere
         assert mismatched < at_most
+
+
+@pytest.mark.parametrize("args", [ARGS[0], ARGS[5]], ids=[IDS[0], IDS[5]])
+def test_a_given_up_hessian_gives_the_same_result(
+    problem: tuple[torch.Tensor, torch.Tensor], args: QuantizationArgs
+) -> None:
+    """``overwrite_hessian`` changes where the factorisation happens, not its result (input
+    order, and act-order, whose permuted H is written over the caller's)."""
+    W, X = problem
+    H = hessian(X)
+    kept = gptq(W, H, args)
+    given_up = gptq(W, H.clone(), args, overwrite_hessian=True)
+    assert torch.equal(given_up.quantized.weight, kept.quantized.weight)
+    assert given_up.loss == kept.loss

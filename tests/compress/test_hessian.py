@@ -75,6 +75,21 @@ def test_indefinite_hessian_is_retried_with_more_damping(caplog: pytest.LogCaptu
     )
 
 
+def test_overwriting_factorisation_reuses_the_hessian_and_gives_the_same_factor() -> None:
+    """Given up by its caller, H's own storage becomes the factor (one matrix less at the
+    peak), with the very numbers the copying factorisation gives; a failed first attempt
+    (indefinite H) is still retried, from H's restored off-diagonal entries."""
+    X = torch.randn(64, 32, generator=torch.Generator().manual_seed(4))
+    X[:, 7] = 0
+    for H in (2 * X.T @ X / 64, torch.tensor([[1.0, 1.05], [1.05, 1.0]])):
+        kept = inverse_factor(H.clone(), percdamp=0.01)
+        given_up = H.clone()
+        factor = inverse_factor(given_up, percdamp=0.01, overwrite=True)
+        assert factor.H_inv.data_ptr() == given_up.data_ptr()
+        assert torch.equal(factor.H_inv, kept.H_inv) and torch.equal(factor.dead, kept.dead)
+        assert factor.percdamp == kept.percdamp
+
+
 @pytest.mark.parametrize("H", [torch.tensor([[1.0, 0.0], [0.0, float("nan")]]), -torch.eye(2)])
 def test_unfactorisable_hessian_raises_with_a_hint(H: torch.Tensor) -> None:
     with pytest.raises(HessianError) as info:

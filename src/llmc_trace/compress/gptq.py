@@ -41,6 +41,7 @@ def gptq(
     percdamp: float = 0.01,
     static_groups: bool = True,
     refine_passes: int = 0,
+    overwrite_hessian: bool = False,
 ) -> GPTQResult:
     """Quantize `W` (out, in) to `args`' grid, minimising the layer's output error under `H`.
 
@@ -78,6 +79,11 @@ def gptq(
     README's "Compression results" give the figures `benchmarks/compress_quality.py` measures),
     so the default, 0, is the paper's GPTQ alone, as llm-compressor runs it.
 
+    `overwrite_hessian=True` says the caller no longer needs `H`: its float32 storage is then
+    reused for the factorisation (`inverse_factor`), one (in, in) matrix less at the peak, and
+    its contents are undefined afterwards. Refinement needs `H` after the sweep, so with
+    `refine_passes` `H` is kept anyway.
+
     >>> from llmc_trace.compress import rtn
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(8, 256), torch.randn(512, 256)  # weight (out, in), inputs (tokens, in)
@@ -91,12 +97,16 @@ def gptq(
     """
     dtype = W.dtype
     original = W
-    W = W.float().clone()  # (out, in)
+    W = W.to(torch.float32, copy=True)  # (out, in)
     H = H.to(W.device)
+    overwrite = overwrite_hessian and not refine_passes
     perm = torch.argsort(torch.diag(H), descending=True) if args.actorder else None
     if perm is not None:
-        W, H = W[:, perm], H[perm[:, None], perm]
-    factor = inverse_factor(H, percdamp)
+        permuted = H[perm[:, None], perm]
+        H = H.copy_(permuted) if overwrite else permuted
+        del permuted
+        W = W[:, perm]
+    factor = inverse_factor(H, percdamp, overwrite=overwrite)
     W[:, factor.dead] = 0
     H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
     grid = SweepGrid(W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype)
@@ -115,7 +125,9 @@ def gptq(
             if grid.starts_group(i1 + i):
                 grid.fit(i1 + i, W1[:, i : i + grid.group_size])
             err = (w - grid.quantize(i1 + i, w)) / d
-            W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
+            W1[:, i:].addr_(
+                err, Hinv1[i, i:], alpha=-1
+            )  # rank-1, in place: no (out, block) temporary
             Err1[:, i] = err
         loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]

@@ -86,9 +86,9 @@ class InverseFactor:
 
 
 def inverse_factor(
-    H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4
+    H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4, overwrite: bool = False
 ) -> InverseFactor:
-    """Factor the damped inverse of `H` (in, in) as in GPTQ's `fasterquant`; `H` is not modified.
+    """Factor the damped inverse of `H` (in, in) as in GPTQ's `fasterquant`.
 
     Dead columns (diag(H) == 0: the input was always 0) get H_ii = 1 so that H is invertible;
     the caller must zero those columns of W, which cannot affect the output. Damping adds
@@ -96,6 +96,15 @@ def inverse_factor(
     upper Cholesky factor is taken. If a factorisation fails (H numerically not positive
     definite), it is retried with ten times the damping, up to `max_attempts` in all; the
     damping that worked is returned and logged as a warning.
+
+    The work happens in one (in, in) float32 matrix: a copy of `H` (left unmodified), or, with
+    `overwrite=True` and a float32 `H`, `H` itself, which then *becomes* the returned `H_inv`.
+    Every step writes in place, so besides that matrix at most one more is alive (the
+    Cholesky factor before it is copied back, or LAPACK's workspace): two (in, in) matrices at
+    the peak when the caller gives `H` up, three when it keeps it. For a 28672-wide layer
+    (a 70B model's down projection) each is 3.3 GB. With `overwrite`, a failure after the
+    first factorisation (the inverse not positive definite in float32, rare once H factorised)
+    cannot be retried, since H is gone, and raises.
     """
     if not torch.isfinite(H).all():
         raise HessianError(
@@ -104,19 +113,37 @@ def inverse_factor(
         )
     diagonal = torch.diag(H).float()
     dead = diagonal == 0
-    mean_diag = (diagonal + dead).mean().item()  # dead columns count with H_ii = 1
+    diagonal[dead] = 1
+    mean_diag = diagonal.mean().item()  # dead columns count with H_ii = 1
+    work = H if overwrite and H.dtype == torch.float32 else None
     for attempt in range(max_attempts):
         damp = percdamp * 10**attempt
-        H_inv = _upper_factor_of_inverse(_damped_copy(H, dead, damp * mean_diag))
-        if H_inv is None:
-            continue
-        if attempt:
-            logger.warning(
-                "Hessian not positive definite with percdamp=%g; used percdamp=%g",
-                percdamp,
-                damp,
+        if work is None:
+            work = H.to(torch.float32, copy=True)
+        work.diagonal().copy_(diagonal + damp * mean_diag)
+        L, info = torch.linalg.cholesky_ex(work)
+        if info.item() != 0:
+            continue  # only work's diagonal changed: the next attempt sets it again
+        work.copy_(L)
+        del L
+        torch.cholesky_inverse(work, out=work)
+        info = torch.empty((), dtype=torch.int32, device=work.device)
+        torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
+        if info.item() == 0:
+            if attempt:
+                logger.warning(
+                    "Hessian not positive definite with percdamp=%g; used percdamp=%g",
+                    percdamp,
+                    damp,
+                )
+            return InverseFactor(work, dead, damp, damp * mean_diag)
+        if work is H:
+            raise HessianError(
+                f"the inverse of the Hessian damped with percdamp={damp:g} is not positive "
+                "definite in float32.",
+                hint="calibrate with more samples: the layer's inputs span too few directions.",
             )
-        return InverseFactor(H_inv=H_inv, dead=dead, percdamp=damp, damping=damp * mean_diag)
+        work = None  # it holds the failed factor now: the next attempt copies H again
     raise HessianError(
         f"the Hessian could not be factorised even with "
         f"percdamp={percdamp * 10 ** (max_attempts - 1):g}.",
@@ -130,21 +157,3 @@ def _damped_copy(H: torch.Tensor, dead: torch.Tensor, added: float) -> torch.Ten
     damped.diagonal()[dead] = 1
     damped.diagonal().add_(added)
     return damped
-
-
-def _upper_factor_of_inverse(H: torch.Tensor) -> torch.Tensor | None:
-    """The upper Cholesky factor of H^-1, or None if H is numerically not positive definite.
-
-    Takes `H` over (the caller passes a fresh copy and keeps no reference): it is freed once
-    factorised, so at most two (in, in) matrices are alive at once besides the caller's
-    Hessian (H and L, then L and H^-1, then H^-1 and the result); for a 28672-wide layer each
-    is 3.3 GB.
-    """
-    L, info = torch.linalg.cholesky_ex(H)
-    del H
-    if info.item() != 0:
-        return None
-    inverse = torch.cholesky_inverse(L)
-    del L
-    H_inv, info = torch.linalg.cholesky_ex(inverse, upper=True)
-    return H_inv if info.item() == 0 else None

@@ -41,6 +41,7 @@ def sparsegpt(
     quantize: QuantizationArgs | None = None,
     blocksize: int = 128,
     percdamp: float = 0.01,
+    overwrite_hessian: bool = False,
 ) -> SparseGPTResult:
     """Prune `W` (out, in) to `sparsity`, updating the kept weights to preserve the output under `H`.
 
@@ -65,6 +66,9 @@ def sparsegpt(
     this fits the range the kept weights actually need: over the reference model's 42 layers it
     gave 4 to 44 % lower output error than scales fitted up front from the unpruned weights
     (W4 group 128 at 50 %: -4 %, at 2:4: -9 %; W3 group 32 at 2:4: -31 %).
+
+    `overwrite_hessian=True`: the caller gives `H` up, and the factorisation reuses its
+    storage (see `gptq`).
     """
     if quantize is not None and quantize.actorder is not None:
         raise SchemeError(
@@ -73,10 +77,10 @@ def sparsegpt(
             "decides what SparseGPT keeps).",
         )
     dtype = W.dtype
-    W = W.float().clone()  # (out, in)
+    W = W.to(torch.float32, copy=True)  # (out, in)
     rows, columns = W.shape
     nm = _check_sparsity(sparsity, columns)
-    factor = inverse_factor(H.to(W.device), percdamp)
+    factor = inverse_factor(H.to(W.device), percdamp, overwrite=overwrite_hessian)
     W[:, factor.dead] = 0
     H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
     grid = None
@@ -115,7 +119,9 @@ def sparsegpt(
             Q1[:, i] = q
             loss += (w - q).pow(2).sum() / d**2 / 2
             err = (w - q) / d
-            W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
+            W1[:, i:].addr_(
+                err, Hinv1[i, i:], alpha=-1
+            )  # rank-1, in place: no (out, block) temporary
             Err1[:, i] = err
         Q[:, i1:i2] = Q1
         pruned[:, i1:i2] = mask1

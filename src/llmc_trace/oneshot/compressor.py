@@ -118,12 +118,22 @@ class LayerCompressor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        targets = self.targets(modules)
+        # a shared Hessian is given up by its last layer (the factorisation then reuses its
+        # storage) and freed as soon as that layer is done, not at the subgraph's end
+        last_user = {id(self._hessians[n]): n for n, _ in targets if n in self._hessians}
         leaders: dict[int, str] = {}
-        for name, module in self.targets(modules):
+        for name, module in targets:
             start = time.perf_counter()
-            entry = self._hessians.get(name)
+            entry = self._hessians.pop(name, None)
             shared_with = leaders.setdefault(id(entry), name) if entry is not None else None
-            loss = self._compress(name, module, entry.accumulator.H if entry else None)
+            loss = self._compress(
+                name,
+                module,
+                entry.accumulator.H if entry else None,
+                last_use=entry is not None and last_user[id(entry)] == name,
+            )
+            del entry
             self.results.append(
                 LayerResult(
                     name,
@@ -133,7 +143,9 @@ class LayerCompressor:
                 )
             )
 
-    def _compress(self, name: str, module: torch.nn.Linear, H: torch.Tensor | None) -> float:
+    def _compress(
+        self, name: str, module: torch.nn.Linear, H: torch.Tensor | None, *, last_use: bool
+    ) -> float:
         W = module.weight.data.to(self.storage_dtype or module.weight.dtype)
         args = self.scheme.weights if self.scheme is not None else None
         if self.method in DATA_METHODS and H is None:
@@ -147,6 +159,7 @@ class LayerCompressor:
                 blocksize=self.blocksize,
                 percdamp=self.percdamp,
                 refine_passes=self.refine_passes,
+                overwrite_hessian=last_use,
             )
             self._store(name, module, result.quantized)
             return result.loss
@@ -157,7 +170,13 @@ class LayerCompressor:
         if self.method == SPARSEGPT:
             assert H is not None and self.sparsity is not None
             pruned = sparsegpt(
-                W, H, self.sparsity, quantize=args, blocksize=self.blocksize, percdamp=self.percdamp
+                W,
+                H,
+                self.sparsity,
+                quantize=args,
+                blocksize=self.blocksize,
+                percdamp=self.percdamp,
+                overwrite_hessian=last_use,
             )
             module.weight.data = pruned.weight.to(module.weight.dtype)
             if pruned.quantized is not None:

@@ -29,6 +29,7 @@ from llmc_trace.checkpoint.recipe import Recipe
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.data import load_calibration
 from llmc_trace.errors import BadInputError
@@ -88,6 +89,7 @@ def compress(
     'sequential'
     """
     start = time.perf_counter()
+    map_large_blocks()  # freed layers return to the OS, or the resident set creeps per layer
     report = progress or no_progress
     if request.needs_data:
         refuse_weight_changing(request.source)

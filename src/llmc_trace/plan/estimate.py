@@ -128,18 +128,21 @@ def scaled_bytes(
     return 0
 
 
-def solver_bytes(linear: torch.nn.Linear) -> int:
+def solver_bytes(linear: torch.nn.Linear, *, gives_up_hessian: bool = True) -> int:
     """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear``, its Hessian given.
 
-    Factorising holds three ``in × in`` float32 matrices at its peak (two factors alive at a
-    time, plus the factorisation's workspace) next to two ``out × in`` ones (the float32
-    working weight and its dead-column copy); the column sweep holds about six ``out × in``
-    float32-sized arrays (the working weight, the block's updates, the integer grid, the
-    dequantized result). Measured on this implementation: within 5 % for shapes from 2048×512
-    to 256×4096 (``benchmarks/pipeline_memory.py`` prints one call's peak).
+    Factorising works in one ``in × in`` float32 matrix, the Hessian itself when the call is
+    its last user (``gives_up_hessian``: the compressor hands a shared Hessian to the last of
+    its Linears) or a copy of it, plus one more (the Cholesky factor, or LAPACK's workspace);
+    next to them two ``out × in`` ones (the float32 working weight and the stored-dtype one).
+    The column sweep then holds the factor (in the Hessian's place when given up) and about six
+    ``out × in`` float32-sized arrays (the working weight, the block's updates, the integer
+    grid, the dequantized result). ``benchmarks/pipeline_memory.py`` prints one call's
+    measured peak against this.
     """
     rows, cols = linear.out_features, linear.in_features
-    return 4 * max(3 * cols * cols + 2 * rows * cols, 6 * rows * cols)
+    copy = 0 if gives_up_hessian else 1
+    return 4 * max((1 + copy) * cols * cols + 2 * rows * cols, copy * cols * cols + 6 * rows * cols)
 
 
 def shared_input_groups(
@@ -209,9 +212,13 @@ def compressor_costs(
             memo[key] = None if groups is None else [[names[id(m)] for m in g] for g in groups]
         relative = memo[key]
         if relative is None:
-            firsts = linears
+            firsts = owners = linears
         else:
-            firsts = [target.get_submodule(group[0]) for group in relative]  # type: ignore[misc]
+            groups = [[target.get_submodule(n) for n in group] for group in relative]
+            firsts = [group[0] for group in groups]
+            # the compressor gives each Hessian up to the last of its Linears it compresses
+            order = {id(m): i for i, m in enumerate(linears)}
+            owners = [max(group, key=lambda m: order[id(m)]) for group in groups]  # type: ignore[misc]
         hessian = (
             sum(m.in_features**2 for m in firsts) * settings.hessian_bytes_per_column2
             if settings.needs_data
@@ -220,7 +227,9 @@ def compressor_costs(
         costs.append(
             CompressorCost(
                 hessian_bytes=hessian,
-                solver_bytes=max((solver_bytes(m) for m in linears), default=0)
+                solver_bytes=max(
+                    (solver_bytes(m, gives_up_hessian=m in owners) for m in linears), default=0
+                )
                 if settings.needs_data
                 else 0,
                 kept_bytes=int(

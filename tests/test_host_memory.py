@@ -1,0 +1,50 @@
+"""Freed tensors give their memory back to the OS once large blocks are mapped on their own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FRAGMENT = """
+import re, sys, torch
+from llmc_trace.core.host_memory import map_large_blocks
+def rss():
+    return int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+applied = map_large_blocks() if sys.argv[1] == "map" else False
+big = torch.ones(5 * 2**20)  # 20 MB, mapped; freeing it raises glibc's threshold to 20 MB
+del big
+layer = torch.ones(2 * 2**20)  # 8 MB: from the heap unless the threshold stayed put
+above = torch.ones(1000)  # something allocated after it, as a pipeline always has
+before = rss()
+del layer
+print(applied, before - rss())
+"""
+
+
+def returned_bytes(mode: str, **env: str) -> tuple[str, int]:
+    child = subprocess.run(
+        [sys.executable, "-c", FRAGMENT, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env,
+    )
+    applied, freed = child.stdout.split()
+    return applied, int(freed)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_freed_layer_leaves_the_resident_set_only_when_large_blocks_are_mapped() -> None:
+    layer_bytes = 8 * 2**20
+    applied, freed = returned_bytes("map")
+    if applied != "True":
+        pytest.skip("not glibc: mallopt is not there to call")
+    assert freed >= layer_bytes * 0.9
+    assert returned_bytes("keep")[1] < layer_bytes * 0.1  # glibc's default keeps it
+    # the environment's own threshold wins over ours
+    applied, freed = returned_bytes("map", MALLOC_MMAP_THRESHOLD_=str(64 * 2**20))
+    assert applied == "False" and freed < layer_bytes * 0.1
