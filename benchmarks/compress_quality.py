@@ -22,8 +22,9 @@ calibrates; "pipeline" is the part from the first subgraph on), theirs is ``ones
 (the model already loaded). Memory: the rise of the resident high-water mark (VmHWM, reset at
 the start) over the live resident set, during ``compress`` for ours and during loading plus
 ``oneshot`` for theirs (the same span); theirs during ``oneshot`` alone is shown too. glibc's
-allocator runs with its defaults, as for a user: fixing its mmap threshold (as
-``pipeline_memory.py`` does to compare live bytes with a plan) made every forward pass on this
+allocator runs as a user's would: ours with the 4 MiB mmap threshold ``compress`` fixes
+(``core/host_memory.py``), theirs with glibc's defaults; a 128 KiB threshold (as
+``pipeline_memory.py`` sets to compare live bytes with a plan) made every forward pass on this
 model 2-2.5x slower, which would distort the seconds.
 
     python benchmarks/compress_quality.py               # 20-40 min on 2 cores, load permitting

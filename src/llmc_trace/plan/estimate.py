@@ -13,7 +13,9 @@ no score matrix, so there the scores term is an upper bound.
 
 The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
 float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one), found by
-running each target once on ``meta``; one solver call's working memory on the device; and the
+running each target once on ``meta``, all alive while the target calibrates; while it is
+compressed, Linear by Linear, the Hessians not yet given up plus one solver call's working
+memory (the two phases do not overlap, so a device peak is the larger of them); and the
 integer weights kept on the host until their module is written (or, in memory, to the end).
 
 Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
@@ -96,7 +98,9 @@ class CompressorCost:
     """What compressing one sequential target costs, besides its weights."""
 
     hessian_bytes: int  # Hessians alive while the target calibrates
-    solver_bytes: int  # the largest single GPTQ/SparseGPT call's working memory
+    #: peak while its Linears are compressed in order: the Hessians not yet given up plus
+    #: one GPTQ/SparseGPT call's working memory
+    compress_bytes: int
     kept_bytes: int  # integer weights kept on the host for the checkpoint
 
 
@@ -212,26 +216,27 @@ def compressor_costs(
             memo[key] = None if groups is None else [[names[id(m)] for m in g] for g in groups]
         relative = memo[key]
         if relative is None:
-            firsts = owners = linears
+            groups = [[m] for m in linears]
         else:
-            groups = [[target.get_submodule(n) for n in group] for group in relative]
-            firsts = [group[0] for group in groups]
-            # the compressor gives each Hessian up to the last of its Linears it compresses
-            order = {id(m): i for i, m in enumerate(linears)}
-            owners = [max(group, key=lambda m: order[id(m)]) for group in groups]  # type: ignore[misc]
-        hessian = (
-            sum(m.in_features**2 for m in firsts) * settings.hessian_bytes_per_column2
-            if settings.needs_data
-            else 0
+            groups = [[target.get_submodule(n) for n in group] for group in relative]  # type: ignore[misc]
+        column2 = settings.hessian_bytes_per_column2 if settings.needs_data else 0
+        sizes = [group[0].in_features ** 2 * column2 for group in groups]
+        # the compressor gives each Hessian up to the last of its Linears it compresses; while
+        # Linear i is compressed, the Hessians whose last Linear is i or later are alive
+        position = {id(m): i for i, m in enumerate(linears)}
+        ends = [max(position[id(m)] for m in group) for group in groups]
+        compress = max(
+            (
+                sum(size for end, size in zip(ends, sizes) if end >= i)
+                + (solver_bytes(m, gives_up_hessian=i in ends) if column2 else 0)
+                for i, m in enumerate(linears)
+            ),
+            default=0,
         )
         costs.append(
             CompressorCost(
-                hessian_bytes=hessian,
-                solver_bytes=max(
-                    (solver_bytes(m, gives_up_hessian=m in owners) for m in linears), default=0
-                )
-                if settings.needs_data
-                else 0,
+                hessian_bytes=sum(sizes),
+                compress_bytes=compress,
                 kept_bytes=int(
                     sum(m.weight.numel() for m in linears) * settings.kept_bytes_per_weight
                 ),
@@ -278,7 +283,6 @@ def estimate_pipelines(
     costs = compressor_costs(model, partitioned, settings)
     kept = sum(c.kept_bytes for c in costs)
     kept_one = max((c.kept_bytes for c in costs), default=0)
-    solver = max((c.solver_bytes for c in costs), default=0)
     working = layer_working_bytes(model.config, b, s, compute)
     text = getattr(model.config, "text_config", None) or model.config
     hidden_state = b * s * getattr(text, "hidden_size", 0) * compute
@@ -299,9 +303,10 @@ def estimate_pipelines(
     device = (
         outside
         + largest_target
-        + max((c.hessian_bytes for c in costs), default=0)
-        + solver
-        + working
+        + max(
+            max((c.hessian_bytes for c in costs), default=0) + working,
+            max((c.compress_bytes for c in costs), default=0),
+        )
         + 2 * hidden_state
         + varying
         + shared
@@ -319,7 +324,9 @@ def estimate_pipelines(
         )
     )
     everything = parameter_bytes(modules, compute)
-    device = everything + sum(c.hessian_bytes for c in costs) + solver + working + logits
+    device = everything + max(
+        sum(c.hessian_bytes for c in costs) + working + logits, compressing(costs)
+    )
     estimates.append(
         PipelineEstimate(
             BASIC,
@@ -374,10 +381,9 @@ def _sequential(
     for subgraph in partitioned.subgraphs:
         group = parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
-        state = sum(c.hessian_bytes for c in mine) + max((c.solver_bytes for c in mine), default=0)
+        calibrating = sum(c.hessian_bytes for c in mine) + (working if subgraph.targets else 0)
         io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
-        layer = working if subgraph.targets else 0
-        device = group + state + io + layer
+        device = group + io + max(calibrating, compressing(mine))
         peak_device = max(peak_device, device)
         donors = [_signature(values.get(n)) for n in subgraph.consumed_names if n in live]
         before = sum(live.values())
@@ -407,6 +413,14 @@ def _sequential(
         cache_bytes=peak_cache,
         detail="one subgraph on the device; cross-subgraph values of every batch on the host",
     )
+
+
+def compressing(costs: list[CompressorCost]) -> int:
+    """Peak compressor state while ``costs``' targets are compressed one after another, the
+    Hessians of those not yet compressed still held (an upper bound: those already done are
+    freed)."""
+    total = sum(c.hessian_bytes for c in costs)
+    return max((total - c.hessian_bytes + c.compress_bytes for c in costs), default=0)
 
 
 def _signature(value: Any) -> tuple[Any, ...] | None:
