@@ -13,6 +13,7 @@ from llmc_trace.compress import (
     QuantizationArgs,
     dequantize,
     gptq,
+    magnitude_prune,
     quantize_to_int,
     rtn,
 )
@@ -198,3 +199,35 @@ def test_a_given_up_hessian_gives_the_same_result(
     given_up = gptq(W, H.clone(), args, overwrite_hessian=True)
     assert torch.equal(given_up.quantized.weight, kept.quantized.weight)
     assert given_up.loss == kept.loss
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        QuantizationArgs(num_bits=4),
+        QuantizationArgs(num_bits=4, symmetric=False),
+        QuantizationArgs(num_bits=3, actorder="static"),
+    ],
+    ids=["w4g128", "w4g128-asym", "w3g128-static"],
+)
+def test_gptq_keeps_an_earlier_pruning_mask(
+    problem: tuple[torch.Tensor, torch.Tensor], args: QuantizationArgs
+) -> None:
+    """A 2:4-pruned weight quantized with its mask: every pruned weight stays exactly zero (its
+    integer is the zero point), and GPTQ still beats rounding the pruned weight to nearest."""
+    W, X = problem
+    pruned_weight, pruned = magnitude_prune(W, (2, 4))
+    H = hessian(X)
+    free = gptq(pruned_weight, H, args).quantized
+    assert (free.weight[pruned] != 0).float().mean() > 0.1  # the sweep fills them back in
+
+    kept = gptq(pruned_weight, H, args, zeros=pruned).quantized
+    assert torch.equal(kept.weight[pruned], torch.zeros(int(pruned.sum())))
+    zero_point = kept.zero_point.repeat_interleave(args.group_size or W.shape[1], dim=1)
+    assert torch.equal(kept.int_weight[pruned], zero_point[pruned].to(torch.int8))
+    nearest = rtn(pruned_weight, args).weight
+    assert output_error(pruned_weight, kept.weight, X) < 0.8 * output_error(
+        pruned_weight, nearest, X
+    )
+    refined = gptq(pruned_weight, H, args, zeros=pruned, refine_passes=5).quantized
+    assert torch.equal(refined.weight[pruned], torch.zeros(int(pruned.sum())))

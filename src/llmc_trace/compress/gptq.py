@@ -42,6 +42,7 @@ def gptq(
     static_groups: bool = True,
     refine_passes: int = 0,
     overwrite_hessian: bool = False,
+    zeros: torch.Tensor | None = None,
 ) -> GPTQResult:
     """Quantize `W` (out, in) to `args`' grid, minimising the layer's output error under `H`.
 
@@ -84,6 +85,11 @@ def gptq(
     its contents are undefined afterwards. Refinement needs `H` after the sweep, so with
     `refine_passes` `H` is kept anyway.
 
+    `zeros` (out, in, bool) holds those weights at exactly zero: a model pruned by an earlier
+    stage keeps its mask through quantization. Each is rounded to zero and its whole value is
+    compensated by the columns after it, as SparseGPT compensates what it prunes; without the
+    mask the sweep's updates would fill the pruned weights back in.
+
     >>> from llmc_trace.compress import rtn
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(8, 256), torch.randn(512, 256)  # weight (out, in), inputs (tokens, in)
@@ -106,10 +112,13 @@ def gptq(
         H = H.copy_(permuted) if overwrite else permuted
         del permuted
         W = W[:, perm]
+        zeros = zeros[:, perm] if zeros is not None else None
     factor = inverse_factor(H, percdamp, overwrite=overwrite)
     W[:, factor.dead] = 0
     H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
-    grid = SweepGrid(W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype)
+    grid = SweepGrid(
+        W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
+    )
     blocksize = grid.aligned(blocksize)
 
     columns = W.shape[1]
@@ -123,7 +132,10 @@ def gptq(
             w = W1[:, i]
             d = Hinv1[i, i]
             if grid.starts_group(i1 + i):
-                grid.fit(i1 + i, W1[:, i : i + grid.group_size])
+                group = W1[:, i : i + grid.group_size]
+                if zeros is not None:  # the range the kept weights need
+                    group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
+                grid.fit(i1 + i, group)
             err = (w - grid.quantize(i1 + i, w)) / d
             W1[:, i:].addr_(
                 err, Hinv1[i, i:], alpha=-1

@@ -41,6 +41,10 @@ class SweepGrid:
     `W` (out, in) is float32 and already in sweep order (`W_original[:, perm]`), with dead
     columns zeroed; `perm` is None when the sweep follows input order. Scales are rounded to
     `scale_dtype` (the checkpoint's dtype) before any integer is chosen with them.
+
+    `zeros` (out, in, bool, sweep order) marks weights that must stay exactly zero whatever the
+    sweep proposes: the mask of an earlier pruning stage. Their integers are the zero point
+    (0 dequantizes to exactly 0 on every grid), and no refinement move touches them.
     """
 
     def __init__(
@@ -51,8 +55,10 @@ class SweepGrid:
         perm: torch.Tensor | None,
         static_groups: bool,
         scale_dtype: torch.dtype,
+        zeros: torch.Tensor | None = None,
     ) -> None:
         out_features, in_features = W.shape
+        self.zeros = zeros
         self.args = args
         self.scale_dtype = scale_dtype
         self.group_size = args.group_size if args.group_size is not None else in_features
@@ -110,10 +116,10 @@ class SweepGrid:
     def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
         """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
         group = self.group_of[column]
-        return self.set(
-            column,
-            round_to_grid(w, self._scales[group], self._zero_points[group], self.args),
-        )
+        integers = round_to_grid(w, self._scales[group], self._zero_points[group], self.args)
+        if self.zeros is not None:
+            integers = torch.where(self.zeros[:, column], self._zero_points[group], integers)
+        return self.set(column, integers)
 
     def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 scales and zero points of the sweep positions `columns`, each (out, k);
@@ -135,6 +141,8 @@ class SweepGrid:
         chosen = self.int_weight[:, columns].float()
         nearest = round_to_grid(target, s, z, self.args)
         closer = ((nearest - z) * s - target).abs() < ((chosen - z) * s - target).abs()
+        if self.zeros is not None:
+            closer &= ~self.zeros[:, columns]
         return torch.where(closer, nearest, chosen)
 
     def set(self, column: int, integers: torch.Tensor) -> torch.Tensor:
