@@ -1,6 +1,6 @@
 """Compare the perplexity, seconds and memory of llmc-trace's compressors on the reference model.
 
-The README's results table: the trained refmodel (``../shared/refmodel``), calibrated on
+The README's results table: the repository's trained reference model (``refmodel/``), calibrated on
 ``--samples`` rows of 512 tokens drawn from its ``calib.npy`` (``--seed``, default 0) and
 evaluated on all of ``eval.npy``, one row per setting: GPTQ W4A16 (4-bit, group 128, symmetric), 3-bit group 128
 and 2-bit group 64 against round-to-nearest (RTN) at the same setting, and SparseGPT 50 % and
@@ -51,13 +51,13 @@ from typing import Any
 import _worker
 import numpy as np
 from _rss import peak_rss_since_reset, reset_peak_rss
+from refmodel import FOLDER as REFMODEL
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "gptq_llmcompressor.py"
-#: The reference model beside the checkout, as the tests find it (tests/conftest.py: REFMODEL).
-DEFAULT_MODEL = HERE.parents[1] / "shared" / "refmodel"
+DEFAULT_MODEL = REFMODEL
 SEQ_LEN = 512
 THREADS = 2
 #: Attention kernel for every side: ``compress``'s default, llm-compressor's model, evaluation.

@@ -39,10 +39,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
 from _worker import failure_text, run_child  # noqa: E402
+from refmodel import FOLDER as REFMODEL  # noqa: E402
 
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "compress_scale_llmcompressor.py"
-TOKENIZER = HERE.parents[1] / "shared" / "refmodel"  # any tokenizer: llm-compressor wants one
+TOKENIZER = REFMODEL  # any tokenizer: llm-compressor wants one
 MiB = 2**20
 GiB = 2**30
 SAMPLES, SEQ_LEN = 16, 256

@@ -1,6 +1,6 @@
 """Check that llmc-trace's GPTQ and llm-compressor's agree, and how far float order moves both.
 
-Two parts, on the trained refmodel (``../shared/refmodel``), for 3-bit and 4-bit group-128
+Two parts, on the repository's trained reference model (``refmodel/``), for 3-bit and 4-bit group-128
 symmetric GPTQ with static activation order (llm-compressor's W4A16 preset at each width):
 
 1. Same inputs, same answer. Every targeted layer's Hessian is accumulated once from the

@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from refmodel import FOLDER as REFMODEL
 from transformers import LlamaConfig, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
-#: The reference model (a small Llama trained on Python source): the one place tests name it.
-REFMODEL = REPO.parent / "shared" / "refmodel"
 
 
 def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, float]:
@@ -62,8 +61,22 @@ def llama() -> LlamaForCausalLM:
     return tiny_llama()
 
 
-@pytest.fixture(scope="session")
-def refmodel_path() -> Path:
-    if not (REFMODEL / "config.json").exists():
-        pytest.skip(f"the reference model is not at {REFMODEL}")
+def require_refmodel() -> Path:
+    """The reference model's folder, failing (never skipping) when a file of it is missing:
+    it is part of the repository, and the quality tests are the ones that must not go quiet."""
+    missing = [
+        name
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "calib.npy", "eval.npy")
+        if not (REFMODEL / name).is_file()
+    ]
+    if missing:
+        pytest.fail(
+            f"the reference model's {', '.join(missing)} is missing from {REFMODEL}: restore it "
+            "with `git checkout -- refmodel` or remake it with `python refmodel/train.py`"
+        )
     return REFMODEL
+
+
+@pytest.fixture(scope="session")
+def refmodel_dir() -> Path:
+    return require_refmodel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,18 +13,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from llmc_trace.data import CalibrationSet, DataError, load_calibration
 from llmc_trace.evaluate import perplexity
-from tests.conftest import REFMODEL, refmodel_result
-
-# The shared/ folder sits beside the checkout: <checkout>/tests/test_evaluate.py -> parents[1].
+from refmodel import FOLDER as REFMODEL
+from tests.conftest import refmodel_result
 
 
 @pytest.fixture(scope="module")
-def refmodel() -> torch.nn.Module:
-    if not (REFMODEL / "model.safetensors").is_file():
-        pytest.skip(
-            f"refmodel not found at {REFMODEL.resolve()} (the shared/ folder beside the checkout)"
-        )
-    return AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32)
+def refmodel(refmodel_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(refmodel_dir, dtype=torch.float32)
 
 
 @pytest.mark.slow  # about 10 s on 2 idle cores, over 30 s when they are shared

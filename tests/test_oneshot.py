@@ -125,7 +125,7 @@ def test_parse_sparsity() -> None:
 
 
 @pytest.mark.slow
-def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_path: Path) -> None:
+def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path) -> None:
     """2-bit group 64 on 8 calibration samples: GPTQ far below round-to-nearest either way.
 
     Error propagation (sequential) against the basic pipeline is no ordering to assert: on this
@@ -135,15 +135,15 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_path: Path
     inputs in both pipelines and gets the same weights; later layers see the compressed model's
     own activations and get different ones; and both land within 2% of each other."""
     scheme = W4A16.with_weights(num_bits=2, group_size=64)
-    eval_rows = np.load(refmodel_path / "eval.npy")[:16]
-    calib = refmodel_path / "calib.npy"
+    eval_rows = np.load(refmodel_dir / "eval.npy")[:16]
+    calib = refmodel_dir / "calib.npy"
 
     models: dict[str, torch.nn.Module] = {}
 
     def ppl(**kwargs: object) -> float:
         result = compress(
             CompressRequest(
-                str(refmodel_path),
+                str(refmodel_dir),
                 dataset=calib,
                 out_dir=None,
                 scheme=scheme,
@@ -158,7 +158,7 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_path: Path
         return perplexity(result.model, eval_rows).perplexity
 
     baseline = perplexity(
-        AutoModelForCausalLM.from_pretrained(refmodel_path, dtype=torch.float32), eval_rows
+        AutoModelForCausalLM.from_pretrained(refmodel_dir, dtype=torch.float32), eval_rows
     ).perplexity
     rtn = ppl(method="rtn")
     gptq_sequential = ppl(method="gptq")

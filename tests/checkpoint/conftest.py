@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import REFMODEL
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,10 +20,3 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def refmodel_dir() -> Path:
-    if not (REFMODEL / "config.json").is_file():
-        pytest.skip(f"reference model not found at {REFMODEL}")
-    return REFMODEL

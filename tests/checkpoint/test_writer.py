@@ -120,7 +120,7 @@ def test_config_recipe_and_tokenizer_files(
     assert quantization["ignore"] == ["lm_head"] and quantization["format"] == "pack-quantized"
     recipe = (out_dir / "recipe.yaml").read_text()
     assert 'method: "gptq"' in recipe and 'name: "W4A16"' in recipe and "seed: 0" in recipe
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out_dir / name).read_bytes() == (refmodel_dir / name).read_bytes()
     assert sorted(p.name for p in out_dir.parent.iterdir()) == ["checkpoint"]  # no leftovers
 

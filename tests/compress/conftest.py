@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from _compress_data import LayerInputs, capture_inputs, make_correlated_inputs
-from tests.conftest import REFMODEL
+from refmodel import FOLDER as REFMODEL
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,12 +31,10 @@ def correlated_inputs() -> Callable[[int, int, int], torch.Tensor]:
 
 
 @pytest.fixture(scope="session")
-def refmodel() -> torch.nn.Module:
-    if not (REFMODEL / "config.json").is_file():
-        pytest.skip(f"reference model not found at {REFMODEL}")
+def refmodel(refmodel_dir) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(refmodel_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

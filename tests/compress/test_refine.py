@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from _compress_data import capture_inputs, hessian
-from tests.conftest import REFMODEL
+from refmodel import FOLDER as REFMODEL
 
 from llmc_trace.compress import QuantizationArgs, dequantize, gptq
 from llmc_trace.compress.hessian import inverse_factor

@@ -9,8 +9,6 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-from tests.conftest import REFMODEL
-
 TEXTS = [
     "def add(a, b):\n    return a + b\n",
     "Calibration data decides what a compressor sees.",
@@ -19,15 +17,6 @@ TEXTS = [
     "for i in range(10):\n    print(i)\n",
     "The quick brown fox jumps over the lazy dog.",
 ]
-
-
-@pytest.fixture(scope="session")
-def refmodel_dir() -> Path:
-    if not (REFMODEL / "tokenizer.json").is_file():
-        pytest.skip(
-            f"refmodel not found at {REFMODEL.resolve()} (the shared/ folder beside the checkout)"
-        )
-    return REFMODEL
 
 
 @pytest.fixture(scope="session")

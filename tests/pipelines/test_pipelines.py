@@ -164,12 +164,10 @@ def _reference_or_twin(name: str) -> torch.nn.Module:
 
     from llmc_trace.models.build import build_twin
     from llmc_trace.models.source import resolve_model
-    from tests.conftest import REFMODEL
+    from tests.conftest import require_refmodel
 
     if name == "refmodel":
-        if not (REFMODEL / "config.json").exists():
-            pytest.skip(f"the reference model is not at {REFMODEL}")
-        return AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(require_refmodel(), dtype=torch.float32).eval()
     return build_twin(resolve_model(name))
 
 

@@ -16,7 +16,11 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="headless Chromium is not installed: `apt-get install -y chromium` "
+        "(scripts/setup.sh installs it)",
+    ),
 ]
 
 
@@ -36,7 +40,6 @@ def center_of(page, node_id: str) -> tuple[float, float]:  # type: ignore[no-unt
 def test_viewer_loads_searches_and_shows_a_clicked_node(
     page_path: Path, llama_trace: TracedModel
 ) -> None:
-    pytest.importorskip("websocket", reason="the browser test needs websocket-client")
     with open_page(CHROMIUM, page_path.as_uri()) as page:  # type: ignore[arg-type]
         assert page.evaluate("document.querySelectorAll('#canvas g.node').length") == len(
             json.loads(page.evaluate("document.getElementById('llmc-data').textContent"))["nodes"]
