@@ -51,13 +51,12 @@ from typing import Any
 import _worker
 import numpy as np
 from _rss import peak_rss_since_reset, reset_peak_rss
-from refmodel import FOLDER as REFMODEL
+from refmodel import FOLDER as DEFAULT_MODEL
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "gptq_llmcompressor.py"
-DEFAULT_MODEL = REFMODEL
 SEQ_LEN = 512
 THREADS = 2
 #: Attention kernel for every side: ``compress``'s default, llm-compressor's model, evaluation.

@@ -48,6 +48,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 HERE = Path(__file__).resolve().parent
 SEED = 1234
@@ -92,7 +100,6 @@ class Recipe:
 class Corpus:
     """The standard library's source files, split by file into training and held-out text."""
 
-    stdlib: str
     train: dict[str, str]
     held_out: dict[str, str]
     skipped: dict[str, list[str]] = field(default_factory=dict)
@@ -162,13 +169,11 @@ def collect_corpus(stdlib: Path, seed: int) -> Corpus:
     held_out_count = round(EVAL_FRACTION * len(names))
     held_out = {name: texts[name] for name in sorted(names[:held_out_count])}
     train = {name: texts[name] for name in sorted(names[held_out_count:])}
-    return Corpus(str(stdlib), train, held_out, skipped)
+    return Corpus(train, held_out, skipped)
 
 
-def train_tokenizer(texts: list[str]):
+def train_tokenizer(texts: list[str]) -> Tokenizer:
     """A byte-level BPE of ``VOCAB_SIZE`` tokens: every byte encodes, so no token is unknown."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -183,7 +188,7 @@ def train_tokenizer(texts: list[str]):
     return tokenizer
 
 
-def token_stream(tokenizer, texts: list[str]) -> np.ndarray:
+def token_stream(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
     """The texts encoded one after another, each followed by the end-of-text token (id 0)."""
     eot = tokenizer.token_to_id(EOT)
     pieces = []
@@ -209,11 +214,9 @@ def evaluation_windows(stream: np.ndarray, rows: int, seed: int) -> np.ndarray:
 # Model, training and measurement
 
 
-def model_config():
+def model_config() -> LlamaConfig:
     """A 6-layer Llama with grouped-query attention whose every Linear input is a multiple of
     128 wide, so group sizes 32, 64 and 128 apply to every layer."""
-    from transformers import LlamaConfig
-
     return LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=256,
@@ -244,8 +247,6 @@ def learning_rate(step: int, recipe: Recipe) -> float:
 
 def optimizer_for(model, recipe: Recipe):
     """AdamW with weight decay on every matrix (embeddings and head too), none on norms."""
-    import torch
-
     matrices = [p for p in model.parameters() if p.ndim >= 2]
     vectors = [p for p in model.parameters() if p.ndim < 2]
     return torch.optim.AdamW(
@@ -261,8 +262,6 @@ def optimizer_for(model, recipe: Recipe):
 
 def perplexity(model, rows: np.ndarray, batch_size: int = 8) -> float:
     """exp(mean NLL) of each row's tokens 1..T-1 given the tokens before them, rows independent."""
-    import torch
-
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
@@ -276,8 +275,6 @@ def perplexity(model, rows: np.ndarray, batch_size: int = 8) -> float:
 
 def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed: int) -> list:
     """Next-token training on random windows of the stream; returns the logged history."""
-    import torch
-
     optimizer = optimizer_for(model, recipe)
     offsets = np.random.default_rng(seed)
     history: list[dict[str, float]] = []
@@ -325,8 +322,6 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed:
 def round_to_nearest_(model, bits: int, group_size: int | None) -> int:
     """Fake-quantize every decoder Linear in place: symmetric, ``max|w| / (2^(b-1) - 1)`` per
     group of ``group_size`` input columns (a whole row when None). Returns the layer count."""
-    import torch
-
     count = 0
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -354,8 +349,6 @@ QUANTIZED_ROWS = (
 
 def measure(folder: Path, calib: np.ndarray, held_out: np.ndarray) -> list[dict]:
     """Perplexity of the saved bf16 weights computed in float32, and of round-to-nearest."""
-    import torch
-    from transformers import AutoModelForCausalLM
 
     def load():
         return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -407,9 +400,6 @@ def write_json(path: Path, value) -> None:
 
 
 def run(out: Path, recipe: Recipe, stdlib: Path) -> None:
-    import torch
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-
     torch.set_num_threads(recipe.threads)
     began = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
