@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,18 @@ from refmodel import FOLDER as REFMODEL
 from transformers import LlamaConfig, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N`` each worker gets its share of the cores: N workers of torch's default
+    (one thread per core each) oversubscribe the machine, and the suite's heaviest tests ran
+    2-3x slower beside each other than alone. Child processes inherit the share through
+    ``OMP_NUM_THREADS``."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, float]:
