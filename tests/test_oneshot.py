@@ -59,9 +59,10 @@ def test_true_sequential_calibrates_in_stages_and_says_so(
     shared = [layer for layer in result.layers if layer.shares_hessian_with]
     assert {layer.name.rsplit(".", 1)[1] for layer in shared} == {"k_proj", "v_proj", "up_proj"}
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
-    assert recipe["calibration"]["true_sequential"] is True
+    (stage,) = recipe["stages"]
+    assert stage["true_sequential"] is True and stage["pipeline"] == "sequential"
     assert recipe["calibration"]["attn_implementation"] == "sdpa"
-    assert recipe["refine_passes"] == 0
+    assert stage["refine_passes"] == 0
     plain = compress(
         CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64)
     )

@@ -13,7 +13,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from transformers.utils.quantization_config import CompressedTensorsConfig
 
-from llmc_trace.checkpoint import Recipe, SparsityInfo, save_compressed, shards, unpack_from_int32
+from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
+from llmc_trace.oneshot import Stage
+from llmc_trace.oneshot.recipe import render_recipe
 from llmc_trace.compress import (
     W4A16,
     W4A16_ASYM,
@@ -29,7 +31,11 @@ from llmc_trace.compress import (
     sparsegpt,
 )
 
-RECIPE = Recipe("gptq", num_samples=4, seq_len=512, pipeline="independent", seed=0, percdamp=0.01)
+RECIPE = render_recipe(
+    {"dataset": "calib.npy", "samples": 4, "seq_len": 512, "seed": 0},
+    [Stage("gptq", W4A16, pipeline="sequential")],
+    ignore=[],
+)
 
 
 def quantize_with_gptq(model: torch.nn.Module, folder: Path) -> dict[str, QuantizedWeight]:

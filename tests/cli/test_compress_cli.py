@@ -29,7 +29,8 @@ def test_refine_passes_reach_the_recipe_and_change_the_integers(
         out = tmp_path / f"out{passes}"
         code, output = invoke(*common, "-o", str(out), "--refine-passes", passes)
         assert code == 0, output
-        assert yaml.safe_load((out / "recipe.yaml").read_text())["refine_passes"] == int(passes)
+        (stage,) = yaml.safe_load((out / "recipe.yaml").read_text())["stages"]
+        assert stage["refine_passes"] == int(passes)
         weights[passes] = load_file(out / "model.safetensors")
     packed = [name for name in weights["0"] if name.endswith("weight_packed")]
     assert packed and any((weights["0"][n] != weights["20"][n]).any() for n in packed)

@@ -51,7 +51,6 @@ from llmc_trace.checkpoint.layout import (
     module_tensors,
     quantization_config,
 )
-from llmc_trace.checkpoint.recipe import Recipe, render_recipe
 from llmc_trace.errors import CheckpointError, OutputError
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
@@ -220,7 +219,7 @@ class CheckpointWriter:
         self,
         *,
         sparsity: Sparsity | None = None,
-        recipe: Recipe | None = None,
+        recipe: str | None = None,
         tokenizer_dir: str | Path | None = None,
     ) -> Path:
         """Write the config and the small files, check every tensor arrived, and rename the
@@ -244,7 +243,7 @@ class CheckpointWriter:
         if self.generation_config is not None:
             self.generation_config.to_json_file(folder / "generation_config.json", use_diff=True)
         if recipe is not None:
-            (folder / "recipe.yaml").write_text(render_recipe(recipe, self.schemes, sparsity))
+            (folder / "recipe.yaml").write_text(recipe)
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
@@ -266,7 +265,7 @@ def save_compressed(
     schemes: Sequence[QuantizationScheme] = (DEFAULT_SCHEME,),
     *,
     sparsity: SparsityInfo | None = None,
-    recipe: Recipe | None = None,
+    recipe: str | None = None,
     tokenizer_dir: str | Path | None = None,
     overwrite: bool = False,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,

@@ -24,8 +24,16 @@ if TYPE_CHECKING:
 @click.option(
     "--dataset",
     "-d",
-    required=True,
-    help="Calibration data: .npy token array, .jsonl/.json/.parquet/.txt file, or hub id.",
+    default=None,
+    help="Calibration data: .npy token array, .jsonl/.json/.parquet/.txt file, or hub id "
+    "(or the recipe's).",
+)
+@click.option(
+    "--recipe",
+    "-r",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Recipe YAML (e.g. a checkpoint's recipe.yaml); flags given here override its values.",
 )
 @click.option(
     "--out",
@@ -109,7 +117,8 @@ if TYPE_CHECKING:
 def compress(
     ctx: CliContext,
     model: str,
-    dataset: str,
+    dataset: str | None,
+    recipe: Path | None,
     out_dir: Path,
     scheme: str,
     method: str | None,
@@ -129,43 +138,74 @@ def compress(
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
 
+    With --recipe the run is the recipe's (its stages, calibration and tracing settings); the
+    flags given on the command line override its values.
+
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
     from llmc_trace.core.sizes import parse_bytes
+    from llmc_trace.errors import BadInputError
     from llmc_trace.oneshot import CompressRequest
     from llmc_trace.oneshot import compress as run_compress
 
-    chosen_method = method or (SPARSEGPT if sparsity else GPTQ)
+    values = {
+        "dataset": dataset,
+        "scheme": None if scheme.lower() == "none" else scheme,
+        "method": method or (SPARSEGPT if sparsity else GPTQ),
+        "sparsity": sparsity,
+        "samples": samples,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "seed": seed,
+        "pipeline": pipeline,
+        "propagate_error": not no_propagate,
+        "true_sequential": true_sequential,
+        "refine_passes": refine_passes,
+        "overwrite": overwrite,
+        "attn_implementation": attn_implementation,
+        "dtype": _dtype(dtype),
+        "max_shard_size": max_shard_size,
+    }
     with handle_errors(ctx), ctx.progress("compress") as progress:
-        request = CompressRequest(
-            model,
-            dataset=dataset,
-            out_dir=out_dir,
-            scheme=None if scheme.lower() == "none" else scheme,
-            method=chosen_method,
-            sparsity=sparsity,
-            samples=samples,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            seed=seed,
-            pipeline=pipeline,
-            propagate_error=not no_propagate,
-            true_sequential=true_sequential,
-            refine_passes=refine_passes,
-            overwrite=overwrite,
-            attn_implementation=attn_implementation,
-            dtype=_dtype(dtype),
-            max_shard_size=parse_bytes(max_shard_size, "max_shard_size"),
-        )
+        values["max_shard_size"] = parse_bytes(max_shard_size, "max_shard_size")
+        if recipe is None:
+            if dataset is None:
+                raise BadInputError(
+                    "no calibration data given.",
+                    hint="Pass --dataset (a .npy token array, a text file or a hub id), or a "
+                    "--recipe that names one.",
+                    param="dataset",
+                )
+            request = CompressRequest(model, out_dir=out_dir, **values)  # type: ignore[arg-type]
+        else:
+            given = _given_on_command_line(click.get_current_context())
+            if "sparsity" in given and method is None:
+                given.add("method")
+            overrides = {name: value for name, value in values.items() if name in given}
+            request = CompressRequest.from_recipe(recipe, model, out_dir, **overrides)
         result = run_compress(request, progress=progress)
-    ctx.out.print(
-        f"wrote {result.out_dir} ({chosen_method}, pipeline {result.pipeline}, "
-        f"{len(result.layers)} layers, {result.elapsed_s:.1f} s)"
+    stages = " then ".join(
+        f"{s.stage.method} ({s.pipeline}, {len(s.layers)} layers)" for s in result.stages
     )
-    ctx.out.print(f"[dim]plan: {result.plan.reason}[/]")
+    ctx.out.print(f"wrote {result.out_dir}: {stages}, {result.elapsed_s:.1f} s")
+    for stage in result.stages:
+        ctx.out.print(f"[dim]plan ({stage.stage.method}): {stage.plan.reason}[/]")
     for fallback in result.fallbacks:
         ctx.err.print(f"[yellow]fell back:[/] {fallback}")
+
+
+#: command-line parameter -> the request field it sets
+_FIELD_OF = {"no_propagate": "propagate_error"}
+
+
+def _given_on_command_line(context: click.Context) -> set[str]:
+    """The request fields whose flags were typed (not defaults): they override a recipe."""
+    return {
+        _FIELD_OF.get(name, name)
+        for name in context.params
+        if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    }
 
 
 @click.command()

@@ -54,6 +54,9 @@ class LayerCompressor:
     quantization without pruning. ``storage_dtype`` is the checkpoint's dtype: weights are
     compressed from (and scales computed in) that dtype whatever dtype the forward passes ran
     in, so the stored integers dequantize to exactly the weight left in the module.
+    ``keep_zeros`` names layers an earlier stage pruned: GPTQ keeps their zeros (its sweep
+    would otherwise fill them back in); round-to-nearest keeps them by itself (0 rounds to the
+    zero point, which dequantizes to 0).
     """
 
     method: str
@@ -63,6 +66,7 @@ class LayerCompressor:
     percdamp: float = 0.01
     refine_passes: int = 0
     storage_dtype: torch.dtype | None = None
+    keep_zeros: frozenset[str] = frozenset()
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     results: list[LayerResult] = field(default_factory=list)
     _hessians: dict[str, _SharedHessian] = field(default_factory=dict)
@@ -160,6 +164,7 @@ class LayerCompressor:
                 percdamp=self.percdamp,
                 refine_passes=self.refine_passes,
                 overwrite_hessian=last_use,
+                zeros=W == 0 if name in self.keep_zeros else None,
             )
             self._store(name, module, result.quantized)
             return result.loss

@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
-from llmc_trace.compress.scheme import QuantizationScheme, resolve_scheme
-from llmc_trace.compress.sparsegpt import Sparsity
-from llmc_trace.core.names import (
-    AUTO,
-    DATA_METHODS,
-    GPTQ,
-    METHODS,
-    PIPELINES,
-    PRUNING_METHODS,
-    SEQUENTIAL,
-)
+from llmc_trace.compress.scheme import QuantizationScheme
+from llmc_trace.core.names import AUTO, DATA_METHODS, GPTQ
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.oneshot.recipe import read_recipe
+from llmc_trace.oneshot.stage import Stage, check_order
+
+
+#: The fields that describe one stage; ``stages`` replaces them all.
+STAGE_FIELDS = (
+    "scheme",
+    "method",
+    "sparsity",
+    "pipeline",
+    "propagate_error",
+    "true_sequential",
+    "refine_passes",
+)
 
 
 @dataclass(frozen=True)
@@ -32,23 +38,28 @@ class CompressRequest:
 
     ``model``: a folder with weights. ``method``: ``gptq`` (with ``scheme``), ``sparsegpt``
     (with ``sparsity``, and ``scheme`` to also quantize), ``rtn`` or ``magnitude`` (the
-    baselines). ``pipeline="auto"`` takes the memory plan's choice. ``out_dir=None``
-    compresses in memory only (for evaluation). ``attn_implementation``: the attention kernel
-    calibration runs, ``sdpa`` by default (what transformers and vLLM serve with: the same
-    function as ``eager`` without holding each head's full attention matrix, so calibration is
-    faster and peaks lower); architectures without it fall back to ``eager``.
-    ``true_sequential`` calibrates each subgraph's layers in dependency stages (q/k/v, then o,
-    then gate/up, then down), each on inputs from the stages before it already compressed; the
-    sequential pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this
-    many passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`);
-    0, the default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). ``dtype``: the
-    checkpoint's dtype, ``None`` for the one the model's ``config.json`` declares (what it was
-    saved in); ``max_shard_size``: bytes of tensors per output shard.
+    baselines). ``pipeline="auto"`` takes the memory plan's choice. ``true_sequential``
+    calibrates each subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then
+    down), each on inputs from the stages before it already compressed; the sequential
+    pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this many
+    passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`); 0, the
+    default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). Those seven fields are
+    one stage's; ``stages`` lists several instead (:class:`~llmc_trace.oneshot.stage.Stage`,
+    e.g. SparseGPT 2:4 then GPTQ W4A16), and after construction always holds the stages that
+    will run.
+
+    ``out_dir=None`` compresses in memory only (for evaluation). ``attn_implementation``: the
+    attention kernel calibration runs, ``sdpa`` by default (what transformers and vLLM serve
+    with: the same function as ``eager`` without holding each head's full attention matrix, so
+    calibration is faster and peaks lower); architectures without it fall back to ``eager``.
+    ``dtype``: the checkpoint's dtype, ``None`` for the one the model's ``config.json`` declares
+    (what it was saved in); ``max_shard_size``: bytes of tensors per output shard. ``ignore``,
+    ``sequential_targets``, ``targets_per_subgraph``: how the model is traced, as for
+    ``attempt`` (fixes the trace needs are searched and added either way).
 
     Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter (names,
     combinations, the model's weights, the output folder, the dataset's shape) and resolves
-    the derived fields: ``source``, ``quantization`` (``None`` to prune only),
-    ``target_sparsity`` (``None`` to quantize only), ``out_path`` and ``data_kind``.
+    the derived fields: ``source``, ``out_path`` and ``data_kind``.
     """
 
     model: str | Path | ModelSource
@@ -65,37 +76,49 @@ class CompressRequest:
     propagate_error: bool = True
     true_sequential: bool = False
     refine_passes: int = 0
+    stages: Sequence[Stage] | None = None
     attn_implementation: str = "sdpa"
     dtype: torch.dtype | None = None
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     overwrite: bool = False
+    ignore: Sequence[str] = ()
+    sequential_targets: Sequence[str] | None = None
+    targets_per_subgraph: int = 1
     source: ModelSource = field(init=False, repr=False)
-    quantization: QuantizationScheme | None = field(init=False, repr=False)
-    target_sparsity: Sparsity | None = field(init=False, repr=False)
     out_path: Path | None = field(init=False, repr=False)
     #: what the dataset is: "npy" token ids, a text file, a hub dataset...
     data_kind: str = field(init=False, repr=False)
 
     @property
     def needs_data(self) -> bool:
-        return self.method in DATA_METHODS
+        return any(stage.method in DATA_METHODS for stage in self.stages or ())
 
     def __post_init__(self) -> None:
-        self._check_choices()
-        quantization = resolve_scheme(self.scheme) if isinstance(self.scheme, str) else self.scheme
-        target_sparsity = parse_sparsity(self.sparsity)
-        if self.method in PRUNING_METHODS and target_sparsity is None:
-            raise BadInputError(
-                f"{self.method} needs a sparsity.",
-                hint="Pass --sparsity 0.5 or 2:4.",
-                param="sparsity",
+        if self.stages is None:
+            stages: tuple[Stage, ...] = (
+                Stage.parse(
+                    self.method,
+                    self.scheme,
+                    self.sparsity,
+                    pipeline=self.pipeline,
+                    propagate_error=self.propagate_error,
+                    true_sequential=self.true_sequential,
+                    refine_passes=self.refine_passes,
+                ),
             )
-        if self.method not in PRUNING_METHODS and quantization is None:
-            raise BadInputError(
-                f"{self.method} needs a quantization scheme.",
-                hint="Pass --scheme W4A16.",
-                param="scheme",
-            )
+        else:
+            defaults = {f.name: f.default for f in fields(self) if f.name in STAGE_FIELDS}
+            given = [name for name, value in defaults.items() if getattr(self, name) != value]
+            if given:
+                raise BadInputError(
+                    f"{', '.join(given)} describe one stage, and stages were given too.",
+                    hint="Put them in the stages (or give no stages).",
+                    param=given[0],
+                )
+            stages = tuple(self.stages)
+        check_order(stages)
+        object.__setattr__(self, "stages", stages)
+        self._check_run()
         model = self.model
         source = model if isinstance(model, ModelSource) else resolve_model(str(model))
         if source.folder is None:
@@ -114,78 +137,55 @@ class CompressRequest:
                 param="out",
             )
         data = validate_source(self.dataset, samples=self.samples, seq_len=self.seq_len)
-        for name, value in (
-            ("source", source),
-            ("quantization", quantization),
-            ("target_sparsity", target_sparsity),
-            ("out_path", out_path),
-            ("data_kind", data.kind),
-        ):
+        for name, value in (("source", source), ("out_path", out_path), ("data_kind", data.kind)):
             object.__setattr__(self, name, value)
 
-    def _check_choices(self) -> None:
-        """Names and combinations, the checks that need nothing loaded."""
-        if self.method not in METHODS:
+    @classmethod
+    def from_recipe(
+        cls,
+        recipe: str | Path,
+        model: str | Path | ModelSource,
+        out_dir: str | Path | None = None,
+        **overrides: object,
+    ) -> CompressRequest:
+        """The request a recipe file describes (:mod:`llmc_trace.oneshot.recipe`), with
+        ``overrides`` (any field) taking the place of its values; the seven stage fields
+        (``method``, ``scheme``, ...) change the stage of a one-stage recipe.
+
+        >>> CompressRequest.from_recipe("out/recipe.yaml", "tiny-llama/", "again/")  # doctest: +SKIP
+        """
+        arguments = read_recipe(recipe)
+        changes = {name: overrides.pop(name) for name in list(overrides) if name in STAGE_FIELDS}
+        if changes:
+            stages = arguments["stages"]
+            if len(stages) != 1:
+                raise BadInputError(
+                    f"{', '.join(changes)} change one stage, and the recipe has {len(stages)}.",
+                    hint="Edit the recipe's stages instead.",
+                    param=next(iter(changes)),
+                )
+            current = {f.name: getattr(stages[0], f.name) for f in fields(Stage)}
+            arguments["stages"] = (Stage.parse(**{**current, **changes}),)  # type: ignore[arg-type]
+        arguments.update(overrides)
+        if arguments.get("dataset") is None:
             raise BadInputError(
-                f"unknown method {self.method!r}.",
-                hint=f"Use one of {', '.join(METHODS)}.",
-                param="method",
+                f"no calibration data: the recipe {recipe} names no dataset.",
+                hint="Pass --dataset, or add `dataset:` under the recipe's `calibration`.",
+                param="dataset",
             )
-        if self.pipeline not in (AUTO, *PIPELINES):
-            raise BadInputError(
-                f"unknown pipeline {self.pipeline!r}.",
-                hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
-                param="pipeline",
-            )
-        if self.true_sequential and (
-            self.pipeline not in (AUTO, SEQUENTIAL) or not self.propagate_error
-        ):
-            raise BadInputError(
-                "true-sequential calibration needs the sequential pipeline with error "
-                f"propagation (got pipeline {self.pipeline!r}"
-                f"{', no propagation' if not self.propagate_error else ''}).",
-                hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
-                param="true_sequential",
-            )
+        return cls(model, out_dir=out_dir, **arguments)
+
+    def _check_run(self) -> None:
+        """What holds for every stage, checked before anything is loaded."""
         if self.max_shard_size < 1:
             raise BadInputError(
                 f"the shard size must be positive (got {self.max_shard_size} bytes).",
                 hint="Pass e.g. --max-shard-size 5GB.",
                 param="max_shard_size",
             )
-        if self.refine_passes < 0:
+        if self.targets_per_subgraph < 1:
             raise BadInputError(
-                f"refine passes must be 0 or more (got {self.refine_passes}).",
-                hint="Pass --refine-passes 0 for GPTQ without refinement, or a positive limit.",
-                param="refine_passes",
+                f"targets_per_subgraph must be at least 1 (got {self.targets_per_subgraph}).",
+                hint="Use 1 for one decoder layer per subgraph.",
+                param="targets_per_subgraph",
             )
-
-
-def parse_sparsity(text: str | float | None) -> Sparsity | None:
-    """``0.5`` (unstructured) or ``2:4`` (N:M); a fraction must lie strictly between 0 and 1."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, str) and ":" in text:
-        n_text, _, m_text = text.partition(":")
-        if not (n_text.isdigit() and m_text.isdigit()) or not 0 < int(n_text) < int(m_text):
-            raise BadInputError(
-                f"sparsity {text!r} is not an N:M pattern with 0 < N < M.",
-                hint="Use e.g. 2:4, or a fraction such as 0.5.",
-                param="sparsity",
-            )
-        return (int(n_text), int(m_text))
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadInputError(
-            f"sparsity {text!r} is neither a fraction nor N:M.",
-            hint="Use e.g. 0.5 or 2:4.",
-            param="sparsity",
-        ) from None
-    if not 0.0 < value < 1.0:
-        raise BadInputError(
-            f"sparsity {value} is outside (0, 1).",
-            hint="Use a fraction such as 0.5, or N:M such as 2:4.",
-            param="sparsity",
-        )
-    return value

@@ -3,11 +3,19 @@
 It reads as its steps: the request, validated once before heavy work; the model: a skeleton
 whose parameters stay on disk when a checkpoint is written (each part is read when the
 pipeline runs it, and written out when it is done: host memory does not grow with the model),
-loaded whole in memory otherwise; the traced model, traced once on the first calibration batch
-with the fixes ``attempt --fix`` would use (proved on the tiny twin); the memory plan from
-that trace; the pipeline, by name from :mod:`llmc_trace.pipelines.registry` with its fallback
-rule; the checkpoint, streamed into a temporary folder renamed when complete (an interrupted
-run leaves no output).
+loaded whole in memory otherwise; the traced model, traced once per stage on the first
+calibration batch with the fixes ``attempt --fix`` would use (proved on the tiny twin); the
+memory plan from that trace; the pipeline, by name from :mod:`llmc_trace.pipelines.registry`
+with its fallback rule; the checkpoint, streamed into a temporary folder renamed when complete
+(an interrupted run leaves no output).
+
+Several stages (:class:`~llmc_trace.oneshot.stage.Stage`) run one after another, each a
+complete calibration with its own plan and pipeline on the model as the stages before left it
+(llm-compressor calls this the ``independent`` pipeline). In memory they share the loaded
+model. Streamed, each stage but the last writes its model, dense, to a hidden folder beside
+the output, and the next stage streams from there: disk holds one more copy of the model for
+a while, host memory still one group. A quantizing stage after a pruning one keeps the mask:
+the compressor is told which layers were pruned, and GPTQ holds their zeros.
 
 The model keeps the dtype its ``config.json`` declares (or the requested one): non-quantized
 tensors, scales and ``config.json`` are stored in it; forward passes run in it on a GPU and in
@@ -17,7 +25,12 @@ GPTQ/SparseGPT arithmetic are float32 everywhere.
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,26 +38,23 @@ from typing import Any
 import torch
 
 from llmc_trace.attempt.run import settle
-from llmc_trace.checkpoint.recipe import Recipe
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
-from llmc_trace.core.names import AUTO, GPTQ, SEQUENTIAL
-from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.core.host_memory import map_large_blocks
+from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
+from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import parameter_dtype
-from llmc_trace.data import load_calibration
+from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import build_meta_model, build_skeleton, load_pretrained
-from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.models.samples import SampleOptions
-from llmc_trace.models.source import ModelSource
+from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
+from llmc_trace.oneshot.recipe import render_recipe
 from llmc_trace.oneshot.request import CompressRequest
-from llmc_trace.pipelines.registry import (
-    Calibration,
-    PipelineOutcome,
-    fallback_order,
-    run_pipelines,
-)
+from llmc_trace.oneshot.stage import Stage
+from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import InMemory, Residency, Streamed, compute_dtype
 from llmc_trace.pipelines.sequential import PipelineStats
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
@@ -55,20 +65,61 @@ from llmc_trace.tracing.options import TracingOptions
 
 
 @dataclass(frozen=True)
+class StageResult:
+    """What one stage did: the stage as it ran (its ``pipeline`` the one that ran), its plan,
+    the pipeline's statistics, the compressed layers, and any fallback taken."""
+
+    stage: Stage
+    plan: MemoryPlan
+    stats: PipelineStats
+    layers: list[LayerResult]
+    fallbacks: list[str]
+
+    @property
+    def pipeline(self) -> str:
+        return self.stage.pipeline
+
+
+@dataclass(frozen=True)
 class CompressionResult:
-    """What ``compress`` did and where the checkpoint is."""
+    """What ``compress`` did and where the checkpoint is; ``pipeline``, ``plan``, ``stats`` and
+    ``layers`` are the last stage's (the one the checkpoint's integers come from)."""
 
     out_dir: Path | None
     #: the compressed model in memory; a skeleton on ``meta`` when it was streamed to out_dir
     model: torch.nn.Module = field(repr=False)
-    pipeline: str
-    plan: MemoryPlan
-    stats: PipelineStats
-    layers: list[LayerResult]
+    stages: list[StageResult]
     ignore: list[str]
     elapsed_s: float
-    fallbacks: list[str]
     traced: TracedModel = field(repr=False)
+
+    @property
+    def pipeline(self) -> str:
+        return self.stages[-1].pipeline
+
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.stages[-1].plan
+
+    @property
+    def stats(self) -> PipelineStats:
+        return self.stages[-1].stats
+
+    @property
+    def layers(self) -> list[LayerResult]:
+        return self.stages[-1].layers
+
+    @property
+    def fallbacks(self) -> list[str]:
+        return [fallback for stage in self.stages for fallback in stage.fallbacks]
+
+
+@dataclass
+class _Pruned:
+    """The mask an earlier stage left: which layers, to what structure."""
+
+    sparsity: Sparsity
+    layers: list[str]
 
 
 def compress(
@@ -93,114 +144,237 @@ def compress(
     report = progress or no_progress
     if request.needs_data:
         refuse_weight_changing(request.source)
-    report("load", 0, 1)
-    assert request.source.folder is not None  # a request has weights
-    store = WeightStore(request.source.folder) if request.out_path is not None else None
-    loaded = _load(request, store)
-    storage = parameter_dtype(loaded)
-    assert storage is not None  # loading refuses a model without floating-point weights
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # token ids need no tokenizer (checked against the embedding table instead); the
-    # checkpoint copies the tokenizer's files either way
-    calibration = load_calibration(
-        request.dataset,
-        _tokenizer(request.source) if request.data_kind != "npy" else None,
-        samples=request.samples,
-        seq_len=request.seq_len,
-        seed=request.seed,
-        batch_size=request.batch_size,
-        vocab_size=loaded.get_input_embeddings().num_embeddings,
-    )
-    compressor = LayerCompressor(
-        request.method,
-        request.quantization,
-        request.target_sparsity,
-        refine_passes=request.refine_passes,
-        storage_dtype=storage,
-    )
-    targets = _check_targets(loaded, compressor, request.source.name)
-    report("trace", 0, 1)
-    traced, check = trace_for_calibration(request, loaded, calibration.batches[0])
-    compute = compute_dtype(storage, device)
-    settings = RunSettings(
-        request.samples,
-        request.seq_len,
-        request.batch_size,
-        dtype_bytes=compute.itemsize,
-        storage_bytes=storage.itemsize,
-        needs_data=request.needs_data,
-        kept_bytes_per_weight=0.0 if request.quantization is None else 1.0,
-        streamed=store is not None,
-        device_is_host=device.type == "cpu",
-    )
-    plan = plan_memory(traced, settings, twin=check.twin if check else None)
-    chosen = plan.chosen if request.pipeline == AUTO else request.pipeline
-    order = fallback_order(chosen, plan.pipelines())
-
-    def calibrate(residency: Residency) -> PipelineOutcome:
-        return run_pipelines(
-            order,
-            Calibration(
-                traced,
-                calibration.batches,
-                compressor,
-                device,
-                propagate_error=request.propagate_error,
-                true_sequential=request.true_sequential,
-                progress=report,
-                residency=residency,
-                twin=check.twin if check else None,
-            ),
-        )
-
-    if store is None:
-        outcome = calibrate(InMemory(torch.device("cpu"), compute))
-    else:
-        assert request.out_path is not None
-        schemes = [request.quantization] if request.quantization else []
-        with CheckpointWriter(
-            request.out_path,
-            loaded,
-            assign_schemes(loaded, targets, schemes) if schemes else {},
-            compressor.quantized,
-            dtype=storage,
-            pruned=targets if request.target_sparsity is not None else (),
-            max_shard_size=request.max_shard_size,
-            overwrite=request.overwrite,
-        ) as writer:
-            residency = Streamed(loaded, store, writer.put, compute)
-            outcome = calibrate(residency)
-            residency.finish()
-            report("write", 0, 1)
-            writer.commit(
-                sparsity=request.target_sparsity,
-                recipe=_recipe(
-                    request, outcome.pipeline, calibration.num_samples, compressor, loaded
-                ),
-                tokenizer_dir=request.source.folder,
-            )
-    fallbacks = list(outcome.fallbacks)
-    if request.true_sequential and outcome.pipeline != SEQUENTIAL and request.needs_data:
-        fallbacks.append(
-            f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates each "
-            "target in one stage"
-        )
+    stages = list(request.stages or ())
+    run = _Run(request, device, report)
+    with run.intermediate_folders(len(stages) - 1) as folders:
+        source = request.source
+        model = None if request.out_path is not None else run.load(source, None)
+        for index, stage in enumerate(stages):
+            last = index == len(stages) - 1
+            out = request.out_path if last or not folders else folders[index]
+            if out is not None:
+                model = None  # each streamed stage reads the one before from disk
+            model = run.stage(stage, source, model, out, last=last)
+            if not last and out is not None:
+                source = resolve_model(str(out))
+    assert model is not None and run.traced is not None
     return CompressionResult(
         request.out_path,
-        loaded,
-        outcome.pipeline,
-        plan,
-        outcome.stats,
-        compressor.results,
-        traced.options.ignore_list(),
+        model,
+        run.results,
+        run.traced.options.ignore_list(),
         time.perf_counter() - start,
-        fallbacks,
-        traced,
+        run.traced,
     )
+
+
+class _Run:
+    """The state the stages of one run share: the calibration set, the tracing options once
+    settled, the mask of a pruning stage, and each stage's result."""
+
+    def __init__(self, request: CompressRequest, device: torch.device, report: Progress) -> None:
+        self.request = request
+        self.device = device
+        self.report = report
+        self.calibration: CalibrationSet | None = None
+        self.options: TracingOptions | None = None
+        self.traced: TracedModel | None = None
+        self.pruned: _Pruned | None = None
+        self.results: list[StageResult] = []
+
+    @contextmanager
+    def intermediate_folders(self, count: int) -> Iterator[list[Path]]:
+        """Hidden folders beside the output for the stages before the last (removed at the
+        end, finished or not); none when compressing in memory."""
+        out = self.request.out_path
+        if out is None or count == 0:
+            yield []
+            return
+        tag = uuid.uuid4().hex[:8]
+        folders = [out.parent / f".{out.name}.stage{i + 1}.{tag}" for i in range(count)]
+        try:
+            yield folders
+        finally:
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def load(self, source: ModelSource, store: WeightStore | None) -> torch.nn.Module:
+        """The model (its skeleton, to fill from ``store``, when there is one) in the requested
+        dtype, with the requested attention kernel, or eager where the architecture lacks it."""
+        request = self.request
+
+        def load(kernel: str) -> torch.nn.Module:
+            if store is not None:
+                return build_skeleton(source, store, kernel, request.dtype)
+            return load_pretrained(source, kernel, request.dtype)
+
+        try:
+            return load(request.attn_implementation)
+        except ValueError:
+            if request.attn_implementation == "eager":
+                raise
+            return load("eager")
+
+    def stage(
+        self,
+        stage: Stage,
+        source: ModelSource,
+        model: torch.nn.Module | None,
+        out: Path | None,
+        *,
+        last: bool,
+    ) -> torch.nn.Module:
+        """Run ``stage`` on ``model`` (loaded), or on ``source`` streamed into ``out``."""
+        request, report = self.request, self.report
+        report("load", 0, 1)
+        assert source.folder is not None  # a request has weights
+        store = WeightStore(source.folder) if out is not None else None
+        if model is None:
+            model = self.load(source, store)
+        storage = parameter_dtype(model)
+        assert storage is not None  # loading refuses a model without floating-point weights
+        calibration = self._calibration(model)
+        compressor = LayerCompressor(
+            stage.method,
+            stage.scheme,
+            stage.sparsity,
+            blocksize=stage.blocksize,
+            percdamp=stage.percdamp,
+            refine_passes=stage.refine_passes,
+            storage_dtype=storage,
+            keep_zeros=frozenset(self.pruned.layers) if self.pruned else frozenset(),
+        )
+        targets = _check_targets(model, compressor, request.source.name)
+        report("trace", 0, 1)
+        needs_data = stage.method in DATA_METHODS
+        traced, check = self._trace(model, calibration.batches[0], needs_data)
+        compute = compute_dtype(storage, device=self.device)
+        settings = RunSettings(
+            request.samples,
+            request.seq_len,
+            request.batch_size,
+            dtype_bytes=compute.itemsize,
+            storage_bytes=storage.itemsize,
+            needs_data=needs_data,
+            kept_bytes_per_weight=1.0 if stage.quantizes else 0.0,
+            streamed=store is not None,
+            device_is_host=self.device.type == "cpu",
+        )
+        plan = plan_memory(traced, settings, twin=check.twin if check else None)
+        order = fallback_order(
+            plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
+        )
+
+        def calibrate(residency: Residency) -> Any:
+            return run_pipelines(
+                order,
+                Calibration(
+                    traced,
+                    calibration.batches,
+                    compressor,
+                    self.device,
+                    propagate_error=stage.propagate_error,
+                    true_sequential=stage.true_sequential,
+                    progress=report,
+                    residency=residency,
+                    twin=check.twin if check else None,
+                ),
+            )
+
+        if stage.prunes:
+            self.pruned = _Pruned(stage.sparsity, targets)  # type: ignore[arg-type]
+        if out is None:
+            outcome = calibrate(InMemory(torch.device("cpu"), compute))
+        else:
+            assert source.folder is not None
+            schemes = [stage.scheme] if stage.scheme is not None and last else []
+            pruned = self.pruned if last else None
+            with CheckpointWriter(
+                out,
+                model,
+                assign_schemes(model, targets, schemes) if schemes else {},
+                compressor.quantized,
+                dtype=storage,
+                pruned=pruned.layers if pruned else (),
+                max_shard_size=request.max_shard_size,
+                overwrite=request.overwrite or not last,
+            ) as writer:
+                residency = Streamed(model, store, writer.put, compute)  # type: ignore[arg-type]
+                outcome = calibrate(residency)
+                residency.finish()
+                report("write", 0, 1)
+                ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
+                writer.commit(
+                    sparsity=pruned.sparsity if pruned else None,
+                    recipe=self._recipe([*(r.stage for r in self.results), ran]) if last else None,
+                    tokenizer_dir=source.folder,
+                )
+        fallbacks = list(outcome.fallbacks)
+        if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
+            fallbacks.append(
+                f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "
+                "each target in one stage"
+            )
+        ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
+        self.results.append(StageResult(ran, plan, outcome.stats, compressor.results, fallbacks))
+        return model
+
+    def _calibration(self, model: torch.nn.Module) -> CalibrationSet:
+        """The calibration rows, loaded once for every stage (token ids need no tokenizer:
+        they are checked against the embedding table instead)."""
+        if self.calibration is None:
+            request = self.request
+            self.calibration = load_calibration(
+                request.dataset,
+                _tokenizer(request.source) if request.data_kind != "npy" else None,
+                samples=request.samples,
+                seq_len=request.seq_len,
+                seed=request.seed,
+                batch_size=request.batch_size,
+                vocab_size=model.get_input_embeddings().num_embeddings,
+            )
+        return self.calibration
+
+    def _trace(
+        self, model: torch.nn.Module, batch: dict[str, Any], needs_data: bool
+    ) -> tuple[TracedModel, TwinCheck | None]:
+        """Trace this stage's model with the options the first stage settled on."""
+        request = self.request
+        if self.options is None:
+            self.options = TracingOptions.parse(
+                model, request.ignore, request.sequential_targets, request.targets_per_subgraph
+            )
+        traced, check = trace_for_calibration(
+            request.source, model, batch, self.options, needs_data=needs_data
+        )
+        self.options, self.traced = traced.options, traced
+        return traced, check
+
+    def _recipe(self, stages: list[Stage]) -> str:
+        """``recipe.yaml``: this run, resolved, as a recipe that runs it again."""
+        request = self.request
+        assert self.options is not None
+        arguments = {
+            "dataset": str(request.dataset),
+            "samples": request.samples,
+            "seq_len": request.seq_len,
+            "batch_size": request.batch_size,
+            "seed": request.seed,
+            "attn_implementation": request.attn_implementation,
+            "sequential_targets": request.sequential_targets,
+            "targets_per_subgraph": request.targets_per_subgraph,
+        }
+        return render_recipe(arguments, stages, ignore=self.options.ignore_list())
 
 
 def trace_for_calibration(
-    request: CompressRequest, model: torch.nn.Module, batch: dict[str, Any]
+    source: ModelSource,
+    model: torch.nn.Module,
+    batch: dict[str, Any],
+    options: TracingOptions,
+    *,
+    needs_data: bool,
 ) -> tuple[TracedModel, TwinCheck | None]:
     """Trace ``model`` once on the first calibration batch, fixed as ``attempt --fix`` would.
 
@@ -209,13 +383,12 @@ def trace_for_calibration(
     trace still calibrates through a pipeline that needs no trace (the plan leaves
     sequential out).
     """
-    name = display_name(request.source)
-    traced = trace_model(model, batch, TracingOptions(), name=name, source=request.source)
-    if not request.needs_data:
+    traced = trace_model(model, batch, options, name=display_name(source), source=source)
+    if not needs_data:
         return traced, None
     ids = batch["input_ids"]
-    options = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
-    settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", options), fix=True)
+    sample = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
+    settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", sample), fix=True)
     return settled.fixed.traced, settled.fixed.check
 
 
@@ -233,47 +406,6 @@ def refuse_weight_changing(source: ModelSource) -> None:
             hint="Compress another architecture; llmc-trace attempt still traces and verifies it.",
             param="model",
         )
-
-
-def _load(request: CompressRequest, store: WeightStore | None) -> torch.nn.Module:
-    """The model (its skeleton, to fill from ``store``, when there is one) in the requested
-    dtype, with the requested attention kernel, or eager where the architecture lacks it."""
-
-    def load(kernel: str) -> torch.nn.Module:
-        if store is not None:
-            return build_skeleton(request.source, store, kernel, request.dtype)
-        return load_pretrained(request.source, kernel, request.dtype)
-
-    try:
-        return load(request.attn_implementation)
-    except ValueError:
-        if request.attn_implementation == "eager":
-            raise
-        return load("eager")
-
-
-def _recipe(
-    request: CompressRequest,
-    pipeline: str,
-    num_samples: int,
-    compressor: LayerCompressor,
-    model: torch.nn.Module,
-) -> Recipe:
-    """What ran, for ``recipe.yaml``; calibration facts only where the method calibrates."""
-    if not request.needs_data:
-        return Recipe(request.method, pipeline=pipeline, seed=request.seed)
-    return Recipe(
-        request.method,
-        num_samples=num_samples,
-        seq_len=request.seq_len,
-        pipeline=pipeline,
-        seed=request.seed,
-        percdamp=compressor.percdamp,
-        blocksize=compressor.blocksize,
-        attn_implementation=model.config._attn_implementation,
-        true_sequential=request.true_sequential and pipeline == SEQUENTIAL,
-        refine_passes=request.refine_passes if request.method == GPTQ else None,
-    )
 
 
 def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:

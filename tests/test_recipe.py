@@ -1,0 +1,111 @@
+"""Recipes: what a run writes reads back as the same run; every mistake names its key and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmc_trace.compress import W4A16, W8A8
+from llmc_trace.errors import BadInputError
+from llmc_trace.oneshot import Stage
+from llmc_trace.oneshot.recipe import read_recipe, render_recipe
+
+ARGUMENTS = {
+    "dataset": "calib.npy",
+    "samples": 256,
+    "seq_len": 512,
+    "batch_size": 2,
+    "seed": 7,
+    "attn_implementation": "sdpa",
+    "sequential_targets": ("LlamaDecoderLayer",),
+    "targets_per_subgraph": 2,
+}
+STAGES = [
+    Stage("sparsegpt", None, (2, 4), pipeline="sequential"),
+    Stage("gptq", W4A16.with_weights(actorder=None), pipeline="layer_sequential", refine_passes=3),
+]
+
+
+def test_a_written_recipe_reads_back_as_the_same_run(tmp_path: Path) -> None:
+    text = render_recipe(ARGUMENTS, STAGES, ignore=["re:.*rotary.*", "Qwen2VLModel.get_rope_index"])
+    assert text == render_recipe(
+        ARGUMENTS, STAGES, ignore=["re:.*rotary.*", "Qwen2VLModel.get_rope_index"]
+    )
+    (tmp_path / "recipe.yaml").write_text(text)
+    read = read_recipe(tmp_path / "recipe.yaml")
+    assert read.pop("stages") == tuple(STAGES)
+    assert read.pop("ignore") == ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")
+    assert read == ARGUMENTS
+    parsed = yaml.safe_load(text)  # any YAML reader
+    assert set(parsed["versions"]) == {"llmc-trace", "torch", "transformers", "compressed-tensors"}
+    assert parsed["stages"][1]["scheme"]["weights"]["actorder"] is None
+
+
+def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "calibration: {dataset: data.jsonl, samples: 64}\n"
+        "stages:\n"
+        "  - method: magnitude\n"
+        "    sparsity: 0.5\n"
+        "  - {method: gptq, scheme: W8A8}\n"
+    )
+    read = read_recipe(path)
+    assert read["stages"] == (Stage("magnitude", None, 0.5), Stage("gptq", W8A8))
+    path.write_text("stages:\n  - {method: sparsegpt, sparsity: 2:4}\n")  # not base 60
+    assert read_recipe(path)["stages"] == (Stage("sparsegpt", None, (2, 4)),)
+    assert read["samples"] == 64 and "seq_len" not in read
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("stages: [{method: gptq}]\nextra: 1\n", "extra", 2),
+        (
+            "calibration:\n  samples: 8\n  sample_count: 8\nstages: [{method: gptq}]\n",
+            "sample_count",
+            3,
+        ),
+        ("stages:\n  - method: sparsegpt\n    sparsity: 1.5\n", "sparsity", 3),
+        ("stages:\n  - method: gptq\n    propagte: false\n", "propagte", 3),
+        ("stages: []\n", "stages", 1),
+        ("calibration: {samples: 8}\n", "stages", 1),
+        ("stages:\n  - scheme: W4A16\n", "method", 2),
+        ("stages:\n  - {method: gptq, scheme: W3A16}\n", "scheme", 2),
+        ("calibration:\n  samples: eight\nstages: [{method: gptq}]\n", "samples", 2),
+        ("stages:\n  - {method: gptq}\n  - {method: sparsegpt, sparsity: 2:4}\n", "stages", 1),
+        (
+            "stages:\n  - {method: sparsegpt, sparsity: 0.5}\n  - {method: magnitude, sparsity: 2:4}\n",
+            "stages",
+            1,
+        ),
+        ("stages:\n  - method: gptq\n    method: rtn\n", "method", 3),
+        (
+            "stages:\n  - {method: gptq, true_sequential: true, pipeline: basic}\n",
+            "true_sequential",
+            2,
+        ),
+    ],
+)
+def test_a_bad_recipe_names_the_key_and_its_line(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(BadInputError) as info:
+        read_recipe(path)
+    assert info.value.param == key
+    assert f"recipe line {line}, `{key}`" in str(info.value)
+
+
+def test_unreadable_or_malformed_recipes_are_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="cannot read"):
+        read_recipe(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("stages: [{method: gptq\n")
+    with pytest.raises(BadInputError, match="not valid YAML at line"):
+        read_recipe(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- gptq\n")
+    with pytest.raises(BadInputError, match="not a mapping"):
+        read_recipe(tmp_path / "list.yaml")
