@@ -130,13 +130,12 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path)
     """2-bit group 64 on 8 calibration samples: GPTQ far below round-to-nearest either way.
 
     Error propagation (sequential) against the basic pipeline is no ordering to assert: on this
-    model their perplexities differ by about 0.02%, a gap float order flips between machines,
-    and each layer's reconstruction error on the propagated inputs is the same for both weights
-    (ratio 0.96-1.07, geometric mean 0.999). What holds everywhere: the first layer sees the same
+    model and these 8 samples their perplexities differ by 0.2% (114.0 against 113.8, basic
+    lower), the size of a calibration draw's effect. What holds everywhere: the first layer sees the same
     inputs in both pipelines and gets the same weights; later layers see the compressed model's
     own activations and get different ones; and both land within 2% of each other."""
     scheme = W4A16.with_weights(num_bits=2, group_size=64)
-    eval_rows = np.load(refmodel_dir / "eval.npy")[:16]
+    eval_rows = np.load(refmodel_dir / "eval.npy")[:8]
     calib = refmodel_dir / "calib.npy"
 
     models: dict[str, torch.nn.Module] = {}
@@ -164,7 +163,8 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path)
     rtn = ppl(method="rtn")
     gptq_sequential = ppl(method="gptq")
     gptq_basic = ppl(method="gptq", pipeline="basic")
-    # measured 85.9 against 89.4 (3.9%): 0.98x leaves a margin ~100x the float-order spread
+    # measured on 8 rows 114.0 against 117.7 (3.2% lower; basic 113.8, the float model 113.1):
+    # 0.98x leaves 1.4 of perplexity, ~30x what float order moves it (README, Compression results)
     assert baseline < gptq_sequential < 0.98 * rtn and gptq_basic < 0.98 * rtn
     assert abs(gptq_sequential - gptq_basic) < 0.02 * gptq_basic
     first = [f"model.layers.0.{p}.weight" for p in ("self_attn.q_proj", "mlp.down_proj")]
