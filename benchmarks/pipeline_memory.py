@@ -356,7 +356,7 @@ def plan_estimates(config_dir: Path, workload: Workload) -> tuple[str, dict[str,
     from llmc_trace.tracing.trace import trace_graph
 
     settings = RunSettings(workload.samples, workload.seq_len, batch_size=1, dtype_bytes=4)
-    plan = plan_source(str(config_dir), settings, device_memory=2**50, host_memory=2**50)
+    (plan,) = plan_source(str(config_dir), [settings], device_memory=2**50, host_memory=2**50)
     model = build_meta_model(resolve_model(str(config_dir)))
     partitioned = partition_trace(
         trace_graph(model, make_sample(model.config, "text", SampleOptions()))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 from rich.table import Table
 
@@ -31,6 +33,13 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 )
 @click.option("--host-memory", default=None, help="Host memory, e.g. 512GiB (default: available).")
 @click.option("--data-free", is_flag=True, help="Plan for a compressor that needs no data (RTN).")
+@click.option(
+    "--recipe",
+    "-r",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Plan every stage of this recipe (its samples, seq-len and batch size unless given).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout only.")
 @pass_cli
 def plan(
@@ -42,37 +51,58 @@ def plan(
     device_memory: str | None,
     host_memory: str | None,
     data_free: bool,
+    recipe: Path | None,
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one.
 
     The plan is for ``compress`` with an output folder (weights streamed from the checkpoint),
-    on a GPU when ``--device-memory`` is given or one is present, else on this CPU.
+    on a GPU when ``--device-memory`` is given or one is present, else on this CPU. With
+    ``--recipe``, one plan per stage: each stage is a calibration of its own.
     """
     import torch
 
+    from llmc_trace.core.names import DATA_METHODS
     from llmc_trace.core.sizes import human_bytes, parse_bytes
+    from llmc_trace.oneshot.recipe import read_recipe
     from llmc_trace.plan import RunSettings, plan_source
 
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
         device = parse_bytes(device_memory, "device_memory") if device_memory else None
         host = parse_bytes(host_memory, "host_memory") if host_memory else None
-        result = plan_source(
+        sizes = {"samples": samples, "seq_len": seq_len, "batch_size": batch_size}
+        stages: list[tuple[str, bool, bool]] = [("", not data_free, True)]
+        if recipe is not None:
+            read = read_recipe(recipe)
+            given = click.get_current_context().get_parameter_source
+            for name in sizes:
+                if name in read and given(name) != click.core.ParameterSource.COMMANDLINE:
+                    sizes[name] = read[name]
+            stages = [
+                (f"stage {i + 1}: {s.method}", s.method in DATA_METHODS, s.quantizes)
+                for i, s in enumerate(read["stages"])
+            ]
+        plans = plan_source(
             model,
-            RunSettings(
-                samples,
-                seq_len,
-                batch_size,
-                needs_data=not data_free,
-                streamed=True,
-                device_is_host=device is None and not torch.cuda.is_available(),
-            ),
+            [
+                RunSettings(
+                    sizes["samples"],
+                    sizes["seq_len"],
+                    sizes["batch_size"],
+                    needs_data=needs_data,
+                    kept_bytes_per_weight=1.0 if quantizes else 0.0,
+                    streamed=True,
+                    device_is_host=device is None and not torch.cuda.is_available(),
+                )
+                for _, needs_data, quantizes in stages
+            ],
             device_memory=device,
             host_memory=host,
         )
     if as_json:
-        ctx.print_json(
+        documents = [
             {
+                "stage": label or None,
                 "chosen": result.chosen,
                 "reason": result.reason,
                 "fits": result.fits,
@@ -80,22 +110,24 @@ def plan(
                 "host_memory": result.host_memory,
                 "estimates": [vars(e) for e in result.estimates],
             }
-        )
+            for (label, _, _), result in zip(stages, plans, strict=True)
+        ]
+        ctx.print_json(documents[0] if recipe is None else {"stages": documents})
         return
-    table = Table(
-        title=f"memory plan: {model}, {samples} samples × {seq_len} tokens", title_justify="left"
-    )
-    for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
-        table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
-    for e in result.estimates:
-        style = "bold green" if e.pipeline == result.chosen else ""
-        table.add_row(
-            e.pipeline,
-            human_bytes(e.device_bytes),
-            human_bytes(e.host_bytes),
-            human_bytes(e.cache_bytes),
-            e.detail,
-            style=style,
-        )
-    ctx.out.print(table)
-    ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
+    for (label, _, _), result in zip(stages, plans, strict=True):
+        title = f"memory plan: {model}, {sizes['samples']} samples × {sizes['seq_len']} tokens"
+        table = Table(title=f"{title}, {label}" if label else title, title_justify="left")
+        for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
+            table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
+        for e in result.estimates:
+            style = "bold green" if e.pipeline == result.chosen else ""
+            table.add_row(
+                e.pipeline,
+                human_bytes(e.device_bytes),
+                human_bytes(e.host_bytes),
+                human_bytes(e.cache_bytes),
+                e.detail,
+                style=style,
+            )
+        ctx.out.print(table)
+        ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")

@@ -23,6 +23,8 @@ BASIC = "basic"
 DATA_FREE = "data_free"
 #: The pipeline the memory plan chooses.
 AUTO = "auto"
+#: Several stages, each a calibration with its own pipeline on the model the stage before left.
+INDEPENDENT = "independent"
 
 #: dtypes a model may be compressed or evaluated in; ``auto`` is the one its config declares.
 DTYPES = (AUTO, "bfloat16", "float16", "float32")

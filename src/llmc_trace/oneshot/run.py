@@ -41,7 +41,7 @@ from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.core.host_memory import map_large_blocks
-from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
+from llmc_trace.core.names import AUTO, DATA_METHODS, INDEPENDENT, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.data import CalibrationSet, load_calibration
@@ -82,8 +82,9 @@ class StageResult:
 
 @dataclass(frozen=True)
 class CompressionResult:
-    """What ``compress`` did and where the checkpoint is; ``pipeline``, ``plan``, ``stats`` and
-    ``layers`` are the last stage's (the one the checkpoint's integers come from)."""
+    """What ``compress`` did and where the checkpoint is. ``pipeline`` is the one that ran, or
+    ``independent`` for several stages (each stage's is in ``stages``); ``plan``, ``stats``
+    and ``layers`` are the last stage's (the one the checkpoint's integers come from)."""
 
     out_dir: Path | None
     #: the compressed model in memory; a skeleton on ``meta`` when it was streamed to out_dir
@@ -95,7 +96,7 @@ class CompressionResult:
 
     @property
     def pipeline(self) -> str:
-        return self.stages[-1].pipeline
+        return self.stages[0].pipeline if len(self.stages) == 1 else INDEPENDENT
 
     @property
     def plan(self) -> MemoryPlan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import psutil
 import torch
@@ -63,25 +64,29 @@ def plan_memory(
 
 def plan_source(
     model: str,
-    settings: RunSettings,
+    settings: Sequence[RunSettings],
     *,
     device_memory: int | None = None,
     host_memory: int | None = None,
-) -> MemoryPlan:
-    """Trace ``model`` on ``meta`` at the planning sizes (which collide with no model width,
-    so every sequence and batch dimension can be told apart and scaled) and plan it, with the
-    model's own dtype for storage and the compute dtype of the device ``settings`` name."""
+) -> list[MemoryPlan]:
+    """Trace ``model`` once on ``meta`` at the planning sizes (which collide with no model
+    width, so every sequence and batch dimension can be told apart and scaled) and plan it for
+    each of ``settings`` (one per stage of a recipe), with the model's own dtype for storage
+    and the compute dtype of the device each names."""
     traced = trace_source(
         model, sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
     )
     storage = parameter_dtype(traced.model) or torch.float32
-    device = torch.device("cpu" if settings.device_is_host else "cuda")
-    settings = dataclasses.replace(
-        settings,
-        storage_bytes=storage.itemsize,
-        dtype_bytes=compute_dtype(storage, device).itemsize,
-    )
-    return plan_memory(traced, settings, device_memory=device_memory, host_memory=host_memory)
+    plans = []
+    for run in settings:
+        device = torch.device("cpu" if run.device_is_host else "cuda")
+        run = dataclasses.replace(
+            run,
+            storage_bytes=storage.itemsize,
+            dtype_bytes=compute_dtype(storage, device).itemsize,
+        )
+        plans.append(plan_memory(traced, run, device_memory=device_memory, host_memory=host_memory))
+    return plans
 
 
 def traced_sizes(traced: TracedModel) -> tuple[int, int]:

@@ -1,0 +1,35 @@
+"""``llmc-trace plan --recipe``: one plan per stage, at the recipe's sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from llmc_trace.cli.main import cli
+
+MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def plan_json(*args: str) -> dict:
+    result = CliRunner().invoke(cli, ["--quiet", "plan", "-m", MODEL, "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_recipe_is_planned_stage_by_stage_at_its_sizes(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "calibration: {samples: 64, seq_len: 1024}\n"
+        "stages:\n  - {method: magnitude, sparsity: 2:4}\n  - {method: gptq, scheme: W4A16}\n"
+    )
+    first, second = plan_json("--recipe", str(recipe))["stages"]
+    assert (first["stage"], second["stage"]) == ("stage 1: magnitude", "stage 2: gptq")
+    assert first["chosen"] == "data_free" and second["chosen"] == "sequential"
+    alone = plan_json("--samples", "64", "--seq-len", "1024")
+    assert second["estimates"] == alone["estimates"]  # the same plan as a one-stage run
+    fewer = plan_json("--recipe", str(recipe), "--samples", "8")["stages"][1]
+    cache = {e["pipeline"]: e["cache_bytes"] for e in fewer["estimates"]}
+    full = {e["pipeline"]: e["cache_bytes"] for e in second["estimates"]}
+    assert cache["sequential"] < full["sequential"] / 4  # the flag overrides the recipe's 64
