@@ -76,6 +76,9 @@ class Setting:
     sparsity: str | None = None
     true_sequential: bool = False
     refine_passes: int | None = None  # None: compress's default (no refinement)
+    #: two stages: prune (``method``/``baseline`` at ``sparsity``), then quantize the pruned
+    #: model at ``bits``/``group_size`` (GPTQ after SparseGPT, RTN after magnitude)
+    then_quantize: bool = False
 
     @property
     def is_variant(self) -> bool:
@@ -101,6 +104,15 @@ SETTINGS = (
     Setting("2-bit g64", "gptq", "rtn", bits=2, group_size=64),
     Setting("SparseGPT 50%", "sparsegpt", "magnitude", sparsity="0.5"),
     Setting("SparseGPT 2:4", "sparsegpt", "magnitude", sparsity="2:4"),
+    Setting(
+        "2:4, then W4A16",
+        "sparsegpt",
+        "magnitude",
+        bits=4,
+        group_size=128,
+        sparsity="2:4",
+        then_quantize=True,
+    ),
 )
 
 
@@ -113,7 +125,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from llmc_trace.compress.scheme import W4A16
     from llmc_trace.evaluate import perplexity
-    from llmc_trace.oneshot import CompressRequest, compress
+    from llmc_trace.oneshot import CompressRequest, Stage, compress
 
     torch.set_num_threads(THREADS)
     model_dir = Path(spec["model_dir"])
@@ -131,19 +143,26 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
     before_peak = peak_rss_since_reset()  # imports' peak, lost by the reset below
     before = reset_peak_rss()
     start = time.perf_counter()
-    options = {} if spec["refine_passes"] is None else {"refine_passes": spec["refine_passes"]}
+    options: dict[str, Any] = {
+        "scheme": scheme,
+        "method": spec["method"],
+        "sparsity": spec["sparsity"],
+        "true_sequential": spec["true_sequential"],
+    }
+    if spec["refine_passes"] is not None:
+        options["refine_passes"] = spec["refine_passes"]
+    if spec["then_quantize"]:
+        quantizer = "gptq" if spec["method"] == "sparsegpt" else "rtn"
+        prune = Stage.parse(spec["method"], None, spec["sparsity"])
+        options = {"stages": (prune, Stage(quantizer, scheme))}
     request = CompressRequest(
         model_dir,
         dataset=model_dir / "calib.npy",
-        scheme=scheme,
-        method=spec["method"],
-        sparsity=spec["sparsity"],
         samples=spec["samples"],
         seq_len=SEQ_LEN,
         batch_size=spec["batch_size"],
         seed=spec["seed"],
         attn_implementation=ATTENTION,
-        true_sequential=spec["true_sequential"],
         **options,
     )
     result = compress(request, progress=note_pipeline_start)
@@ -255,6 +274,7 @@ def run_ours(
         "sparsity": setting.sparsity,
         "true_sequential": setting.true_sequential,
         "refine_passes": setting.refine_passes,
+        "then_quantize": setting.then_quantize,
         "samples": samples,
         "evaluate": evaluate,
     }
@@ -356,7 +376,8 @@ def print_results(rows: list[Row], fp_ppl: float, repeat: int) -> None:
     print(f"| setting | baseline ppl | ours ppl | fp ppl | ours {timing} |")
     print("|---|---|---|---|---|")
     for row in rows:
-        baseline = f"{ppl_text(row.baseline)} ({row.setting.baseline})"
+        name = row.setting.baseline + (", then rtn" if row.setting.then_quantize else "")
+        baseline = f"{ppl_text(row.baseline)} ({name})"
         ours = row.ours[0] if row.ours else None
         seconds = seconds_text(values(row.ours, "compress_s"))
         print(f"| {row.setting.label} | {baseline} | {ppl_text(ours)} | {fp_ppl:.3f} | {seconds} |")
@@ -431,6 +452,9 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="which calibration rows are drawn (default 0)"
     )
+    parser.add_argument(
+        "--only", nargs="+", metavar="TEXT", help="rows whose label contains any of these"
+    )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("spec", nargs="?", help=argparse.SUPPRESS)
@@ -442,6 +466,10 @@ def main() -> None:
         parser.error("--repeat must be at least 1")
     samples = args.samples or (16 if args.quick else 128)
     settings = SETTINGS[:1] if args.quick else SETTINGS
+    if args.only:
+        settings = tuple(s for s in settings if any(text in s.label for text in args.only))
+        if not settings:
+            parser.error(f"no row's label contains {' or '.join(args.only)}")
     reference = REFERENCE_PYTHON.exists()
     model_dir = args.model_dir.resolve()
 

@@ -96,7 +96,7 @@ def test_a_bad_recipe_names_the_key_and_its_line(
     path.write_text(text)
     with pytest.raises(BadInputError) as info:
         read_recipe(path)
-    assert info.value.param == key
+    assert info.value.param == "recipe"
     assert f"recipe line {line}, `{key}`" in str(info.value)
 
 

@@ -312,7 +312,9 @@ def _located(build: Any, key: str | None, line: int, lines: Mapping[str, int] | 
 
 
 def _error(message: str, key: str, line: int, hint: str = "") -> BadInputError:
-    return BadInputError(f"recipe line {line}, `{key}`: {message}", hint=hint, param=key)
+    """Bad input in the recipe (``param``: on the command line, ``--recipe``), naming the key
+    and its line."""
+    return BadInputError(f"recipe line {line}, `{key}`: {message}", hint=hint, param="recipe")
 
 
 def _scheme_mapping(scheme: QuantizationScheme | None) -> dict[str, Any] | None:
