@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from llmc_trace.compress import W4A16, W8A8
@@ -21,6 +22,8 @@ ARGUMENTS = {
     "attn_implementation": "sdpa",
     "sequential_targets": ("LlamaDecoderLayer",),
     "targets_per_subgraph": 2,
+    "dtype": torch.bfloat16,
+    "max_shard_size": 2_000_000,
 }
 STAGES = [
     Stage("sparsegpt", None, (2, 4), pipeline="sequential"),
@@ -41,6 +44,7 @@ def test_a_written_recipe_reads_back_as_the_same_run(tmp_path: Path) -> None:
     parsed = yaml.safe_load(text)  # any YAML reader
     assert set(parsed["versions"]) == {"llmc-trace", "torch", "transformers", "compressed-tensors"}
     assert parsed["stages"][1]["scheme"]["weights"]["actorder"] is None
+    assert parsed["checkpoint"] == {"dtype": "bfloat16", "max_shard_size": 2_000_000}
 
 
 def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
@@ -75,6 +79,7 @@ def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
         ("stages:\n  - scheme: W4A16\n", "method", 2),
         ("stages:\n  - {method: gptq, scheme: W3A16}\n", "scheme", 2),
         ("calibration:\n  samples: eight\nstages: [{method: gptq}]\n", "samples", 2),
+        ("checkpoint: {dtype: int8}\nstages: [{method: gptq}]\n", "dtype", 1),
         ("stages:\n  - {method: gptq}\n  - {method: sparsegpt, sparsity: 2:4}\n", "stages", 1),
         (
             "stages:\n  - {method: sparsegpt, sparsity: 0.5}\n  - {method: magnitude, sparsity: 2:4}\n",

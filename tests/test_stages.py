@@ -87,10 +87,24 @@ def test_the_written_recipe_reproduces_the_checkpoint_byte_for_byte(
 ) -> None:
     folder, data, _ = model_and_data
     first = tmp_path / "first"
-    run(folder, data, first, PRUNE_THEN_QUANTIZE)
+    compress(  # a dtype other than the model's: the recipe must carry it too
+        CompressRequest(
+            folder,
+            data,
+            first,
+            stages=PRUNE_THEN_QUANTIZE,
+            samples=32,
+            seq_len=64,
+            dtype=torch.bfloat16,
+            max_shard_size=100_000,
+        )
+    )
+    assert len(list(first.glob("*.safetensors"))) > 1
     again = tmp_path / "again"
     compress(CompressRequest.from_recipe(first / "recipe.yaml", folder, again))
-    for name in ("model.safetensors", "config.json", "recipe.yaml"):
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
         assert (first / name).read_bytes() == (again / name).read_bytes(), name
     assert not list(tmp_path.glob(".*")), "an intermediate stage folder was left behind"
 

@@ -6,6 +6,7 @@ One format both ways::
     calibration: {dataset: "calib.npy", samples: 128, seq_len: 512, batch_size: 1, seed: 0,
                   attn_implementation: "sdpa"}
     tracing: {sequential_targets: null, targets_per_subgraph: 1, ignore: []}
+    checkpoint: {dtype: "bfloat16", max_shard_size: 5000000000}
     stages:
       - {method: "sparsegpt", sparsity: "2:4"}
       - {method: "gptq", scheme: "W4A16"}
@@ -33,19 +34,23 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
 from llmc_trace.compress.scheme import (
     DynamicActivationArgs,
     QuantizationArgs,
     QuantizationScheme,
     resolve_scheme,
 )
+from llmc_trace.core.names import AUTO, DTYPES
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot.stage import Stage, check_order, parse_sparsity
 
 CALIBRATION_KEYS = ("dataset", "samples", "seq_len", "batch_size", "seed", "attn_implementation")
 TRACING_KEYS = ("sequential_targets", "targets_per_subgraph", "ignore")
+CHECKPOINT_KEYS = ("dtype", "max_shard_size")
 #: recipe key -> Stage field, in the order a written recipe lists them
 STAGE_KEYS = {
     "method": "method",
@@ -59,7 +64,7 @@ STAGE_KEYS = {
     "blocksize": "blocksize",
 }
 SCHEME_KEYS = ("name", "weights", "input_activations", "targets", "ignore")
-TOP_KEYS = ("versions", "calibration", "tracing", "stages")
+TOP_KEYS = ("versions", "calibration", "tracing", "checkpoint", "stages")
 VERSIONED = ("llmc-trace", "torch", "transformers", "compressed-tensors")
 _TYPES: dict[str, tuple[type, ...]] = {
     "dataset": (str,),
@@ -76,6 +81,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "refine_passes": (int,),
     "percdamp": (float, int),
     "blocksize": (int,),
+    "max_shard_size": (int,),
 }
 
 
@@ -163,7 +169,11 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
             "Add `stages:` with at least one stage.",
         )
     arguments: dict[str, Any] = {}
-    for section, keys in (("calibration", CALIBRATION_KEYS), ("tracing", TRACING_KEYS)):
+    for section, keys in (
+        ("calibration", CALIBRATION_KEYS),
+        ("tracing", TRACING_KEYS),
+        ("checkpoint", CHECKPOINT_KEYS),
+    ):
         values = document.get(section) or _Located()
         if not isinstance(values, _Located):
             raise _error(f"`{section}` must be a mapping.", section, document.lines[section])
@@ -198,6 +208,9 @@ def render_recipe(
         *(f"  {key}: {_flow(_plain(arguments.get(key)))}" for key in CALIBRATION_KEYS),
         "tracing:",
         *(f"  {key}: {_flow(value)}" for key, value in tracing.items()),
+        "checkpoint:",
+        f"  dtype: {_flow(_dtype_name(arguments.get('dtype')))}",
+        f"  max_shard_size: {_flow(arguments.get('max_shard_size', DEFAULT_MAX_SHARD_SIZE))}",
         "stages:",
     ]
     for stage in stages:
@@ -276,6 +289,12 @@ def _scheme(value: object, line: int) -> QuantizationScheme | None:
 
 
 def _checked(key: str, value: object, line: int) -> Any:
+    if key == "dtype":
+        if value is None or value == AUTO:
+            return None
+        if value not in DTYPES:
+            raise _error(f"`dtype` must be one of {', '.join(DTYPES)}, not {value!r}.", key, line)
+        return getattr(torch, str(value))
     if key in ("sequential_targets", "ignore"):
         if value is None and key == "sequential_targets":
             return None
@@ -315,6 +334,10 @@ def _error(message: str, key: str, line: int, hint: str = "") -> BadInputError:
     """Bad input in the recipe (``param``: on the command line, ``--recipe``), naming the key
     and its line."""
     return BadInputError(f"recipe line {line}, `{key}`: {message}", hint=hint, param="recipe")
+
+
+def _dtype_name(dtype: object) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _scheme_mapping(scheme: QuantizationScheme | None) -> dict[str, Any] | None:

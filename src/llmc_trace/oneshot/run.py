@@ -308,7 +308,9 @@ class _Run:
                 ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
                 writer.commit(
                     sparsity=pruned.sparsity if pruned else None,
-                    recipe=self._recipe([*(r.stage for r in self.results), ran]) if last else None,
+                    recipe=self._recipe([*(r.stage for r in self.results), ran], storage)
+                    if last
+                    else None,
                     tokenizer_dir=source.folder,
                 )
         fallbacks = list(outcome.fallbacks)
@@ -352,8 +354,9 @@ class _Run:
         self.options, self.traced = traced.options, traced
         return traced, check
 
-    def _recipe(self, stages: list[Stage]) -> str:
-        """``recipe.yaml``: this run, resolved, as a recipe that runs it again."""
+    def _recipe(self, stages: list[Stage], dtype: torch.dtype) -> str:
+        """``recipe.yaml``: this run, resolved (``dtype``: the checkpoint's), as a recipe that
+        runs it again."""
         request = self.request
         assert self.options is not None
         arguments = {
@@ -365,6 +368,8 @@ class _Run:
             "attn_implementation": request.attn_implementation,
             "sequential_targets": request.sequential_targets,
             "targets_per_subgraph": request.targets_per_subgraph,
+            "dtype": dtype,
+            "max_shard_size": request.max_shard_size,
         }
         return render_recipe(arguments, stages, ignore=self.options.ignore_list())
 
