@@ -139,12 +139,15 @@ def compress(
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
 
     With --recipe the run is the recipe's (its stages, calibration and tracing settings); the
-    flags given on the command line override its values.
+    flags given on the command line override its values. Under ``torchrun --nproc-per-node N
+    --no-python llmc-trace compress ...`` the N ranks share the calibration batches and the
+    solves; rank 0 writes the checkpoint.
 
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
     from llmc_trace.core.sizes import parse_bytes
+    from llmc_trace.core.world import join_from_environment
     from llmc_trace.errors import BadInputError
     from llmc_trace.oneshot import CompressRequest
     from llmc_trace.oneshot import compress as run_compress
@@ -167,6 +170,7 @@ def compress(
         "dtype": _dtype(dtype),
         "max_shard_size": max_shard_size,
     }
+    world = join_from_environment()  # under torchrun: this rank of the group
     with handle_errors(ctx), ctx.progress("compress") as progress:
         values["max_shard_size"] = parse_bytes(max_shard_size, "max_shard_size")
         if recipe is None:
@@ -185,6 +189,8 @@ def compress(
             overrides = {name: value for name, value in values.items() if name in given}
             request = CompressRequest.from_recipe(recipe, model, out_dir, **overrides)
         result = run_compress(request, progress=progress)
+    if not world.is_main:
+        return
     stages = " then ".join(
         f"{s.stage.method} ({s.pipeline}, {len(s.layers)} layers)" for s in result.stages
     )

@@ -25,6 +25,7 @@ from llmc_trace.compress.hessian import HessianAccumulator
 from llmc_trace.compress.quantize import QuantizedWeight, rtn
 from llmc_trace.compress.scheme import QuantizationScheme
 from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune, sparsegpt
+from llmc_trace.core.world import World
 from llmc_trace.pipelines.callbacks import NamedModules
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class LayerCompressor:
     refine_passes: int = 0
     storage_dtype: torch.dtype | None = None
     keep_zeros: frozenset[str] = frozenset()
+    world: World = field(default_factory=World)
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     results: list[LayerResult] = field(default_factory=list)
     _hessians: dict[str, _SharedHessian] = field(default_factory=dict)
@@ -123,14 +125,30 @@ class LayerCompressor:
             handle.remove()
         self._handles.clear()
         targets = self.targets(modules)
-        # a shared Hessian is given up by its last layer (the factorisation then reuses its
-        # storage) and freed as soon as that layer is done, not at the subgraph's end
-        last_user = {id(self._hessians[n]): n for n, _ in targets if n in self._hessians}
+        entries = {name: self._hessians.pop(name, None) for name, _ in targets}
+        world = self.world
+        if world.distributed:
+            # every rank's Hessians become the mean over all ranks' tokens, merged in the same
+            # order everywhere (the targets'), before any solve
+            for entry in {id(e): e for e in entries.values() if e is not None}.values():
+                acc = entry.accumulator
+                acc.num_tokens = world.sum_mean(acc.H, acc.num_tokens)
+        # the solves are shared out by cost; one rank alone does them all
+        owner = world.owners([_solve_cost(m) for _, m in targets])
+        mine = {name for (name, _), rank in zip(targets, owner, strict=True) if rank == world.rank}
+        # a shared Hessian is given up by this rank's last layer using it (the factorisation
+        # then reuses its storage) and freed as soon as that layer is done
+        last_user = {id(entries[n]): n for n, _ in targets if n in mine and entries[n] is not None}
         leaders: dict[int, str] = {}
+        shares: dict[str, str | None] = {}
+        done: dict[str, tuple[float, float]] = {}
         for name, module in targets:
+            entry = entries.pop(name)
+            leader = leaders.setdefault(id(entry), name) if entry is not None else name
+            shares[name] = None if leader == name else leader
+            if name not in mine:
+                continue
             start = time.perf_counter()
-            entry = self._hessians.pop(name, None)
-            shared_with = leaders.setdefault(id(entry), name) if entry is not None else None
             loss = self._compress(
                 name,
                 module,
@@ -138,14 +156,64 @@ class LayerCompressor:
                 last_use=entry is not None and last_user[id(entry)] == name,
             )
             del entry
-            self.results.append(
-                LayerResult(
-                    name,
-                    loss,
-                    time.perf_counter() - start,
-                    None if shared_with == name else shared_with,
+            done[name] = (loss, time.perf_counter() - start)
+        for (name, module), rank in zip(targets, owner, strict=True):
+            loss, seconds = self._share(name, module, rank, done.get(name))
+            self.results.append(LayerResult(name, loss, seconds, shares[name]))
+
+    def _share(
+        self, name: str, module: torch.nn.Linear, src: int, done: tuple[float, float] | None
+    ) -> tuple[float, float]:
+        """Give every rank the result rank ``src`` computed for ``name``: the weight left in
+        the module and, when quantized, its integers; returns its loss and seconds. Only rank
+        0 keeps the integers (it alone writes the checkpoint)."""
+        world = self.world
+        if not world.distributed:
+            assert done is not None
+            return done
+        quantized = self.quantized.get(name)
+        shapes = None
+        if quantized is not None:
+            shapes = [
+                (t.shape, t.dtype) if t is not None else None
+                for t in (
+                    quantized.int_weight,
+                    quantized.scale,
+                    quantized.zero_point,
+                    quantized.g_idx,
                 )
+            ]
+        done, shapes = world.broadcast_object((done, shapes), src)
+        world.broadcast([module.weight.data], src)
+        if shapes is not None:
+            if world.rank != src:
+                tensors = [torch.empty(*s[0], dtype=s[1]) if s else None for s in shapes]
+                int_weight, scale, zero_point, g_idx = tensors
+                assert int_weight is not None and scale is not None and zero_point is not None
+                assert self.scheme is not None
+                quantized = QuantizedWeight(
+                    None, int_weight, scale, zero_point, self.scheme.weights, g_idx
+                )
+            assert quantized is not None
+            world.broadcast(
+                [
+                    t
+                    for t in (
+                        quantized.int_weight,
+                        quantized.scale,
+                        quantized.zero_point,
+                        quantized.g_idx,
+                    )
+                    if t is not None
+                ],
+                src,
             )
+            if world.is_main:
+                self.quantized[name] = quantized
+            else:
+                self.quantized.pop(name, None)
+        assert done is not None
+        return done
 
     def _compress(
         self, name: str, module: torch.nn.Linear, H: torch.Tensor | None, *, last_use: bool
@@ -207,3 +275,9 @@ class LayerCompressor:
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:
             self._hessians.pop(name, None)
+
+
+def _solve_cost(module: torch.nn.Linear) -> float:
+    """Relative time of one GPTQ/SparseGPT solve: the factorisation (in^3) and the sweep
+    (out x in x block, with in^2 x out for the lazy updates)."""
+    return float(module.in_features) ** 2 * (module.in_features + module.out_features)

@@ -26,6 +26,7 @@ GPTQ/SparseGPT arithmetic are float32 everywhere.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 import uuid
@@ -44,6 +45,7 @@ from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.names import AUTO, DATA_METHODS, INDEPENDENT, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import parameter_dtype
+from llmc_trace.core.world import World, check_shareable, current_world
 from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import build_meta_model, build_skeleton, load_pretrained
@@ -142,12 +144,14 @@ def compress(
     """
     start = time.perf_counter()
     map_large_blocks()  # freed layers return to the OS, or the resident set creeps per layer
-    report = progress or no_progress
+    world = current_world()
+    report = (progress or no_progress) if world.is_main else no_progress
     if request.needs_data:
         refuse_weight_changing(request.source)
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_shareable(world, math.ceil(request.samples / request.batch_size), request.needs_data)
+    device = device or world.device
     stages = list(request.stages or ())
-    run = _Run(request, device, report)
+    run = _Run(request, device, report, world)
     with run.intermediate_folders(len(stages) - 1) as folders:
         source = request.source
         model = None if request.out_path is not None else run.load(source, None)
@@ -174,8 +178,11 @@ class _Run:
     """The state the stages of one run share: the calibration set, the tracing options once
     settled, the mask of a pruning stage, and each stage's result."""
 
-    def __init__(self, request: CompressRequest, device: torch.device, report: Progress) -> None:
+    def __init__(
+        self, request: CompressRequest, device: torch.device, report: Progress, world: World
+    ) -> None:
         self.request = request
+        self.world = world
         self.device = device
         self.report = report
         self.calibration: CalibrationSet | None = None
@@ -192,7 +199,7 @@ class _Run:
         if out is None or count == 0:
             yield []
             return
-        tag = uuid.uuid4().hex[:8]
+        tag = self.world.broadcast_object(uuid.uuid4().hex[:8], src=0)  # one name on every rank
         folders = [out.parent / f".{out.name}.stage{i + 1}.{tag}" for i in range(count)]
         try:
             yield folders
@@ -244,6 +251,7 @@ class _Run:
             percdamp=stage.percdamp,
             refine_passes=stage.refine_passes,
             storage_dtype=storage,
+            world=self.world,
             keep_zeros=frozenset(self.pruned.layers) if self.pruned else frozenset(),
         )
         targets = _check_targets(model, compressor, request.source.name)
@@ -272,7 +280,7 @@ class _Run:
                 order,
                 Calibration(
                     traced,
-                    calibration.batches,
+                    self.world.shard(calibration.batches),
                     compressor,
                     self.device,
                     propagate_error=stage.propagate_error,
@@ -287,6 +295,8 @@ class _Run:
             self.pruned = _Pruned(stage.sparsity, targets)  # type: ignore[arg-type]
         if out is None:
             outcome = calibrate(InMemory(torch.device("cpu"), compute))
+        elif not self.world.is_main:  # rank 0 writes; the others read and drop what they finish
+            outcome = calibrate(Streamed(model, store, _drop, compute))  # type: ignore[arg-type]
         else:
             assert source.folder is not None
             schemes = [stage.scheme] if stage.scheme is not None and last else []
@@ -321,6 +331,7 @@ class _Run:
             )
         ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
         self.results.append(StageResult(ran, plan, outcome.stats, compressor.results, fallbacks))
+        self.world.barrier()  # the next stage reads what rank 0 wrote; the run ends together
         return model
 
     def _calibration(self, model: torch.nn.Module) -> CalibrationSet:
@@ -396,6 +407,10 @@ def trace_for_calibration(
     sample = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
     settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", sample), fix=True)
     return settled.fixed.traced, settled.fixed.check
+
+
+def _drop(name: str, tensor: torch.Tensor) -> None:
+    """Where a rank other than 0 sends the tensors it finished: nowhere."""
 
 
 def refuse_weight_changing(source: ModelSource) -> None:
