@@ -33,3 +33,17 @@ def test_a_recipe_is_planned_stage_by_stage_at_its_sizes(tmp_path: Path) -> None
     cache = {e["pipeline"]: e["cache_bytes"] for e in fewer["estimates"]}
     full = {e["pipeline"]: e["cache_bytes"] for e in second["estimates"]}
     assert cache["sequential"] < full["sequential"] / 4  # the flag overrides the recipe's 64
+
+
+def test_ranks_plan_one_rank_of_many_and_refuse_what_they_cannot_share() -> None:
+    one = plan_json("--samples", "64", "--seq-len", "1024")
+    two = plan_json("--samples", "64", "--seq-len", "1024", "--ranks", "2")
+    cache = [
+        next(e["cache_bytes"] for e in plan["estimates"] if e["pipeline"] == "sequential")
+        for plan in (one, two)
+    ]
+    assert cache[1] < 0.6 * cache[0]  # each rank caches half of the rows
+    result = CliRunner().invoke(
+        cli, ["--quiet", "plan", "-m", MODEL, "--data-free", "--ranks", "2", "--json"]
+    )
+    assert result.exit_code == 2 and "needs no calibration data" in result.stdout

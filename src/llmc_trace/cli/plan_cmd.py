@@ -34,6 +34,13 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 @click.option("--host-memory", default=None, help="Host memory, e.g. 512GiB (default: available).")
 @click.option("--data-free", is_flag=True, help="Plan for a compressor that needs no data (RTN).")
 @click.option(
+    "--ranks",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Processes sharing the calibration (torchrun --nproc-per-node x nodes): peaks per rank.",
+)
+@click.option(
     "--recipe",
     "-r",
     default=None,
@@ -52,13 +59,15 @@ def plan(
     host_memory: str | None,
     data_free: bool,
     recipe: Path | None,
+    ranks: int,
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one.
 
     The plan is for ``compress`` with an output folder (weights streamed from the checkpoint),
     on a GPU when ``--device-memory`` is given or one is present, else on this CPU. With
-    ``--recipe``, one plan per stage: each stage is a calibration of its own.
+    ``--recipe``, one plan per stage: each stage is a calibration of its own. With
+    ``--ranks N``, the peaks of one rank of N (each calibrates and caches 1/N of the rows).
     """
     import torch
 
@@ -82,11 +91,18 @@ def plan(
                 (f"stage {i + 1}: {s.method}", s.method in DATA_METHODS, s.quantizes)
                 for i, s in enumerate(read["stages"])
             ]
+        if ranks > 1:
+            from llmc_trace.core.world import World, check_shareable
+
+            for _, needs_data, _ in stages:
+                check_shareable(
+                    World(0, ranks), -(-sizes["samples"] // sizes["batch_size"]), needs_data
+                )
         plans = plan_source(
             model,
             [
                 RunSettings(
-                    sizes["samples"],
+                    -(-sizes["samples"] // ranks),  # each rank caches its share of the rows
                     sizes["seq_len"],
                     sizes["batch_size"],
                     needs_data=needs_data,

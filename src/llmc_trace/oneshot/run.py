@@ -259,8 +259,8 @@ class _Run:
         needs_data = stage.method in DATA_METHODS
         traced, check = self._trace(model, calibration.batches[0], needs_data)
         compute = compute_dtype(storage, device=self.device)
-        settings = RunSettings(
-            request.samples,
+        settings = RunSettings(  # per rank: each caches and calibrates its share of the rows
+            math.ceil(request.samples / self.world.size),
             request.seq_len,
             request.batch_size,
             dtype_bytes=compute.itemsize,
