@@ -12,6 +12,7 @@ target: nothing inside them is traced, so untraceable code there does no harm.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from llmc_trace.errors import BadInputError
+
+logger = logging.getLogger(__name__)
 
 #: Path components that mark a vision or audio tower (or its projector).
 TOWER_PATTERN = re.compile(
@@ -38,6 +41,9 @@ class LeafPlan:
     targets: tuple[str, ...]
     ignored: tuple[str, ...]
     ancestors: frozenset[str]
+    #: target class names the user listed that no module of the model has (reported, not
+    #: fatal: lists such as ``model._no_split_modules`` name classes a model never builds)
+    unmatched: tuple[str, ...] = ()
     _target_set: frozenset[str] = field(init=False, repr=False, compare=False)
     _ignored_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -58,10 +64,12 @@ class LeafPlan:
 
 
 def matches(pattern: str, path: str, module: torch.nn.Module) -> bool:
-    """A class name matches the module's class; ``re:`` matches the whole module path."""
+    """A class name matches the module's class or any class it derives from (``Linear``
+    matches a subclass of ``nn.Linear``, as llm-compressor matches); ``re:`` matches the whole
+    module path."""
     if pattern.startswith("re:"):
         return re.fullmatch(pattern[3:], path) is not None
-    return type(module).__name__ == pattern
+    return any(cls.__name__ == pattern for cls in type(module).__mro__)
 
 
 #: Every ``(path, module)`` of a model, walked once: a model with thousands of experts makes
@@ -161,18 +169,25 @@ def plan_leaves(
 ) -> LeafPlan:
     """Resolve targets and ignored modules into a :class:`LeafPlan`, checking the user's input."""
     modules = list(model.named_modules())
-    known_classes = {type(m).__name__ for _, m in modules}
+    known_classes = {cls.__name__ for _, m in modules for cls in type(m).__mro__}
     explicit = sequential_targets is not None
     patterns = sequential_targets if explicit else default_target_patterns(model, modules)
-    for pattern in patterns:
-        if not pattern.startswith("re:") and pattern not in known_classes:
-            close = sorted(c for c in known_classes if pattern.lower()[:5] in c.lower())[:5]
-            raise BadInputError(
-                f"Sequential target class {pattern!r} does not exist in {type(model).__name__}.",
-                hint=f"Use a class name the model has (e.g. {', '.join(close) or no_split_classes(modules)}) "
-                "or a 're:' pattern on module paths.",
-                param="sequential_targets",
-            )
+    unmatched = [p for p in patterns if not p.startswith("re:") and p not in known_classes]
+    if unmatched and len(unmatched) == len(patterns):
+        pattern = unmatched[0]
+        close = sorted(c for c in known_classes if pattern.lower()[:5] in c.lower())[:5]
+        raise BadInputError(
+            f"Sequential target class {pattern!r} does not exist in {type(model).__name__}.",
+            hint=f"Use a class name the model has (e.g. {', '.join(close) or no_split_classes(modules)}) "
+            "or a 're:' pattern on module paths.",
+            param="sequential_targets",
+        )
+    if unmatched:
+        logger.warning(
+            "sequential targets %s name no module of %s; tracing with the others",
+            ", ".join(unmatched),
+            type(model).__name__,
+        )
     targets = resolve_targets(model, modules, patterns, explicit=explicit)
     if not targets:
         raise BadInputError(
@@ -196,4 +211,4 @@ def plan_leaves(
                 )
             if not any(path.startswith(t + ".") or path == t for t in targets):
                 ignored.append(path)
-    return LeafPlan(tuple(targets), tuple(ignored), frozenset(ancestors))
+    return LeafPlan(tuple(targets), tuple(ignored), frozenset(ancestors), tuple(unmatched))
