@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -130,6 +132,25 @@ def test_cache_drops_consumed_names_and_shares_invariant_values() -> None:
     cache = IntermediatesCache.from_batches([dict(b) for b in same_shape], torch.device("cpu"))
     cache.delete(["input_ids"])
     assert "input_ids" not in cache.names()
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A value a model passes between layers inside a dataclass of its own."""
+
+    hidden: torch.Tensor
+    note: str
+
+
+def test_cache_offloads_and_fetches_the_tensors_inside_dataclass_values() -> None:
+    value = _Carried(torch.ones(2, 3), "kept")
+    cache = IntermediatesCache.from_batches([{"carried": value}], torch.device("meta"))
+    stored = cache.batches[0]["carried"]
+    assert isinstance(stored, _Carried) and stored.note == "kept"
+    assert stored.hidden.device.type == "meta"  # offloaded, not left where it was
+    assert value.hidden.device.type == "cpu"  # the caller's value is untouched
+    fetched = cache.fetch(0, ["carried"], torch.device("meta"))["carried"]
+    assert fetched is stored  # already there: nothing copied
 
 
 def test_layer_sequential_check_accepts_llama() -> None:

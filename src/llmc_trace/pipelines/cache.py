@@ -18,8 +18,10 @@ it is never compared again, so hidden states cost one comparison in the whole ru
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,12 +50,26 @@ def release_free_memory() -> None:
 
 
 def move(value: Any, device: torch.device, pin: bool = False) -> Any:
-    """Move every tensor inside ``value`` to ``device`` (containers and ModelOutputs kept)."""
+    """Move every tensor inside ``value`` to ``device`` (containers, ModelOutputs and the
+    fields of dataclass values kept; a dataclass whose tensors moved is a shallow copy)."""
 
     def convert(leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor) and leaf.device != device:
             moved = leaf.to(device, non_blocking=pin)
             return moved.pin_memory() if pin and device.type == "cpu" else moved
+        if (
+            dataclasses.is_dataclass(leaf)
+            and not isinstance(leaf, type)
+            and hasattr(leaf, "__dict__")
+        ):
+            # the instance's own state, not its attributes: properties may compute or raise
+            state = vars(leaf)
+            changed = {name: move(item, device, pin) for name, item in state.items()}
+            if all(changed[name] is item for name, item in state.items()):
+                return leaf
+            copied = copy.copy(leaf)
+            vars(copied).update(changed)
+            return copied
         return leaf
 
     return map_leaves(convert, value)
