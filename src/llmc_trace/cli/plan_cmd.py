@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -96,13 +97,13 @@ def plan(
 
             for _, needs_data, _ in stages:
                 check_shareable(
-                    World(0, ranks), -(-sizes["samples"] // sizes["batch_size"]), needs_data
+                    World(0, ranks), math.ceil(sizes["samples"] / sizes["batch_size"]), needs_data
                 )
         plans = plan_source(
             model,
             [
                 RunSettings(
-                    -(-sizes["samples"] // ranks),  # each rank caches its share of the rows
+                    math.ceil(sizes["samples"] / ranks),  # each rank caches its share of the rows
                     sizes["seq_len"],
                     sizes["batch_size"],
                     needs_data=needs_data,

@@ -174,40 +174,21 @@ class LayerCompressor:
         quantized = self.quantized.get(name)
         shapes = None
         if quantized is not None:
-            shapes = [
-                (t.shape, t.dtype) if t is not None else None
-                for t in (
-                    quantized.int_weight,
-                    quantized.scale,
-                    quantized.zero_point,
-                    quantized.g_idx,
-                )
-            ]
+            shapes = [(t.shape, t.dtype) if t is not None else None for t in _stored(quantized)]
         done, shapes = world.broadcast_object((done, shapes), src)
         world.broadcast([module.weight.data], src)
         if shapes is not None:
-            if world.rank != src:
-                tensors = [torch.empty(*s[0], dtype=s[1]) if s else None for s in shapes]
-                int_weight, scale, zero_point, g_idx = tensors
+            if world.rank != src:  # empty tensors of the owner's shapes, to receive into
+                int_weight, scale, zero_point, g_idx = (
+                    torch.empty(*s[0], dtype=s[1]) if s else None for s in shapes
+                )
                 assert int_weight is not None and scale is not None and zero_point is not None
                 assert self.scheme is not None
                 quantized = QuantizedWeight(
                     None, int_weight, scale, zero_point, self.scheme.weights, g_idx
                 )
             assert quantized is not None
-            world.broadcast(
-                [
-                    t
-                    for t in (
-                        quantized.int_weight,
-                        quantized.scale,
-                        quantized.zero_point,
-                        quantized.g_idx,
-                    )
-                    if t is not None
-                ],
-                src,
-            )
+            world.broadcast([t for t in _stored(quantized) if t is not None], src)
             if world.is_main:
                 self.quantized[name] = quantized
             else:
@@ -275,6 +256,11 @@ class LayerCompressor:
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:
             self._hessians.pop(name, None)
+
+
+def _stored(quantized: QuantizedWeight) -> tuple[torch.Tensor | None, ...]:
+    """The tensors of a quantized weight a checkpoint stores, in one fixed order."""
+    return (quantized.int_weight, quantized.scale, quantized.zero_point, quantized.g_idx)
 
 
 def _solve_cost(module: torch.nn.Linear) -> float:

@@ -39,12 +39,15 @@ import yaml
 
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
 from llmc_trace.compress.scheme import (
+    DEFAULT_IGNORE,
+    DEFAULT_SCHEME,
+    DEFAULT_TARGETS,
     DynamicActivationArgs,
     QuantizationArgs,
     QuantizationScheme,
     resolve_scheme,
 )
-from llmc_trace.core.names import AUTO, DTYPES
+from llmc_trace.core.names import AUTO, DTYPES, PRUNING_METHODS
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot.stage import Stage, check_order, parse_sparsity
 
@@ -251,8 +254,8 @@ def _stage(entry: object, line: int, index: int) -> Stage:
             options["sparsity"] = _located(lambda text=value: parse_sparsity(text), key, at)
         else:
             options[STAGE_KEYS[key]] = _checked(key, value, at)
-    if "scheme" not in options and options["method"] in ("gptq", "rtn"):
-        options["scheme"] = resolve_scheme("W4A16")
+    if "scheme" not in options and options["method"] not in PRUNING_METHODS:
+        options["scheme"] = DEFAULT_SCHEME
     return _located(lambda: Stage(**options), None, entry.line, entry.lines)
 
 
@@ -275,8 +278,8 @@ def _scheme(value: object, line: int) -> QuantizationScheme | None:
                 str(value["name"]),
                 QuantizationArgs(**value["weights"]),
                 DynamicActivationArgs(**activations) if activations is not None else None,
-                tuple(value.get("targets", ("Linear",))),
-                tuple(value["ignore"]) if "ignore" in value else resolve_scheme("W4A16").ignore,
+                tuple(value.get("targets", DEFAULT_TARGETS)),
+                tuple(value.get("ignore", DEFAULT_IGNORE)),
             )
         except TypeError as err:  # an unknown argument of the weights or activations
             raise BadInputError(

@@ -188,6 +188,7 @@ class _Run:
         self.calibration: CalibrationSet | None = None
         self.options: TracingOptions | None = None
         self.traced: TracedModel | None = None
+        self.check: TwinCheck | None = None
         self.pruned: _Pruned | None = None
         self.results: list[StageResult] = []
 
@@ -353,8 +354,13 @@ class _Run:
     def _trace(
         self, model: torch.nn.Module, batch: dict[str, Any], needs_data: bool
     ) -> tuple[TracedModel, TwinCheck | None]:
-        """Trace this stage's model with the options the first stage settled on."""
+        """Trace this stage's model with the options the first stage settled on; in memory,
+        stages share one model object, and the trace (and its proof) made for an earlier
+        stage holds for the later ones: only the weights changed."""
         request = self.request
+        if self.traced is not None and self.traced.model is model:
+            if self.check is not None or not needs_data:
+                return self.traced, self.check
         if self.options is None:
             self.options = TracingOptions.parse(
                 model, request.ignore, request.sequential_targets, request.targets_per_subgraph
@@ -362,7 +368,7 @@ class _Run:
         traced, check = trace_for_calibration(
             request.source, model, batch, self.options, needs_data=needs_data
         )
-        self.options, self.traced = traced.options, traced
+        self.options, self.traced, self.check = traced.options, traced, check
         return traced, check
 
     def _recipe(self, stages: list[Stage], dtype: torch.dtype) -> str:
