@@ -1,4 +1,4 @@
-"""The runnable examples in the docstrings of compress/ and checkpoint/ still run."""
+"""The runnable examples in the docstrings of compress/, checkpoint/ and core.linear still run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ MODULES = [
     "llmc_trace.compress.refine",
     "llmc_trace.checkpoint.pack",
     "llmc_trace.checkpoint.writer",
+    "llmc_trace.core.linear",
 ]
 
 

@@ -50,6 +50,35 @@ def test_linears_reading_the_same_input_share_one_hessian() -> None:
     )
 
 
+def test_gpt2_conv1d_layers_are_counted_from_their_input_widths() -> None:
+    """GPT-2's Conv1D stores its weight (in, out); its Hessian is in x in all the same."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    partitioned = partition_trace(trace_graph(model, token_batch(2, 12, seed=0)))
+    costs = compressor_costs(model, partitioned, RunSettings(4, 12))
+    # c_attn, attn.c_proj and c_fc read 64 features each (three distinct inputs), mlp.c_proj 256
+    assert [c.hessian_bytes for c in costs] == [4 * (3 * 64**2 + 256**2)] * 2
+    block = model.transformer.h[0]
+    assert costs[0].kept_bytes == sum(
+        p.numel() for n, p in block.named_parameters() if n.endswith("weight") and p.dim() == 2
+    )
+    # 256 inputs, 64 outputs: the Hessian's copy and the factor are 256 x 256
+    assert solver_bytes(block.mlp.c_proj, gives_up_hessian=False) == 4 * max(
+        2 * 256**2 + 2 * 64 * 256, 256**2 + 6 * 64 * 256
+    )
+
+
 def test_sequential_cache_estimate_is_one_set_of_hidden_states_plus_shared_values() -> None:
     model = tiny_llama(layers=4, seed=0)
     partitioned = partition_trace(trace_graph(model, token_batch(3, 29, seed=0)))

@@ -14,7 +14,7 @@ Tensors per quantized Linear `P` (as compressed-tensors writes them, and vLLM re
 
 Symmetric schemes store no zero point: vLLM does not load one for them. The config entries are
 built with compressed-tensors' own pydantic models, so their keys and defaults are exactly those
-of the installed version.
+of the installed version. Only a `torch.nn.Linear` is stored this way (`stores_quantized`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,25 @@ from llmc_trace.compress.sparsegpt import Sparsity
 
 _CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 """Our observers under llm-compressor's names: both compute the range from the weight alone."""
+
+
+def stores_quantized(module: torch.nn.Module) -> bool:
+    """Whether a compressed module's weight is stored as integers and scales; if not, it is
+    stored dense: the weight the compression left, in the module's own layout and the
+    checkpoint's dtype, with the module named in `ignore`.
+
+    Only a `torch.nn.Linear` (or subclass) is stored quantized, because no loader can read any
+    other module quantized. compressed-tensors (0.20) sets up quantized weights for `Linear` and
+    `Embedding` modules alone (`apply_quantization_config`, `quantization/lifecycle/apply.py`
+    line 175; `initialize_module_for_quantization`, `initialize.py` lines 85-127), so
+    transformers would leave a GPT-2 `Conv1D`'s `weight_packed` unused and its `weight`
+    randomly initialised, with a load report but no error; loaded with `dequantize=True` it
+    decompresses the tensors to an `(out, in)` weight and refuses it for the `Conv1D`'s
+    `(in, out)` one (or, for a square layer, loads it transposed). vLLM alone would read the
+    integers: its GPT-2 transposes only tensors named `.weight` at load. Stored dense, a
+    compressed `Conv1D` loads in both with its compressed values, and saves no memory.
+    """
+    return isinstance(module, torch.nn.Linear)
 
 
 def format_of(scheme: QuantizationScheme) -> str:

@@ -20,6 +20,11 @@ pass (on CPU too; no `run_compressed=False` is needed), and
 `from_pretrained(folder, quantization_config=CompressedTensorsConfig(dequantize=True))`
 (`transformers.utils.quantization_config`) decompresses them while loading.
 
+A GPT-2-style `Conv1D` layer (a Linear with its weight stored transposed) is compressed like a
+Linear but stored dense, as the weight the compression left, and named in `ignore`: no loader
+reads it quantized (see `llmc_trace.checkpoint.layout.stores_quantized`), so its compression
+shows in the values, not in the checkpoint's size.
+
 Two limits of today's loaders, not of the files: an asymmetric `pack-quantized` checkpoint
 (W4A16_ASYM) loads through transformers only with `dequantize=True`, because compressed-tensors
 0.20 prepares compressed modules without packing their zero points (its own checkpoints fail
@@ -35,6 +40,7 @@ names (its conversion mappings for some multimodal models) are not handled.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -50,6 +56,7 @@ from llmc_trace.checkpoint.layout import (
     module_tensor_specs,
     module_tensors,
     quantization_config,
+    stores_quantized,
 )
 from llmc_trace.errors import CheckpointError, OutputError
 from llmc_trace.compress.quantize import QuantizedWeight
@@ -57,6 +64,8 @@ from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, match
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
+
+logger = logging.getLogger(__name__)
 
 TOKENIZER_FILES = (
     "added_tokens.json",
@@ -124,7 +133,8 @@ class CheckpointWriter:
 
     `assignment` names every module whose weight will be stored quantized, with its scheme;
     `quantized` is where their `QuantizedWeight`s appear (a compressor's dict): each is taken
-    out of it when its module's weight is put. Modules in `pruned` have their zeros counted
+    out of it when its module's weight is put (as is that of a compressed module stored
+    dense, which needs only its weight). Modules in `pruned` have their zeros counted
     for the config's measured sparsity. Used as a context manager, an exception removes the
     partial folder; :meth:`commit` completes it and renames it into place.
     """
@@ -206,8 +216,10 @@ class CheckpointWriter:
         else:
             spec = self.specs.get(key)
             tensors = {key: value.to(spec.dtype) if spec is not None else value}
-            if prefix in self.pruned and attr == "weight":
-                self._count_zeros(value)
+            if attr == "weight":
+                self.quantized.pop(prefix, None)  # stored dense: its integers are not needed
+                if prefix in self.pruned:
+                    self._count_zeros(value)
         for name, tensor in tensors.items():
             self._shards.put(name, tensor)
 
@@ -276,9 +288,11 @@ def save_compressed(
     one of `schemes` (by `targets` alone) and use that scheme's weight arguments, and its scales
     must be in the model's dtype, so that the stored integers dequantize exactly to the weight
     they were computed from; all of it is checked before anything is written. Every other
-    tensor, including pruned but unquantized weights, is written as it is in `model`. With
-    `sparsity`, the config states the structure and the measured sparsity of those modules;
-    their weights stay dense (see `llmc_trace.checkpoint.layout.quantization_config` for why).
+    tensor, including pruned but unquantized weights and the weights of quantized modules no
+    loader reads quantized (a GPT-2 `Conv1D`: `assign_schemes`), is written as it is in
+    `model`. With `sparsity`, the config states the structure and the measured sparsity of
+    those modules; their weights stay dense (see
+    `llmc_trace.checkpoint.layout.quantization_config` for why).
 
     An existing `out_dir` is an error unless `overwrite`, in which case it is replaced only once
     the new folder is complete.
@@ -303,9 +317,9 @@ def save_compressed(
     """
     dtype = _model_dtype(model)
     assignment = assign_schemes(model, quantized, schemes)
-    for name, weight in quantized.items():
+    for name, scheme in assignment.items():
         shape = tuple(model.get_submodule(name).weight.shape)
-        check_quantized(name, weight, assignment[name], shape, dtype)
+        check_quantized(name, quantized[name], scheme, shape, dtype)
     with CheckpointWriter(
         out_dir,
         model,
@@ -343,8 +357,11 @@ def assign_schemes(
     names: Collection[str],
     schemes: Sequence[QuantizationScheme],
 ) -> dict[str, QuantizationScheme]:
-    """The scheme of each module in `names`: the one scheme whose `targets` match it."""
+    """The scheme of each module in `names` that the checkpoint stores quantized: the one scheme
+    whose `targets` match it. A module no loader reads quantized (`stores_quantized`: a GPT-2
+    `Conv1D`) is left out, with a warning: its compressed weight is stored dense."""
     assignment = {}
+    dense = []
     for name in names:
         try:
             module = model.get_submodule(name)
@@ -360,7 +377,18 @@ def assign_schemes(
                 hint="give each scheme targets that match disjoint modules.",
                 location=name,
             )
-        assignment[name] = targeting[0]
+        if stores_quantized(module):
+            assignment[name] = targeting[0]
+        else:
+            dense.append(f"{name} ({type(module).__name__})")
+    if dense:
+        logger.warning(
+            "%d compressed layers (e.g. %s) are stored dense, as the weights the compression "
+            "left: compressed-tensors quantizes only torch.nn.Linear modules, so transformers "
+            "could not load them packed. The checkpoint is not smaller for them.",
+            len(dense),
+            dense[0],
+        )
     return assignment
 
 

@@ -18,6 +18,7 @@ from typing import Literal, get_args
 
 import torch
 
+from llmc_trace.core.linear import is_linear
 from llmc_trace.errors import SchemeError
 
 Strategy = Literal["channel", "group", "tensor"]
@@ -25,7 +26,8 @@ Observer = Literal["minmax", "mse"]
 ActOrder = Literal["static", "group"]
 
 DEFAULT_TARGETS: tuple[str, ...] = ("Linear",)
-"""Every `torch.nn.Linear` (and subclass) is quantized unless ignored."""
+"""Every `torch.nn.Linear` (and subclass), and GPT-2's transposed `Conv1D`, is quantized unless
+ignored (see `matches`)."""
 
 DEFAULT_IGNORE: tuple[str, ...] = (
     "lm_head",
@@ -185,11 +187,20 @@ def matches(module_name: str, module: torch.nn.Module, patterns: tuple[str, ...]
     matched from the start of the module path (`"re:.*vision_tower.*"`). These are the rules
     compressed-tensors and vLLM apply when they read `targets` and `ignore` back from a
     checkpoint, so a pattern means the same thing here and at load time.
+
+    One addition: `"Linear"` also matches transformers' `Conv1D` (GPT-2's layers, a Linear with
+    its weight transposed), so the default targets compress GPT-2 as they compress Llama. vLLM
+    agrees: it builds those layers as its own `*ParallelLinear` classes, which its
+    compressed-tensors config matches to `"Linear"` by class name. compressed-tensors does not
+    (it quantizes no `Conv1D`); `llmc_trace.checkpoint.layout.stores_quantized` says what the
+    checkpoint does about that.
     """
     for pattern in patterns:
         if pattern.startswith("re:"):
             if re.match(pattern.removeprefix("re:"), module_name):
                 return True
+        elif pattern == "Linear" and is_linear(module):
+            return True
         elif pattern == module_name or any(
             issubclass(cls, torch.nn.Module) and cls.__name__ == pattern
             for cls in type(module).__mro__

@@ -1,12 +1,14 @@
 """``LayerCompressor``: the callbacks that turn what a pipeline shows into compressed weights.
 
-During calibration a forward hook on every targeted ``Linear`` folds its inputs into a Hessian
+During calibration a forward hook on every targeted linear layer (``Linear``, or GPT-2's
+transposed ``Conv1D``: see :mod:`llmc_trace.core.linear`) folds its inputs into a Hessian
 (:class:`~llmc_trace.compress.hessian.HessianAccumulator`; padding tokens masked out, ``n``
 counting tokens). Layers that read the *same input tensor* (q/k/v, gate/up) share one Hessian
 instead of keeping identical copies: the first hook of a forward adds the input, the others see
 the very same tensor object and only join. When the pipeline reports the subgraph calibrated,
-each layer is compressed (GPTQ, SparseGPT, round-to-nearest or magnitude pruning) and its
-weight replaced by the result, so error propagation sees compressed outputs.
+each layer is compressed (GPTQ, SparseGPT, round-to-nearest or magnitude pruning) on its
+``(out, in)`` weight matrix and its weight replaced by the result in the module's own layout,
+so error propagation sees compressed outputs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from llmc_trace.compress.gptq import gptq
+from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.compress.hessian import HessianAccumulator
 from llmc_trace.compress.quantize import QuantizedWeight, rtn
@@ -76,14 +79,18 @@ class LayerCompressor:
     _mask: torch.Tensor | None = None
 
     def is_target(self, name: str, module: torch.nn.Module) -> bool:
-        if not isinstance(module, torch.nn.Linear):
+        if not is_linear(module):
             return False
         if self.scheme is not None:
             return self.scheme.is_target(name, module)
         return not name.endswith("lm_head")
 
-    def targets(self, modules: NamedModules) -> list[tuple[str, torch.nn.Linear]]:
-        return [(n, m) for n, m in modules if self.is_target(n, m)]  # type: ignore[misc]
+    def targets(self, modules: NamedModules) -> list[tuple[str, LinearLayer]]:
+        return [
+            (name, layer)
+            for name, module in modules
+            if (layer := as_linear(module)) is not None and self.is_target(name, module)
+        ]
 
     def wants(self, modules: NamedModules) -> bool:
         return bool(self.targets(modules))
@@ -92,10 +99,11 @@ class LayerCompressor:
         if self.method not in DATA_METHODS:
             return
         shared: list[_SharedHessian] = []
-        for name, module in self.targets(modules):
-            self._handles.append(module.register_forward_pre_hook(self._hook(name, module, shared)))
+        for name, layer in self.targets(modules):
+            hook = self._hook(name, layer.in_features, shared)
+            self._handles.append(layer.module.register_forward_pre_hook(hook))
 
-    def _hook(self, name: str, module: torch.nn.Linear, shared: list[_SharedHessian]):  # type: ignore[no-untyped-def]
+    def _hook(self, name: str, in_features: int, shared: list[_SharedHessian]):  # type: ignore[no-untyped-def]
         def observe(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0]
             entry = self._hessians.get(name)
@@ -104,7 +112,7 @@ class LayerCompressor:
                     (s for s in shared if s.last_input is not None and s.last_input() is x), None
                 )
                 if entry is None:
-                    entry = _SharedHessian(HessianAccumulator(module.in_features, x.device))
+                    entry = _SharedHessian(HessianAccumulator(in_features, x.device))
                     shared.append(entry)
                 self._hessians[name] = entry
             if entry.last_input is not None and entry.last_input() is x:
@@ -142,7 +150,7 @@ class LayerCompressor:
         leaders: dict[int, str] = {}
         shares: dict[str, str | None] = {}
         done: dict[str, tuple[float, float]] = {}
-        for name, module in targets:
+        for name, layer in targets:
             entry = entries.pop(name)
             leader = leaders.setdefault(id(entry), name) if entry is not None else name
             shares[name] = None if leader == name else leader
@@ -151,18 +159,18 @@ class LayerCompressor:
             start = time.perf_counter()
             loss = self._compress(
                 name,
-                module,
+                layer,
                 entry.accumulator.H if entry else None,
                 last_use=entry is not None and last_user[id(entry)] == name,
             )
             del entry
             done[name] = (loss, time.perf_counter() - start)
-        for (name, module), rank in zip(targets, owner, strict=True):
-            loss, seconds = self._share(name, module, rank, done.get(name))
+        for (name, layer), rank in zip(targets, owner, strict=True):
+            loss, seconds = self._share(name, layer.module, rank, done.get(name))
             self.results.append(LayerResult(name, loss, seconds, shares[name]))
 
     def _share(
-        self, name: str, module: torch.nn.Linear, src: int, done: tuple[float, float] | None
+        self, name: str, module: torch.nn.Module, src: int, done: tuple[float, float] | None
     ) -> tuple[float, float]:
         """Give every rank the result rank ``src`` computed for ``name``: the weight left in
         the module and, when quantized, its integers; returns its loss and seconds. Only rank
@@ -197,9 +205,9 @@ class LayerCompressor:
         return done
 
     def _compress(
-        self, name: str, module: torch.nn.Linear, H: torch.Tensor | None, *, last_use: bool
+        self, name: str, layer: LinearLayer, H: torch.Tensor | None, *, last_use: bool
     ) -> float:
-        W = module.weight.data.to(self.storage_dtype or module.weight.dtype)
+        W = layer.matrix(self.storage_dtype or layer.module.weight.dtype)  # (out, in)
         args = self.scheme.weights if self.scheme is not None else None
         if self.method in DATA_METHODS and H is None:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
@@ -215,11 +223,11 @@ class LayerCompressor:
                 overwrite_hessian=last_use,
                 zeros=W == 0 if name in self.keep_zeros else None,
             )
-            self._store(name, module, result.quantized)
+            self._store(name, layer, result.quantized)
             return result.loss
         if self.method == RTN:
             assert args is not None
-            self._store(name, module, rtn(W, args))
+            self._store(name, layer, rtn(W, args))
             return 0.0
         if self.method == SPARSEGPT:
             assert H is not None and self.sparsity is not None
@@ -232,7 +240,7 @@ class LayerCompressor:
                 percdamp=self.percdamp,
                 overwrite_hessian=last_use,
             )
-            module.weight.data = pruned.weight.to(module.weight.dtype)
+            layer.set_matrix(pruned.weight)
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
             return pruned.loss
@@ -242,13 +250,13 @@ class LayerCompressor:
             if args is not None:
                 quantized = rtn(weight, args)
                 weight = quantized.weight * (weight != 0)
-            module.weight.data = weight.to(module.weight.dtype)
+            layer.set_matrix(weight)
             return 0.0
         raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
 
-    def _store(self, name: str, module: torch.nn.Linear, quantized: QuantizedWeight) -> None:
+    def _store(self, name: str, layer: LinearLayer, quantized: QuantizedWeight) -> None:
         assert quantized.weight is not None
-        module.weight.data = quantized.weight.to(module.weight.dtype)
+        layer.set_matrix(quantized.weight)
         # kept until the checkpoint is written: integers only (the module holds the dense
         # weight), on the host, or a GPU fills up layer by layer
         self.quantized[name] = quantized.integers_only()
@@ -263,7 +271,7 @@ def _stored(quantized: QuantizedWeight) -> tuple[torch.Tensor | None, ...]:
     return (quantized.int_weight, quantized.scale, quantized.zero_point, quantized.g_idx)
 
 
-def _solve_cost(module: torch.nn.Linear) -> float:
+def _solve_cost(layer: LinearLayer) -> float:
     """Relative time of one GPTQ/SparseGPT solve: the factorisation (in^3) and the sweep
     (out x in x block, with in^2 x out for the lazy updates)."""
-    return float(module.in_features) ** 2 * (module.in_features + module.out_features)
+    return float(layer.in_features) ** 2 * (layer.in_features + layer.out_features)

@@ -438,7 +438,7 @@ def refuse_weight_changing(source: ModelSource) -> None:
 def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:
     """The paths of the targeted layers: something must be targeted, and every group must
     fit its layer, before calibration."""
-    targets = [(n, m) for n, m in model.named_modules() if compressor.is_target(n, m)]
+    targets = compressor.targets(list(model.named_modules()))
     if not targets:
         raise BadInputError(
             f"no layer of {name} is targeted by the scheme.",
@@ -447,7 +447,7 @@ def _check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: st
         )
     args = compressor.scheme.weights if compressor.scheme is not None else None
     if args is not None and args.strategy == "group" and args.group_size:
-        misfits = [n for n, m in targets if m.in_features % args.group_size]
+        misfits = [n for n, layer in targets if layer.in_features % args.group_size]
         if misfits:
             raise BadInputError(
                 f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "

@@ -12,7 +12,8 @@ the MLP's intermediate activations. ``compress`` calibrates with sdpa by default
 no score matrix, so there the scores term is an upper bound.
 
 The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
-float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one), found by
+float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one; a GPT-2
+``Conv1D`` counts as the Linear it computes, :mod:`~llmc_trace.core.linear`), found by
 running each target once on ``meta``, all alive while the target calibrates; while it is
 compressed, Linear by Linear, the Hessians not yet given up plus one solver call's working
 memory (the two phases do not overlap, so a device peak is the larger of them); and the
@@ -33,6 +34,7 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
+from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
@@ -132,8 +134,9 @@ def scaled_bytes(
     return 0
 
 
-def solver_bytes(linear: torch.nn.Linear, *, gives_up_hessian: bool = True) -> int:
-    """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear``, its Hessian given.
+def solver_bytes(linear: torch.nn.Module, *, gives_up_hessian: bool = True) -> int:
+    """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear`` (a linear layer, see
+    :func:`~llmc_trace.core.linear.as_linear`), its Hessian given.
 
     Factorising works in one ``in × in`` float32 matrix, the Hessian itself when the call is
     its last user (``gives_up_hessian``: the compressor hands a shared Hessian to the last of
@@ -144,21 +147,22 @@ def solver_bytes(linear: torch.nn.Linear, *, gives_up_hessian: bool = True) -> i
     grid, the dequantized result). ``benchmarks/pipeline_memory.py`` prints one call's
     measured peak against this.
     """
-    rows, cols = linear.out_features, linear.in_features
+    layer = _linear(linear)
+    rows, cols = layer.out_features, layer.in_features
     copy = 0 if gives_up_hessian else 1
     return 4 * max((1 + copy) * cols * cols + 2 * rows * cols, copy * cols * cols + 6 * rows * cols)
 
 
 def shared_input_groups(
     target: torch.nn.Module, node: fx.Node | None
-) -> list[list[torch.nn.Linear]] | None:
-    """The target's Linears grouped by the input tensor they read, or ``None`` if unknown.
+) -> list[list[torch.nn.Module]] | None:
+    """The target's linear layers grouped by the input tensor they read, or ``None`` if unknown.
 
     Runs the target once on ``meta`` with the traced call's example arguments and records the
     input object each Linear receives, which is exactly how the compressor decides to share a
     Hessian. A Linear the forward never reaches gets a group of its own.
     """
-    linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in target.modules() if is_linear(m)]
     if node is None or not linears:
         return None
     missing = False
@@ -173,14 +177,14 @@ def shared_input_groups(
     kwargs = fx.node.map_arg(node.kwargs, example)
     if missing:
         return None
-    seen: list[tuple[torch.Tensor, list[torch.nn.Linear]]] = []
+    seen: list[tuple[torch.Tensor, list[torch.nn.Module]]] = []
 
     def record(module: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
         for tensor, members in seen:
             if tensor is inputs[0]:
-                members.append(module)  # type: ignore[arg-type]
+                members.append(module)
                 return
-        seen.append((inputs[0], [module]))  # type: ignore[list-item]
+        seen.append((inputs[0], [module]))
 
     handles = [m.register_forward_pre_hook(record) for m in linears]
     try:
@@ -198,7 +202,7 @@ def shared_input_groups(
 def compressor_costs(
     model: torch.nn.Module, partitioned: PartitionedTrace | None, settings: RunSettings
 ) -> list[CompressorCost]:
-    """One :class:`CompressorCost` per sequential target (every Linear when untraced)."""
+    """One :class:`CompressorCost` per sequential target (every linear layer when untraced)."""
     nodes: dict[str, fx.Node] = {}
     if partitioned is not None:
         nodes = {str(n.target): n for n in partitioned.trace.target_nodes}
@@ -207,7 +211,7 @@ def compressor_costs(
     memo: dict[tuple[Any, ...], list[list[str]] | None] = {}
     costs = []
     for index, target in enumerate(targets):
-        linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+        linears = [m for m in target.modules() if is_linear(m)]
         key = (type(target), tuple((n, tuple(p.shape)) for n, p in target.named_parameters()))
         if key not in memo:
             names = {id(m): n for n, m in target.named_modules()}
@@ -218,9 +222,9 @@ def compressor_costs(
         if relative is None:
             groups = [[m] for m in linears]
         else:
-            groups = [[target.get_submodule(n) for n in group] for group in relative]  # type: ignore[misc]
+            groups = [[target.get_submodule(n) for n in group] for group in relative]
         column2 = settings.hessian_bytes_per_column2 if settings.needs_data else 0
-        sizes = [group[0].in_features ** 2 * column2 for group in groups]
+        sizes = [_linear(group[0]).in_features ** 2 * column2 for group in groups]
         # the compressor gives each Hessian up to the last of its Linears it compresses; while
         # Linear i is compressed, the Hessians whose last Linear is i or later are alive
         position = {id(m): i for i, m in enumerate(linears)}
@@ -455,7 +459,13 @@ def _target_modules(
 ) -> list[torch.nn.Module]:
     if partitioned is not None:
         return [model.get_submodule(p) for p in partitioned.trace.leaves.targets]
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return [m for m in model.modules() if is_linear(m)]
+
+
+def _linear(module: torch.nn.Module) -> LinearLayer:
+    layer = as_linear(module)
+    assert layer is not None, f"{type(module).__name__} is not a linear layer"
+    return layer
 
 
 def _vocab(config: PretrainedConfig) -> int:
