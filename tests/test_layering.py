@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"traced"},
     {"pipelines", "checkpoint"},
     {"attempt", "plan", "render"},
-    {"oneshot", "evaluate"},
+    {"oneshot", "evaluate", "compat"},
     {"cli"},
 ]
 

@@ -20,7 +20,7 @@ not-yet-written tensor.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,12 +98,7 @@ def topological_partition(
     if target_list and isinstance(target_list[0], torch.nn.Module):
         if not isinstance(graph_module, fx.GraphModule):
             raise TypeError("target modules need the GraphModule to resolve call_module nodes")
-        wanted = {id(m) for m in target_list}
-        target_nodes = [
-            n
-            for n in graph.nodes
-            if n.op == "call_module" and id(graph_module.get_submodule(n.target)) in wanted
-        ]
+        target_nodes = find_target_nodes(graph_module, target_list)  # type: ignore[arg-type]
     else:
         target_nodes = target_list  # type: ignore[assignment]
     index = assign_subgraphs(graph, target_nodes, targets_per_subgraph)
@@ -113,6 +108,18 @@ def topological_partition(
         if node in index:
             partitions[index[node]].append(node)
     return [p for i, p in enumerate(partitions) if p and not (i == 0 and _only_output(p))]
+
+
+def find_target_nodes(
+    graph_module: fx.GraphModule, targets: Collection[torch.nn.Module]
+) -> list[fx.Node]:
+    """The ``call_module`` nodes that call one of the ``targets`` modules, in graph order."""
+    wanted = {id(module) for module in targets}
+    return [
+        node
+        for node in graph_module.graph.nodes
+        if node.op == "call_module" and id(graph_module.get_submodule(node.target)) in wanted
+    ]
 
 
 def _only_output(partition: list[fx.Node]) -> bool:
@@ -150,11 +157,18 @@ def build_subgraphs(
         input_names = [n.name for n in sub.nodes if n.op == "placeholder"]
         targets = [str(n.target) for n in part if n.op == "call_module" and n.target in target_set]
         subgraphs.append(Subgraph(i, sub, input_names, outputs, targets))
-    for i, subgraph in enumerate(subgraphs):
-        subgraph.consumed_names = [
-            name for name in subgraph.input_names if not any(r > i for r in readers.get(name, ()))
-        ]
+    for subgraph, consumed in zip(subgraphs, consumed_after([s.input_names for s in subgraphs])):
+        subgraph.consumed_names = consumed
     return subgraphs
+
+
+def consumed_after(input_names: Sequence[Collection[str]]) -> list[list[str]]:
+    """For each subgraph (given by the names it reads, in execution order), the names no later
+    subgraph reads: the cache can drop them once it has run."""
+    last_reader = {name: i for i, names in enumerate(input_names) for name in names}
+    return [
+        [name for name in names if last_reader[name] == i] for i, names in enumerate(input_names)
+    ]
 
 
 def _copy_partition(

@@ -98,6 +98,11 @@ class _Slab:
     def fits(self, value: torch.Tensor) -> bool:
         return value.shape == self.tensor.shape[1:] and value.dtype == self.tensor.dtype
 
+    def has_row(self, index: int) -> bool:
+        """A slab has a row for each batch the cache held when it was made, not for batches
+        appended after."""
+        return index < len(self.tensor)
+
 
 @dataclass
 class IntermediatesCache:
@@ -122,6 +127,13 @@ class IntermediatesCache:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+    def append(self, values: dict[str, Any]) -> int:
+        """Store ``values`` as a new batch after the others; returns its index."""
+        self.batches.append({})
+        index = len(self.batches) - 1
+        self.update(index, values)
+        return index
 
     def fetch(
         self,
@@ -165,19 +177,32 @@ class IntermediatesCache:
         if not isinstance(value, torch.Tensor):
             return self._owned(move(value, self.offload_device, self._pin))
         slab = self._slabs.get(name) or self._slab_for(name, index, value)
-        if slab is None or not slab.fits(value):
+        if slab is None or not slab.fits(value) or not slab.has_row(index):
             return self._owned(move(value, self.offload_device, self._pin))
         row = slab.tensor[index]
+        if self._row_taken(index, name, row):
+            return self._owned(move(value, self.offload_device, self._pin))
         if value.untyped_storage().data_ptr() == row.untyped_storage().data_ptr():
             value = value.clone()  # a view of the row it is about to overwrite
         row.copy_(value)
         return row
 
+    def _row_taken(self, index: int, name: str, row: torch.Tensor) -> bool:
+        """Does another value of batch ``index`` still live in ``row``? A slab taken over
+        assumes each batch drops its consumed inputs before storing its outputs (as the
+        pipelines do); a caller that stores first must not overwrite the input it still holds."""
+        if row.device.type == "meta":
+            return False  # a meta row holds no data to overwrite
+        return any(
+            other != name and isinstance(value, torch.Tensor) and value.data_ptr() == row.data_ptr()
+            for other, value in self.batches[index].items()
+        )
+
     def _slab_for(self, name: str, index: int, value: torch.Tensor) -> _Slab | None:
         """Adopt a retiring slab whose rows up to ``index`` are free, or start a new slab once
         ``name`` is known to differ between batches (its earlier rows are copied in)."""
         for old, slab in list(self._retiring.items()):
-            if slab.fits(value) and slab.free > index:
+            if slab.fits(value) and slab.free > index and slab.has_row(index):
                 del self._retiring[old]
                 self._slabs[name] = slab
                 return slab
