@@ -27,6 +27,8 @@ FIXED_BY: dict[tuple[str, str], str] = {
     ("google/gemma-4-26B-A4B", "text"): "autowrap:Gemma4ForConditionalGeneration.forward@",
     # its forward rescales its own weights in place: only a definition keeps that out of the graph
     ("RWKV/rwkv-4-169m-pile", "text"): "tracing_models:RwkvModel",
+    # the branch on expanded audio tokens merges them in place; position_ids stays None
+    ("Qwen/Qwen2-Audio-7B-Instruct", "audio"): "autowrap:Qwen2AudioModel.forward@",
 }
 
 #: Acceptance list: these must trace and verify (with fixes where needed).
@@ -38,6 +40,7 @@ REQUIRED = [
     ("HuggingFaceTB/SmolVLM-Instruct", "image"),
     ("google/gemma-3-4b-it", "image"),
     ("openai/whisper-large-v3", "audio"),
+    ("Qwen/Qwen2-Audio-7B-Instruct", "audio"),
 ]
 
 

@@ -12,6 +12,7 @@ a finding about the model (its code could not be traced), which
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 INSTALL_GRAPHVIZ = (
@@ -132,7 +133,18 @@ class LayoutError(LlmcTraceError):
 
 
 class NotTraceableError(LlmcTraceError):
-    """The view or pipeline needs a traced model, and this model did not trace."""
+    """The view or pipeline needs a traced model, and this model did not trace.
+
+    ``failure`` (a ``TraceFailure``: where and why) and ``fixes`` (the ``FixAttempt``s tried)
+    are set when the caller knows them.
+    """
+
+    def __init__(
+        self, message: str, *, hint: str = "", failure: Any = None, fixes: Sequence[Any] = ()
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.failure = failure
+        self.fixes = list(fixes)
 
 
 class TraceStopped(Exception):

@@ -10,6 +10,7 @@ again with one more fix and verifies it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,17 +20,17 @@ import torch
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
-from llmc_trace.errors import BadInputError
-from llmc_trace.graph.partition import partition_trace
+from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.attempt.report import TraceReport
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.traced.model import TracedModel, trace_model, trace_source
-from llmc_trace.traced.twin import TwinCheck, verify_on_twin, verify_on_weights
+from llmc_trace.traced.twin import TwinCheck, verify_instance, verify_on_twin, verify_on_weights
 from llmc_trace.tracing.options import TracingOptions
-from llmc_trace.tracing.trace import trace_graph
+
+logger = logging.getLogger(__name__)
 
 
 def trace_subgraphs(
@@ -38,16 +39,53 @@ def trace_subgraphs(
     sequential_targets: list[str] | None = None,
     ignore: list[str] | None = None,
     targets_per_subgraph: int = 1,
+    *,
+    fix: bool = True,
 ) -> list[Subgraph]:
     """Trace ``model`` on ``sample_input`` and cut it into subgraphs, one target group each.
 
     Same contract as llm-compressor's ``trace_subgraphs``: executing the subgraphs in order is
     equivalent to executing the model. ``ignore=None`` means llmc-trace's defaults.
+
+    When tracing fails and ``fix`` is set, the fixes ``attempt --fix`` would try are tried,
+    each proved on a tiny twin built from the model's class and config (on the sample itself
+    when there is none); the first that verifies is used and logged as a warning. When none
+    does, :class:`~llmc_trace.errors.NotTraceableError` says where tracing stopped, with
+    ``failure`` (a :class:`~llmc_trace.diagnose.failure.TraceFailure`) and ``fixes`` (what
+    was tried) on it.
     """
     options = TracingOptions.parse(model, ignore or [], sequential_targets, targets_per_subgraph)
-    return partition_trace(
-        trace_graph(model, sample_input, options), targets_per_subgraph
-    ).subgraphs
+    traced = trace_model(model, sample_input, options, name=type(model).__name__)
+    if traced.traced:
+        return traced.subgraphs
+    settled = settle(traced, verify_instance, fix=True) if fix else None
+    if settled is not None and settled.applied is not None:
+        logger.warning(
+            "%s did not trace as written; traced with the verified fix: %s (ignore=%s)",
+            traced.name,
+            settled.applied.description,
+            settled.applied.ignore,
+        )
+        return settled.fixed.traced.subgraphs
+    raise not_traceable(traced.failure, settled.tried if settled else [], traced.name)
+
+
+def not_traceable(
+    failure: TraceFailure | None, tried: list[FixAttempt], name: str
+) -> NotTraceableError:
+    """The error for a model that did not trace, located, with the fixes that were tried."""
+    where = f" at {failure.location}" if failure and failure.location else ""
+    inside = f" in {failure.module_path} ({failure.module_class})" if failure else ""
+    what = f"{failure.explanation}: {failure.exception}" if failure else "unknown failure"
+    outcomes = "; ".join(f"{attempt.description}: {attempt.outcome}" for attempt in tried)
+    return NotTraceableError(
+        f"{name} is not traceable: {what}{where}{inside}."
+        + (f" Fixes tried: {outcomes}." if outcomes else ""),
+        hint="Run `llmc-trace attempt --fix` on the model to see the failure and the fixes "
+        "drawn, or add the failing module or function to ignore.",
+        failure=failure,
+        fixes=tried,
+    )
 
 
 @dataclass(frozen=True)

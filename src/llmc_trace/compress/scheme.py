@@ -12,13 +12,13 @@ asymmetric variant, `W8A16` and `W8A8`. Per-channel variants come from the same 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 
 from llmc_trace.core.linear import is_linear
+from llmc_trace.core.names import regex_matches
 from llmc_trace.errors import SchemeError
 
 Strategy = Literal["channel", "group", "tensor"]
@@ -197,7 +197,7 @@ def matches(module_name: str, module: torch.nn.Module, patterns: tuple[str, ...]
     """
     for pattern in patterns:
         if pattern.startswith("re:"):
-            if re.match(pattern.removeprefix("re:"), module_name):
+            if regex_matches(pattern, module_name):
                 return True
         elif pattern == "Linear" and is_linear(module):
             return True

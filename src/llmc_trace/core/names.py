@@ -6,6 +6,8 @@ packages that implement them.
 
 from __future__ import annotations
 
+import re
+
 GPTQ = "gptq"
 RTN = "rtn"
 SPARSEGPT = "sparsegpt"
@@ -34,3 +36,11 @@ PIPELINES = (*PREFERENCE, DATA_FREE)
 
 #: The views ``render`` draws.
 VIEWS = ("overview", "detail", "modules", "failure")
+
+
+def regex_matches(pattern: str, path: str) -> bool:
+    """Whether the ``re:<regex>`` ``pattern`` matches the module ``path``: from the start of the
+    path (``re.match``), as compressed-tensors, vLLM and llm-compressor read it, so a pattern
+    means the same in a recipe, a trace and a checkpoint's ``ignore``. Anchor the end with
+    ``$`` to keep a layer's children out (``re:model\\.layers\\.\\d+$``)."""
+    return re.match(pattern.removeprefix("re:"), path) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 
@@ -139,8 +140,22 @@ def build_twin(
     min_layers: int = 2,
 ) -> PreTrainedModel:
     """The tiny twin: same architecture and code paths, small sizes, seeded random weights."""
-    config = prepare_config(shrink_config(source.config(), min_layers))
+    config = source.config()
     cls = model_class(config, source.name)
+    return twin_of_class(cls, config, seed, attn_implementation, dtype, min_layers)
+
+
+def twin_of_class(
+    cls: type[PreTrainedModel],
+    config: PretrainedConfig,
+    seed: int = 0,
+    attn_implementation: str = "eager",
+    dtype: torch.dtype = torch.float32,
+    min_layers: int = 2,
+) -> PreTrainedModel:
+    """``cls`` built from ``config`` shrunk to a tiny twin (``config`` itself is not changed):
+    the twin of a model the caller built, whose class no config names."""
+    config = prepare_config(shrink_config(copy.deepcopy(config), min_layers))
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _instantiate(cls, config, attn_implementation=attn_implementation, dtype=dtype)

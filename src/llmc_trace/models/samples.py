@@ -315,6 +315,24 @@ def moonshine_audio(
     }
 
 
+@sample_builder("audio", "qwen2_audio")
+def qwen2_audio_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """30 s of mel frames (the encoder's fixed input length) and one audio token per encoder
+    output frame, already expanded in the text as the processor does."""
+    audio = config.audio_config
+    frames = 2 * audio.max_source_positions  # conv2 has stride 2
+    tokens = ((frames - 1) // 2 + 1 - 2) // 2 + 1  # the encoder's conv, then its pooling
+    middle = [token_id(config, "audio_token_id", "audio_token_index")] * tokens
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["input_features"] = torch.randn(
+        options.batch_size, audio.num_mel_bins, frames, generator=generator
+    )
+    sample["feature_attention_mask"] = torch.ones(options.batch_size, frames, dtype=torch.long)
+    return sample
+
+
 # ---------------------------------------------------------------- images: Qwen2-VL family
 def _qwen_vision_pixels(
     config: PretrainedConfig, grid: tuple[int, int, int], batch: int, generator: torch.Generator

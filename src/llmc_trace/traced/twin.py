@@ -17,8 +17,10 @@ import torch
 
 from llmc_trace.graph.structure import StructureCheck, compare_structure
 from llmc_trace.graph.verify import Verification, verify_subgraphs
-from llmc_trace.models.build import build_twin, load_pretrained
-from llmc_trace.models.samples import SampleOptions, make_sample
+from transformers import PretrainedConfig
+
+from llmc_trace.models.build import build_twin, load_pretrained, twin_of_class
+from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
 from llmc_trace.models.source import ModelSource
 from llmc_trace.traced.model import TracedModel, trace_model
 from llmc_trace.tracing.trace import concrete_arguments
@@ -54,6 +56,65 @@ def verify_on_twin(
     twin = build_twin(source, seed=seed, min_layers=max(2, 2 * tracing.targets_per_subgraph))
     built_s = time.perf_counter() - start
     return _check(traced, twin, modality, options, "tiny twin", {"twin_s": built_s})
+
+
+def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
+    """Prove a model the caller built: on the twin of its own class and config, else replay
+    the model itself on the sample.
+
+    The twin keeps the proof cheap for a large model (the check runs once per fix tried). A
+    model without a transformers config (or whose config cannot shrink, or whose modality has
+    no sample builder) is replayed on ``traced.sample``, which needs its real weights.
+    """
+    model, modality = traced.model, sample_modality(traced.sample)
+    config = getattr(model, "config", None)
+    if isinstance(config, PretrainedConfig) and modality in supported_modalities(config):
+        start = time.perf_counter()
+        try:
+            attention = getattr(config, "_attn_implementation", None) or "eager"
+            twin = twin_of_class(type(model), config, seed=seed, attn_implementation=attention)
+            options = SampleOptions(seq_len=_sequence_length(traced.sample), seed=seed)
+            make_sample(twin.config, modality, options)
+        except Exception:  # noqa: BLE001 - any failure here only means: no twin to prove on
+            twin = None
+        if twin is not None:
+            timings = {"twin_s": time.perf_counter() - start}
+            return _check(traced, twin, modality, options, "tiny twin", timings)
+    return verify_on_sample(traced)
+
+
+def verify_on_sample(traced: TracedModel) -> TwinCheck:
+    """Replay ``traced`` on its own sample against the model's own eager forward."""
+    if any(p.is_meta for p in traced.model.parameters()):
+        problem = f"{traced.name} has no twin to prove on, and its weights are on meta"
+        return TwinCheck(Verification(False, 0.0, [], [problem]), None, "the sample", None)
+    start = time.perf_counter()
+    verification = verify_subgraphs(
+        traced.model,
+        traced.subgraphs,
+        traced.sample,
+        traced.partitioned.trace.input_names if traced.partitioned else [],
+        traced.options.targets_per_subgraph,
+        eager_kwargs=concrete_arguments(traced.model, traced.sample),
+    )
+    timings = {"verify_s": time.perf_counter() - start}
+    return TwinCheck(verification, None, "the sample", None, timings)
+
+
+def sample_modality(sample: dict[str, object]) -> str:
+    """The modality a processor output is for, read from its keys."""
+    if "pixel_values_videos" in sample:
+        return "video"
+    if "pixel_values" in sample:
+        return "image"
+    if "input_features" in sample or "input_values" in sample:
+        return "audio"
+    return "text"
+
+
+def _sequence_length(sample: dict[str, object]) -> int:
+    ids = sample.get("input_ids")
+    return int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else SampleOptions().seq_len
 
 
 def verify_on_weights(traced: TracedModel, modality: str, options: SampleOptions) -> TwinCheck:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
@@ -99,6 +100,81 @@ def default_opaque_functions() -> list[str]:
     return sorted(names) + list(CHECK_FUNCTIONS)
 
 
+#: The helpers with which ``transformers.masking_utils`` decides that no mask is needed (sdpa's
+#: causal attention passes ``is_causal`` instead; bidirectional or recurrent layers without
+#: padding need nothing), each with the answer that makes it build the mask: the skip tests
+#: say no, and ``is_tracing`` says yes (the builders never skip on what they cannot see).
+MASK_SKIP_TESTS = {
+    "_ignore_causal_mask_sdpa": False,
+    "_ignore_bidirectional_mask_sdpa": False,
+    "is_tracing": True,
+}
+
+
+def skipped_mask_reaches_traced_code(graph: torch.fx.Graph) -> bool:
+    """A mask builder returned ``None`` (or a dict holding one) for the example, and traced
+    code, not only leaves, used that ``None``.
+
+    sdpa's builders return ``None`` when the batch has no padding, so attention can pass
+    ``is_causal=True`` instead of a mask: a fact about the batch, not the model. Handed to a
+    leaf (a decoder layer), the result is decided again for each batch, by eager code. But
+    when the attention code itself is traced (``sequential_targets=["Linear"]``), its
+    ``attention_mask is None`` met a proxy, which is never ``None``: the graph would run
+    non-causal attention without a mask. Such a trace must be redone with explicit masks.
+    """
+
+    def used_as_none(node: torch.fx.Node, value: Any) -> bool:
+        for user in node.users:
+            if user.op == "call_function" and user.target is operator.getitem:
+                key = user.args[1]
+                inner = value.get(key) if isinstance(value, dict) else None
+                if isinstance(value, (list, tuple)) and isinstance(key, int):
+                    inner = value[key]
+                if used_as_none(user, inner):
+                    return True
+            elif value is None and user.op != "call_module":
+                return True
+        return False
+
+    return any(
+        node.op == "call_function"
+        and getattr(node.target, "__module__", None) == MASKING_MODULE
+        and used_as_none(node, node.meta.get("val", False))
+        for node in graph.nodes
+    )
+
+
+class ExplicitMasks:
+    """Graph target: a mask builder that always builds its mask (never ``None``).
+
+    For the traces :func:`skipped_mask_reaches_traced_code` finds: the builder runs with
+    ``masking_utils``' "no mask needed" tests answering no (:data:`MASK_SKIP_TESTS`), for the
+    duration of the call. The mask equals what ``is_causal`` (or no mask) computes, so
+    attention is unchanged.
+    """
+
+    def __init__(self, builder: Callable[..., Any]) -> None:
+        self.builder = builder
+        self.__name__ = f"explicit_{builder.__name__}"
+        self.__qualname__ = self.__name__
+        self.__module__ = __name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        masking = sys.modules[MASKING_MODULE]
+        saved = {name: getattr(masking, name) for name in MASK_SKIP_TESTS if hasattr(masking, name)}
+        try:
+            for name in saved:
+                setattr(masking, name, functools.partial(_answer, MASK_SKIP_TESTS[name]))
+            return self.builder(*args, **kwargs)
+        finally:
+            for name, test in saved.items():
+                setattr(masking, name, test)
+
+
+def _answer(answer: bool, *args: Any, **kwargs: Any) -> bool:
+    return answer
+
+
 def module_files(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
     """The Python modules (files) defining the classes of ``modules`` and their bases."""
     seen: dict[str, ModuleType] = {}
@@ -127,7 +203,7 @@ def patch_opaque(
     calls without proxies (value computation, code outside the trace) run the original.
     Yields ``{name: [where it was patched]}`` so a report can say which names matched.
     """
-    patched: list[tuple[Any, str, Any, bool]] = []  # (owner, attribute, original, was_instance)
+    patched: list[tuple[Any, str, Any, str]] = []  # (owner, attribute, original, kind of owner)
     matched: dict[str, list[str]] = {}
     files = module_files(module for _, module in traced_modules)
     try:
@@ -141,25 +217,51 @@ def patch_opaque(
                         original, "_llmc_opaque", False
                     ):
                         wrapper = _function_wrapper(original, record_function, has_proxy)
-                        patched.append((python_module, attr, original, False))
+                        patched.append((python_module, attr, original, "module"))
                         setattr(python_module, attr, wrapper)
                         where.append(f"{python_module.__name__}.{attr}")
+                for registry, key, original in registered_attention(attr):
+                    wrapper = _function_wrapper(original, record_function, has_proxy)
+                    patched.append((registry, key, None, "registry"))
+                    registry._local_mapping[key] = wrapper
+                    where.append(f"ALL_ATTENTION_FUNCTIONS[{key!r}]")
             for path, module in traced_modules:
                 if class_name and class_name not in {cls.__name__ for cls in type(module).__mro__}:
                     continue
                 if inspect.ismethod(getattr(module, attr, None)) and attr not in vars(module):
                     wrapper = _method_wrapper(module, attr, record_method, has_proxy)
-                    patched.append((module, attr, None, True))
+                    patched.append((module, attr, None, "instance"))
                     object.__setattr__(module, attr, wrapper)
                     where.append(f"{path or '<root>'}.{attr}")
             matched[name] = where
         yield matched
     finally:
-        for owner, attr, original, was_instance in reversed(patched):
-            if was_instance:
+        for owner, attr, original, kind in reversed(patched):
+            if kind == "instance":
                 del owner.__dict__[attr]
+            elif kind == "registry":
+                del owner._local_mapping[attr]
             else:
                 setattr(owner, attr, original)
+
+
+def registered_attention(name: str) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """``(registry, key, function)`` for each attention function transformers registered
+    under ``name`` (``sdpa_attention_forward``): model code looks these up in
+    ``ALL_ATTENTION_FUNCTIONS`` by the config's implementation, never through a module global,
+    so making one opaque means overriding its entry (on the registry instance, for this trace)."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    registry = getattr(utils, "ALL_ATTENTION_FUNCTIONS", None)
+    mapping = getattr(registry, "_global_mapping", None)
+    if not isinstance(mapping, dict) or not isinstance(
+        getattr(registry, "_local_mapping", None), dict
+    ):
+        return []
+    return [
+        (registry, key, function)
+        for key, function in mapping.items()
+        if getattr(function, "__name__", None) == name and key not in registry._local_mapping
+    ]
 
 
 def _function_wrapper(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmc_trace.core.names import regex_matches
 from llmc_trace.errors import BadInputError
 
 logger = logging.getLogger(__name__)
@@ -65,10 +66,10 @@ class LeafPlan:
 
 def matches(pattern: str, path: str, module: torch.nn.Module) -> bool:
     """A class name matches the module's class or any class it derives from (``Linear``
-    matches a subclass of ``nn.Linear``, as llm-compressor matches); ``re:`` matches the whole
-    module path."""
+    matches a subclass of ``nn.Linear``, as llm-compressor matches); ``re:`` matches from
+    the start of the module path (:func:`~llmc_trace.core.names.regex_matches`)."""
     if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], path) is not None
+        return regex_matches(pattern, path)
     return any(cls.__name__ == pattern for cls in type(module).__mro__)
 
 

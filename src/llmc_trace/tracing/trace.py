@@ -13,7 +13,7 @@ from torch import fx
 from llmc_trace.errors import BadInputError, LlmcTraceError, TraceStopped
 from llmc_trace.tracing.autowrap import StatementRewrite, install_autowraps
 from llmc_trace.tracing.guards import Guard
-from llmc_trace.tracing.opaque import default_opaque_functions
+from llmc_trace.tracing.opaque import default_opaque_functions, skipped_mask_reaches_traced_code
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.targets import LeafPlan, plan_leaves
 from llmc_trace.tracing.tracer import LlmcTracer
@@ -81,26 +81,26 @@ def trace_graph(
     leaves = plan_leaves(model, options.sequential_targets, list(options.ignored_modules))
     tensors, constants = split_sample(sample)
     concrete = {**concrete_arguments(model, sample), **constants}
-    tracer = LlmcTracer(lambda path, module: leaves.leaf_reason(path), opaque)
     # eval mode for the trace, each module's own mode restored after; a walk that sets only
     # the modules in training costs nothing on a model already in eval mode (thousands of experts)
     training = [module for module in model.modules() if module.training]
     for module in training:
         module.training = False
     try:
-        # definitions first: a statement of a definition's method can be autowrapped too
-        with (
-            torch.no_grad(),
-            use_definitions(model, list(options.definitions)) as replaced,
-            install_autowraps(model, list(options.autowraps), tracer.opaque_call) as rewrites,
-        ):
-            graph = tracer.trace_model(model, tensors, concrete)
-    except LlmcTraceError:
-        raise  # the user's input was wrong (an autowrap that cannot install, say)
-    except Exception as err:  # everything else is a finding about the model's code
-        raised = tracer.state.raised
-        stack = raised[1] if raised is not None and raised[0] is err else []
-        raise TraceStopped(err, stack, getattr(tracer, "graph", None), leaves) from err
+        try:
+            tracer, graph, replaced, rewrites = _trace_once(
+                model, tensors, concrete, options, leaves, opaque, explicit_masks=False
+            )
+            redo = skipped_mask_reaches_traced_code(graph)
+        except TraceStopped as stopped:
+            partial = stopped.partial_graph
+            if not (isinstance(partial, fx.Graph) and skipped_mask_reaches_traced_code(partial)):
+                raise
+            redo = True
+        if redo:
+            tracer, graph, replaced, rewrites = _trace_once(
+                model, tensors, concrete, options, leaves, opaque, explicit_masks=True
+            )
     finally:
         for module in training:
             module.training = True
@@ -132,3 +132,35 @@ def trace_graph(
         rewrites=rewrites,
         definitions=replaced,
     )
+
+
+def _trace_once(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    concrete: dict[str, Any],
+    options: TracingOptions,
+    leaves: LeafPlan,
+    opaque: list[str],
+    *,
+    explicit_masks: bool,
+) -> tuple[LlmcTracer, fx.Graph, list[str], list[StatementRewrite]]:
+    """One tracer run with the definitions and autowraps installed for it; a failure in the
+    model's code becomes :class:`~llmc_trace.errors.TraceStopped`."""
+    tracer = LlmcTracer(
+        lambda path, module: leaves.leaf_reason(path), opaque, explicit_masks=explicit_masks
+    )
+    try:
+        # definitions first: a statement of a definition's method can be autowrapped too
+        with (
+            torch.no_grad(),
+            use_definitions(model, list(options.definitions)) as replaced,
+            install_autowraps(model, list(options.autowraps), tracer.opaque_call) as rewrites,
+        ):
+            graph = tracer.trace_model(model, tensors, concrete)
+    except LlmcTraceError:
+        raise  # the user's input was wrong (an autowrap that cannot install, say)
+    except Exception as err:  # everything else is a finding about the model's code
+        raised = tracer.state.raised
+        stack = raised[1] if raised is not None and raised[0] is err else []
+        raise TraceStopped(err, stack, getattr(tracer, "graph", None), leaves) from err
+    return tracer, graph, replaced, rewrites

@@ -22,8 +22,9 @@ import dataclasses
 import functools
 import math
 import operator
+import types
 from collections import UserDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +32,26 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
+from llmc_trace.errors import VerificationError
 from llmc_trace.tracing.guards import Guard, ask
 from llmc_trace.tracing.mutation import writes_in_place
-from llmc_trace.tracing.opaque import call_module_method, patch_constructors, patch_opaque
+from llmc_trace.tracing.opaque import (
+    MASKING_MODULE,
+    ExplicitMasks,
+    call_module_method,
+    patch_constructors,
+    patch_opaque,
+)
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
+from llmc_trace.tracing.rebuild import (
+    Constant,
+    RebuildFunction,
+    RebuildObject,
+    closure_cells,
+    example_copy,
+    is_rebuildable_object,
+    state_fingerprint,
+)
 from llmc_trace.tracing.source import current_model_location
 from llmc_trace.tracing.values import (
     ComputedValue,
@@ -183,11 +200,20 @@ class LlmcTracer(fx.Tracer):
     """HF-aware torch.fx tracer; see the module docstring.
 
     ``is_leaf`` decides leaves by module path; ``opaque`` names functions and methods recorded
-    as single calls (see :mod:`~llmc_trace.tracing.opaque`).
+    as single calls (see :mod:`~llmc_trace.tracing.opaque`); ``explicit_masks`` has mask
+    builders always build their mask (see
+    :func:`~llmc_trace.tracing.opaque.skipped_mask_reaches_traced_code`).
     """
 
-    def __init__(self, is_leaf: Callable[[str, torch.nn.Module], str | None], opaque: list[str]):
+    def __init__(
+        self,
+        is_leaf: Callable[[str, torch.nn.Module], str | None],
+        opaque: list[str],
+        *,
+        explicit_masks: bool = False,
+    ):
         super().__init__(autowrap_modules=(math,))
+        self._explicit_masks = explicit_masks
         self.proxy_buffer_attributes = True
         self._is_leaf = is_leaf
         self._opaque_names = list(opaque)
@@ -198,6 +224,9 @@ class LlmcTracer(fx.Tracer):
         self._containers: dict[int, tuple[MetaProxy, Any]] = {}  # id -> (proxy, keep-alive)
         self._shape_only_outputs: dict[tuple[Any, ...], ComputedValue] = {}
         self._module_shapes: dict[int, tuple[Any, ...]] = {}
+        # id -> (node, state fingerprint, keep-alive) of objects the graph rebuilds
+        self._rebuilt: dict[int, tuple[fx.Node, tuple[Any, ...], Any]] = {}
+        self._rebuilding: set[int] = set()
         # while example values are computed, fx's patched Module.__call__ and __getattr__ pass
         # straight through (reverting and re-applying the patches instead sets attributes on
         # nn.Module, which costs as much as the subclasses loaded: 0.3 s per trace of a
@@ -329,7 +358,7 @@ class LlmcTracer(fx.Tracer):
                 is_real=not (isinstance(value, torch.Tensor) and value.is_meta),
             )
             return
-        values = _map_proxies(lambda p: p.node.meta.get("val"), (args, kwargs))
+        values = _map_proxies(lambda p: p.node.meta.get("val"), (args, kwargs), self._object_paths)
         arg_nodes = [
             leaf.node for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, fx.Proxy)
         ]
@@ -528,20 +557,80 @@ class LlmcTracer(fx.Tracer):
             if path is None:
                 path = self.tensor_attrs.get(a)
             if path is not None:
-                return self.create_node("get_attr", path, (), {})
+                return self._holding(self.create_node("get_attr", path, (), {}), a, False)
             self._constant_count += 1
-            return self.create_node(
-                "call_function", TensorConstant(a, self._constant_count), (), {}
-            )
+            constant = TensorConstant(a, self._constant_count)
+            return self._holding(self.create_node("call_function", constant, (), {}), a, True)
         if isinstance(a, torch.nn.Module) and id(a) in self._module_paths:
-            return self.create_node("get_attr", self._module_paths[id(a)], (), {})
+            node = self.create_node("get_attr", self._module_paths[id(a)], (), {})
+            return self._holding(node, a, True)
         if _is_model_output(a):
             fields = {key: self.create_arg(value) for key, value in a.items()}
             class_path = f"{type(a).__module__}.{type(a).__qualname__}"
             return self.create_node("call_function", build_model_output, (class_path, fields), {})
         if id(a) in self._object_paths:  # never a literal: those are left out of the paths
-            return self.create_node("get_attr", self._object_paths[id(a)], (), {})
-        return super().create_arg(a)
+            node = self.create_node("get_attr", self._object_paths[id(a)], (), {})
+            return self._holding(node, a, True)
+        try:
+            return super().create_arg(a)
+        except NotImplementedError:
+            if isinstance(a, type) or (isinstance(a, types.FunctionType) and not a.__closure__):
+                self._constant_count += 1
+                node = self.create_node("call_function", Constant(a, self._constant_count), (), {})
+                return self._holding(node, a, True)
+            if isinstance(a, types.FunctionType):
+                return self._rebuild_function(a)
+            if is_rebuildable_object(a):
+                return self._rebuild_object(a)
+            raise
+
+    def _holding(self, node: fx.Node, value: Any, value_static: bool) -> fx.Node:
+        """Annotate a node made for an argument as :meth:`_annotate` does a recorded one:
+        shape and value flags must not read as unknown where it is used."""
+        if "val" not in node.meta:
+            node.meta.update(
+                val=value,
+                value_static=value_static,
+                shape_static=True,
+                is_real=not (isinstance(value, torch.Tensor) and value.is_meta),
+                source=current_model_location(),
+                module_path=self.module_stack[-1][0] if self.module_stack else "",
+                module_class=self.module_stack[-1][1] if self.module_stack else "",
+            )
+        return node
+
+    def _rebuild_function(self, fn: types.FunctionType) -> fx.Node:
+        """A closure as a node that makes it again from its cells (see :mod:`rebuild`)."""
+        self._constant_count += 1
+        values = closure_cells(fn)
+        cells = tuple(self.create_arg(cell) for cell in values)
+        node = self.create_node(
+            "call_function", RebuildFunction(fn, self._constant_count), cells, {}
+        )
+        return self._holding(node, fn, _all_static(node))
+
+    def _rebuild_object(self, obj: Any) -> fx.Node:
+        """A plain object as a node that makes a fresh one from its state, once per forward
+        while traced code leaves that state alone: every call that receives it, leaves
+        included, then shares one object at run time, as eager code does."""
+        fingerprint = state_fingerprint(obj)
+        known = self._rebuilt.get(id(obj))
+        if known is not None and known[1] == fingerprint:
+            return known[0]
+        if id(obj) in self._rebuilding:
+            raise NotImplementedError(f"a {type(obj).__name__} whose state refers to itself")
+        self._rebuilding.add(id(obj))
+        try:
+            state = self.create_arg(dict(vars(obj)))
+        finally:
+            self._rebuilding.discard(id(obj))
+        self._constant_count += 1
+        node = self.create_node(
+            "call_function", RebuildObject(type(obj), self._constant_count), (state,), {}
+        )
+        self._holding(node, obj, _all_static(node))
+        self._rebuilt[id(obj)] = (node, fingerprint, obj)
+        return node
 
     def _collect_object_paths(self, prefix: str, module: torch.nn.Module) -> None:
         """Attribute paths of the non-tensor objects a module holds (configs, chiefly), the
@@ -566,7 +655,12 @@ class LlmcTracer(fx.Tracer):
         self._opaque_targets.add(id(fn))
         if fn.__name__ not in self.state.opaque_recorded:
             self.state.opaque_recorded.append(fn.__name__)
-        return self.unpack(self.create_proxy("call_function", fn, args, kwargs))
+        is_mask = getattr(fn, "__module__", None) == MASKING_MODULE
+        if is_mask and self._explicit_masks:
+            fn = ExplicitMasks(fn)
+            self._opaque_targets.add(id(fn))
+        proxy = self.create_proxy("call_function", fn, args, kwargs)
+        return self.unpack(proxy, keep_none=is_mask)
 
     def opaque_call(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` made into one graph node per call while tracing (autowrap's statements).
@@ -600,21 +694,45 @@ class LlmcTracer(fx.Tracer):
         if qualified not in self.state.opaque_recorded:
             self.state.opaque_recorded.append(qualified)
         return self.unpack(
-            self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs)
+            self.create_proxy("call_function", call_module_method, (module, name, *args), kwargs),
+            keep_none=False,
         )
 
-    def unpack(self, proxy: MetaProxy) -> Any:
+    def unpack(self, proxy: MetaProxy, *, keep_none: bool = True) -> Any:
         """A proxy of a plain dict, list or tuple becomes that container of item proxies.
 
         Model code asks ``isinstance(masks, dict)`` of what a mask builder returned; a bare
-        proxy would answer no and send tracing down the wrong branch.
+        proxy would answer no and send tracing down the wrong branch. Unless ``keep_none``,
+        an item that is ``None`` for the example stays ``None`` in traced code, with a run-time
+        check that it still is (see :func:`expect_none`): traced code asking ``x is None``
+        of a proxy always hears no. Mask builders keep theirs: a mask is ``None`` or not
+        depending on padding, and only leaves (which decide again per batch) may receive it.
         """
         value = proxy.node.meta.get("val")
         if type(value) is dict:
-            return {key: proxy[key] for key in value}
+            return {key: self._item(proxy, key, keep_none) for key in value}
         if type(value) in (list, tuple):
-            return type(value)(proxy[i] for i in range(len(value)))
+            return type(value)(self._item(proxy, i, keep_none) for i in range(len(value)))
         return proxy
+
+    def _item(self, proxy: MetaProxy, key: Any, keep_none: bool) -> Any:
+        item = proxy[key]
+        if keep_none or item.node.meta.get("val", False) is not None:
+            return item
+        where = current_model_location()
+        what = f"{proxy.node.name}[{key!r}]" + (f" (at {where})" if where else "")
+        self.create_proxy("call_function", expect_none, (item, what), {})
+        return None
+
+
+def expect_none(value: Any, what: str) -> None:
+    """Graph target: the run-time check that a recorded call's result is ``None`` again."""
+    if value is not None:
+        raise VerificationError(
+            f"{what} was None when the model was traced, and is a {type(value).__name__} for "
+            "this batch: the model's code takes another path for it than for the traced sample.",
+            hint="Calibrate on batches shaped like the traced sample, or trace on such a batch.",
+        )
 
 
 def new_container(class_path: str, items: Any) -> Any:
@@ -638,21 +756,32 @@ def _is_model_output(value: Any) -> bool:
     return any(cls.__name__ == "ModelOutput" for cls in type(value).__mro__[1:])
 
 
-def _map_proxies(fn: Callable[[fx.Proxy], Any], value: Any) -> Any:
+def _map_proxies(
+    fn: Callable[[fx.Proxy], Any], value: Any, shared: Container[int] = frozenset()
+) -> Any:
+    """``value`` with every proxy replaced by ``fn(proxy)``; closures and plain objects are
+    copied around theirs (:func:`~llmc_trace.tracing.rebuild.example_copy`), except the
+    objects whose ids are in ``shared`` (the model's own: configs are read, never copied)."""
+
+    def inner(item: Any) -> Any:
+        return _map_proxies(fn, item, shared)
+
     if isinstance(value, fx.Proxy):
         return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_map_proxies(fn, v) for v in value))
+        return type(value)(*(inner(v) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_map_proxies(fn, v) for v in value)
+        return type(value)(inner(v) for v in value)
     if isinstance(value, dict) and not _is_model_output(value):
-        return {k: _map_proxies(fn, v) for k, v in value.items()}
+        return {k: inner(v) for k, v in value.items()}
     if isinstance(value, slice):
-        return slice(
-            _map_proxies(fn, value.start),
-            _map_proxies(fn, value.stop),
-            _map_proxies(fn, value.step),
-        )
+        return slice(inner(value.start), inner(value.stop), inner(value.step))
+    if id(value) in shared:
+        return value
+    if (isinstance(value, types.FunctionType) and value.__closure__) or is_rebuildable_object(
+        value
+    ):
+        return example_copy(value, inner, shared)
     return value
 
 
@@ -678,9 +807,16 @@ def _restore_proxy_attributes(
                     delattr(module, key)
 
 
+def _all_static(node: fx.Node) -> bool:
+    return all(n.meta.get("value_static", False) for n in node.all_input_nodes)
+
+
 def _holds_tensors(value: Any) -> bool:
-    """Tensors and containers of tensors: their *shapes*, not values, decide output shapes."""
-    if isinstance(value, torch.Tensor):
+    """Tensors and containers of tensors: their *shapes*, not values, decide output shapes.
+
+    A function argument counts too: mask functions and other callbacks decide what the
+    elements of a result are, never its shape."""
+    if isinstance(value, (torch.Tensor, types.FunctionType)):
         return True
     if isinstance(value, dict):
         return any(_holds_tensors(v) for v in value.values())
@@ -706,7 +842,8 @@ def _static_flags(
         if not _holds_tensors(n.meta.get("val"))
     )
     shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
-    shape_static = shapes_static and non_tensor_static and name not in DATA_DEPENDENT_SHAPE_OPS
+    data_dependent = name in DATA_DEPENDENT_SHAPE_OPS and not _repeats_by_count(name, args)
+    shape_static = shapes_static and non_tensor_static and not data_dependent
     if name in CONSTRUCTORS:
         shape_static = values_static
     if kind == "call_function" and target is operator.getitem:
@@ -717,6 +854,19 @@ def _static_flags(
     if kind == "call_module":
         return False, shape_static
     return values_static, shape_static
+
+
+def _repeats_by_count(name: str, args: tuple[Any, ...]) -> bool:
+    """``repeat_interleave(x, 2)``: a number of repeats (not a tensor of them) fixes the shape,
+    as rotary embeddings use it."""
+    if name != "repeat_interleave" or len(args) < 2:
+        return False
+    repeats = args[1]
+    if isinstance(repeats, fx.Proxy):
+        return repeats.node.meta.get("value_static", False) and isinstance(
+            repeats.node.meta.get("val"), int
+        )
+    return isinstance(repeats, int)
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,130 @@
+"""``trace_subgraphs`` as llm-compressor's drop-in: fixes on model instances, ``["Linear"]``
+targets under sdpa, located failures."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from llmc_trace import trace_subgraphs
+from llmc_trace.errors import NotTraceableError
+from llmc_trace.graph.verify import replay
+from llmc_trace.models.build import build_twin
+from llmc_trace.models.samples import SampleOptions, make_sample
+from llmc_trace.models.source import resolve_model
+from tests.conftest import token_batch
+
+SIZES = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: LlamaForCausalLM._from_config(LlamaConfig(**SIZES), attn_implementation="sdpa"),
+        lambda: Qwen3ForCausalLM._from_config(
+            Qwen3Config(head_dim=16, **SIZES), attn_implementation="sdpa"
+        ),
+    ],
+    ids=["llama", "qwen3"],
+)
+def test_linear_targets_under_sdpa_with_padding(build) -> None:  # noqa: ANN001
+    """sdpa's mask builder returns ``None`` for an unpadded batch; traced attention code must
+    never decide on that, so a padded batch (left padding in row 1) replays exactly too."""
+    torch.manual_seed(0)
+    model = build().eval()
+    unpadded = token_batch(batch=1)
+    subgraphs = trace_subgraphs(model, unpadded, ["Linear"])
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(t for s in subgraphs for t in s.targets) == sorted(linears)
+    assert all(len(s.targets) <= 1 for s in subgraphs)
+    padded = token_batch(batch=2)
+    with torch.no_grad():
+        for sample in (unpadded, padded):
+            expected = model(**sample, use_cache=False).logits
+            actual = replay(model, subgraphs, sample).logits
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def qwen2_vl_with_image() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    model = build_twin(resolve_model("Qwen/Qwen2-VL-2B-Instruct"), seed=1)
+    return model, make_sample(model.config, "image", SampleOptions(seq_len=32))
+
+
+def test_trace_subgraphs_fixes_a_model_instance_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Qwen2-VL's ``get_rope_index`` iterates over token-type groups: traced as written it
+    fails; the fix is proved on a twin of the instance's own class and logged."""
+    model, sample = qwen2_vl_with_image()
+    with caplog.at_level(logging.WARNING, logger="llmc_trace"):
+        subgraphs = trace_subgraphs(model, sample)
+    assert "get_rope_index" in caplog.text
+    with torch.no_grad():
+        expected = model(**sample, use_cache=False).logits
+        torch.testing.assert_close(replay(model, subgraphs, sample).logits, expected)
+
+
+def test_without_fixes_the_failure_is_located() -> None:
+    model, sample = qwen2_vl_with_image()
+    with pytest.raises(NotTraceableError) as raised:
+        trace_subgraphs(model, sample, fix=False)
+    failure = raised.value.failure
+    assert failure is not None and failure.location is not None
+    assert failure.location.file.endswith("modeling_qwen2_vl.py")
+    assert raised.value.fixes == []
+    assert "modeling_qwen2_vl.py" in str(raised.value)
+
+
+def route(h: torch.Tensor) -> torch.Tensor:
+    if bool(h.mean() > 0):  # data-dependent: fx cannot follow it
+        return h * 2
+    return -h
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class Routed(torch.nn.Module):
+    """No transformers config, so no twin: the fix is proved on the sample itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](route(self.blocks[0](x)))
+
+
+def test_a_module_without_config_is_fixed_on_its_sample() -> None:
+    torch.manual_seed(0)
+    model = Routed().eval()
+    sample = {"x": torch.randn(2, 4)}
+    subgraphs = trace_subgraphs(model, sample, ["Block"])
+    with torch.no_grad():
+        for x in (sample["x"], -sample["x"]):  # both branches, decided per batch at run time
+            torch.testing.assert_close(replay(model, subgraphs, {"x": x}), model(x))
+
+
+def test_a_model_on_meta_without_twin_is_not_accepted() -> None:
+    """Nothing can prove a fix there: the located failure, not an unproven graph."""
+    with torch.device("meta"):
+        model = Routed()
+    with pytest.raises(NotTraceableError, match="control flow") as raised:
+        trace_subgraphs(model, {"x": torch.randn(2, 4, device="meta")}, ["Block"])
+    assert raised.value.failure.location.function == "route"

@@ -1,0 +1,166 @@
+"""Closures, objects and ``None`` results around recorded calls, each replayed on a new batch.
+
+Distilled from models that broke: Gemma 3 hands its mask builder a closure over a traced
+tensor, Idefics3 hands ``torch_compilable_check`` a lambda, a forward that builds and returns a
+``DynamicCache``, and Qwen2-Audio's merge statement leaves ``position_ids`` ``None``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaModel
+from transformers.utils import torch_compilable_check
+
+from llmc_trace import trace_subgraphs
+from llmc_trace.errors import VerificationError
+from llmc_trace.graph.verify import replay
+from llmc_trace.tracing.rebuild import RebuildFunction, RebuildObject
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def overlay(ids: torch.Tensor):  # noqa: ANN201 - returns a closure, as mask overlays do
+    """A mask-function factory: the closure reads ``ids`` when called."""
+
+    def shifted(column: int) -> torch.Tensor:
+        return ids[..., column]
+
+    return shifted
+
+
+def add_overlay(x: torch.Tensor, overlay_fn) -> torch.Tensor:  # noqa: ANN001
+    if bool(x.sum() > 1e9):  # a data-dependent branch: only a recorded call may take it
+        return x
+    return x + overlay_fn(0).unsqueeze(-1)
+
+
+class ClosureModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](x)
+        h = add_overlay(h, overlay(h * 3))
+        return self.blocks[1](h)
+
+
+def test_a_closure_over_a_traced_value_is_rebuilt_from_each_batch() -> None:
+    torch.manual_seed(0)
+    model = ClosureModel().eval()
+    subgraphs = trace_subgraphs(
+        model, {"x": torch.randn(2, 3, 4)}, ["Block"], ignore=["add_overlay"]
+    )
+    targets = [n.target for s in subgraphs for n in s.graph.nodes if n.op == "call_function"]
+    assert any(isinstance(t, RebuildFunction) for t in targets)
+    other = {"x": torch.randn(2, 3, 4) * 5}  # a baked-in closure would keep the first batch
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, other), model(**other))
+
+
+class CheckedModel(torch.nn.Module):
+    """Idefics3's pattern: a check whose message is a lambda over traced values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](x)
+        torch_compilable_check(
+            (h.abs().amax() < limit).all(), lambda: f"too large: {h.abs().amax().item():.1f}"
+        )
+        return self.blocks[1](h)
+
+
+def test_a_lambda_argument_of_a_check_runs_on_the_batch() -> None:
+    torch.manual_seed(0)
+    model = CheckedModel().eval()
+    sample = {"x": torch.randn(2, 4), "limit": torch.tensor(1e6)}
+    subgraphs = trace_subgraphs(model, sample, ["Block"])
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, sample), model(**sample))
+        big = {"x": torch.full((2, 4), 1e3), "limit": torch.tensor(1.0)}
+        with pytest.raises(ValueError) as eager:
+            model(**big)
+        with pytest.raises(ValueError) as replayed:
+            replay(model, subgraphs, big)
+    assert str(replayed.value) == str(eager.value)  # the message came from this batch
+
+
+def tiny_llama_model(attention: str) -> LlamaModel:
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    return LlamaModel._from_config(config, attn_implementation=attention).eval()
+
+
+@pytest.mark.parametrize(
+    ("targets", "attention"), [(["LlamaDecoderLayer"], "sdpa"), (["Linear"], "eager")]
+)
+def test_a_forward_that_builds_and_returns_a_dynamic_cache(
+    targets: list[str], attention: str
+) -> None:
+    """Decoder layers (leaves) fill the cache at run time, or traced attention code does at
+    trace time; either way each batch gets a cache of its own, filled as eager fills it."""
+    model = tiny_llama_model(attention)
+    sample = {"input_ids": torch.randint(0, 128, (1, 8)), "use_cache": True}
+    subgraphs = trace_subgraphs(model, sample, targets)
+    targets_called = [n.target for s in subgraphs for n in s.graph.nodes if n.op == "call_function"]
+    assert any(isinstance(t, RebuildObject) for t in targets_called)
+    with torch.no_grad():
+        expected = model(**sample)
+        first = replay(model, subgraphs, sample)
+        second = replay(model, subgraphs, sample)
+    assert first.past_key_values is not second.past_key_values
+    torch.testing.assert_close(first.last_hidden_state, expected.last_hidden_state)
+    for cache in (first.past_key_values, second.past_key_values):
+        assert len(cache.layers) == len(expected.past_key_values.layers)
+        for ours, theirs in zip(cache.layers, expected.past_key_values.layers):
+            torch.testing.assert_close(ours.keys, theirs.keys)
+            torch.testing.assert_close(ours.values, theirs.values)
+
+
+def merge(h: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Qwen2-Audio's merge statement: positions only when the tokens ask for them."""
+    if bool((ids < 0).any()):
+        return h, torch.arange(h.shape[1]).expand(h.shape[0], -1)
+    return h * 2, None
+
+
+class MergeModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        h, positions = merge(self.blocks[0](x), ids)
+        if positions is None:  # a proxy would never be None: this branch must be taken
+            positions = torch.zeros(h.shape[:2], dtype=torch.long)
+        return self.blocks[1](h + positions.unsqueeze(-1))
+
+
+def test_a_none_result_of_a_recorded_call_stays_none_and_is_checked() -> None:
+    torch.manual_seed(0)
+    model = MergeModel().eval()
+    sample = {"x": torch.randn(2, 3, 4), "ids": torch.ones(2, 3, dtype=torch.long)}
+    subgraphs = trace_subgraphs(model, sample, ["Block"], ignore=["merge"])
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, sample), model(**sample))
+        other_path = {"x": torch.randn(2, 3, 4), "ids": -torch.ones(2, 3, dtype=torch.long)}
+        with pytest.raises(VerificationError, match="was None when the model was traced"):
+            replay(model, subgraphs, other_path)
