@@ -163,7 +163,11 @@ def serve(folder: Path, rows: int, reference_kernel: bool) -> tuple[dict, str]:
 
 def no_kernel_reason(log: str) -> str | None:
     """vLLM's own words for a missing kernel, when its log has them."""
-    lines = [x for x in log.splitlines() if any(marker in x for marker in NO_KERNEL_MARKERS)]
+    lines = [
+        x
+        for x in log.splitlines()
+        if any(marker in x for marker in NO_KERNEL_MARKERS) and not x.startswith("RESULT ")
+    ]
     errors = [x for x in lines if "Error" in x] or lines
     return errors[0].split("] ")[-1].strip()[:200] if errors else None
 

@@ -172,3 +172,24 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path)
     sequential, basic = models["gptq"].state_dict(), models["basic"].state_dict()
     assert all(torch.equal(sequential[name], basic[name]) for name in first)
     assert not any(torch.equal(sequential[name], basic[name]) for name in last)
+
+
+def test_asymmetric_checkpoint_loads_for_evaluation_with_our_logits(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """W4A16_ASYM stores zero points packed, as compressed-tensors' compressor writes them and
+    vLLM reads them; transformers 5 with compressed-tensors 0.20 builds them unpacked and
+    refuses the file unless told to decompress while loading, which our loader does."""
+    from llmc_trace.evaluate.run import load_for_evaluation
+
+    folder, data = saved_llama
+    out = tmp_path / "asym"
+    request = dict(dataset=data, scheme="W4A16_ASYM", method="rtn", samples=2, seq_len=16)
+    compress(CompressRequest(str(folder), out_dir=out, **request))
+    in_memory = compress(CompressRequest(str(folder), out_dir=None, **request))
+    reloaded = load_for_evaluation(out, dtype=torch.float32).eval()
+    tokens = torch.as_tensor(np.load(data)[:2], dtype=torch.long)
+    with torch.no_grad():
+        ours = in_memory.model(input_ids=tokens).logits
+        theirs = reloaded(input_ids=tokens).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)

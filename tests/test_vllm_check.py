@@ -45,7 +45,10 @@ def test_reversed_packing_keeps_shapes_and_scrambles_every_group(serving) -> Non
 def test_a_renamed_tensor_is_the_only_change(serving, tmp_path: Path) -> None:  # noqa: ANN001
     source = tmp_path / "source"
     source.mkdir()
-    tensors = {"a.weight_scale": torch.ones(2), "a.weight_packed": torch.zeros(2, dtype=torch.int32)}
+    tensors = {
+        "a.weight_scale": torch.ones(2),
+        "a.weight_packed": torch.zeros(2, dtype=torch.int32),
+    }
     save_file(tensors, source / "model.safetensors")
     serving.tamper(source, tmp_path / "out", "rename")
     after = load_file(tmp_path / "out" / "model.safetensors")

@@ -174,7 +174,8 @@ def load_pretrained(
     tensor) raise :class:`~llmc_trace.errors.BadInputError` instead of loading half.
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
-    checkpoint is decompressed by transformers itself, the path a user's code takes.
+    checkpoint is decompressed by transformers itself, the path a user's code takes (see
+    :func:`_decompress_at_load` for the one case that must be told to).
     """
     assert source.folder is not None
     store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
@@ -188,6 +189,7 @@ def load_pretrained(
                 use_safetensors=True,
                 output_loading_info=True,
                 **kernel,
+                **_decompress_at_load(source.config()),
             )
     except (RuntimeError, OSError, ValueError) as err:  # shapes that do not fit the config
         expected = {k: tuple(v.shape) for k, v in build_meta_model(source).state_dict().items()}
@@ -230,6 +232,26 @@ def _instantiate(
         return cls._from_config(config, experts_implementation="eager", **kwargs)
     except (ValueError, TypeError):
         return cls._from_config(config, **kwargs)
+
+
+def _decompress_at_load(config: PretrainedConfig) -> dict[str, object]:
+    """Loading options for an asymmetric packed (``pack-quantized``) checkpoint.
+
+    compressed-tensors' compressor packs the zero points eight to an int32 along the output
+    dimension, and vLLM reads them so; but transformers 5 with compressed-tensors 0.20 creates
+    the compressed module's ``weight_zero_point`` unpacked and refuses the packed tensor as a
+    size mismatch. Decompressing while loading (``run_compressed=False``) reads the packed
+    tensors through the compressor and gives the same weights.
+    """
+    quantization = getattr(config, "quantization_config", None)
+    if not isinstance(quantization, dict) or quantization.get("format") != "pack-quantized":
+        return {}
+    groups = quantization.get("config_groups", {}).values()
+    if all((group.get("weights") or {}).get("symmetric", True) for group in groups):
+        return {}
+    from transformers import CompressedTensorsConfig
+
+    return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
 
 
 def checkpoint_dtype(config: PretrainedConfig, store: WeightStore) -> torch.dtype:
