@@ -186,7 +186,8 @@ def root_cause(log: str, fallback: str) -> str:
 def judge(row: Row, folder: Path, rows: int, tolerance: float) -> None:
     """Serve ``folder`` and fill ``row`` with vLLM's perplexity and the verdict."""
     result, log = serve(folder, rows, reference_kernel=False)
-    reason = None if result["ok"] else no_kernel_reason(log)
+    # the engine runs in the worker's process: vLLM's reason is its exception, or in its log
+    reason = None if result["ok"] else no_kernel_reason(f"{result['error']}\n{log}")
     if reason is not None:
         result, log = serve(folder, rows, reference_kernel=True)
     if not result["ok"]:
