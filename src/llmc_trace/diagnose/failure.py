@@ -17,6 +17,7 @@ from torch import fx
 
 from llmc_trace.errors import TraceStopped
 from llmc_trace.tracing.proxy import DataDependentQuestion
+from llmc_trace.tracing.rebuild import Unrepresentable
 from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback
 from llmc_trace.tracing.tracer import WeightMutation
 
@@ -148,7 +149,9 @@ def failure_from_exception(stopped: TraceStopped) -> TraceFailure:
 
 def _classify_other(err: BaseException) -> tuple[str, str]:
     text = str(err)
-    if isinstance(err, NotImplementedError) and "argument of type" in text:
+    if isinstance(err, Unrepresentable) or (
+        isinstance(err, NotImplementedError) and "argument of type" in text
+    ):
         return "unsupported_argument", text
     # a proxy reaching a constructor's argument parser: "not a storage 'MetaProxy'" from the
     # legacy torch.Tensor(...), "must be tuple of ints, but found ... MetaProxy" from sizes

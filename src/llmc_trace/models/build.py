@@ -235,14 +235,9 @@ def _instantiate(
 
 
 def _decompress_at_load(config: PretrainedConfig) -> dict[str, object]:
-    """Loading options for an asymmetric packed (``pack-quantized``) checkpoint.
-
-    compressed-tensors' compressor packs the zero points eight to an int32 along the output
-    dimension, and vLLM reads them so; but transformers 5 with compressed-tensors 0.20 creates
-    the compressed module's ``weight_zero_point`` unpacked and refuses the packed tensor as a
-    size mismatch. Decompressing while loading (``run_compressed=False``) reads the packed
-    tensors through the compressor and gives the same weights.
-    """
+    """Loading options for an asymmetric packed (``pack-quantized``) checkpoint: decompress
+    while loading (``dequantize=True``), the one way today's transformers reads its packed zero
+    points (see the limits in :mod:`llmc_trace.checkpoint.writer`); the weights are the same."""
     quantization = getattr(config, "quantization_config", None)
     if not isinstance(quantization, dict) or quantization.get("format") != "pack-quantized":
         return {}
@@ -251,7 +246,7 @@ def _decompress_at_load(config: PretrainedConfig) -> dict[str, object]:
         return {}
     from transformers import CompressedTensorsConfig
 
-    return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
+    return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
 
 
 def checkpoint_dtype(config: PretrainedConfig, store: WeightStore) -> torch.dtype:

@@ -11,14 +11,15 @@ stand in for the twin; then the model itself is traced and replayed.
 from __future__ import annotations
 
 import time
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
 
-from llmc_trace.graph.structure import StructureCheck, compare_structure
-from llmc_trace.graph.verify import Verification, verify_subgraphs
 from transformers import PretrainedConfig
 
+from llmc_trace.graph.structure import StructureCheck, compare_structure
+from llmc_trace.graph.verify import Verification, verify_subgraphs
 from llmc_trace.models.build import build_twin, load_pretrained, twin_of_class
 from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
 from llmc_trace.models.source import ModelSource
@@ -55,7 +56,8 @@ def verify_on_twin(
     tracing = traced.options
     twin = build_twin(source, seed=seed, min_layers=max(2, 2 * tracing.targets_per_subgraph))
     built_s = time.perf_counter() - start
-    return _check(traced, twin, modality, options, "tiny twin", {"twin_s": built_s})
+    sample = make_sample(twin.config, modality, options)
+    return _check(traced, twin, sample, "tiny twin", {"twin_s": built_s})
 
 
 def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
@@ -74,12 +76,12 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
             attention = getattr(config, "_attn_implementation", None) or "eager"
             twin = twin_of_class(type(model), config, seed=seed, attn_implementation=attention)
             options = SampleOptions(seq_len=_sequence_length(traced.sample), seed=seed)
-            make_sample(twin.config, modality, options)
+            sample = make_sample(twin.config, modality, options)
         except Exception:  # noqa: BLE001 - any failure here only means: no twin to prove on
             twin = None
         if twin is not None:
             timings = {"twin_s": time.perf_counter() - start}
-            return _check(traced, twin, modality, options, "tiny twin", timings)
+            return _check(traced, twin, sample, "tiny twin", timings)
     return verify_on_sample(traced)
 
 
@@ -122,20 +124,21 @@ def verify_on_weights(traced: TracedModel, modality: str, options: SampleOptions
     source = _source_of(traced)
     start = time.perf_counter()
     model = load_pretrained(source, dtype=torch.float32)
+    timings = {"load_s": time.perf_counter() - start}
     return _check(
-        traced, model, modality, options, "real weights", {"load_s": time.perf_counter() - start}
+        traced, model, make_sample(model.config, modality, options), "real weights", timings
     )
 
 
 def _check(
     traced: TracedModel,
     model: torch.nn.Module,
-    modality: str,
-    options: SampleOptions,
+    sample: dict[str, Any],
     verified_on: str,
     timings_s: dict[str, float],
 ) -> TwinCheck:
-    sample = make_sample(model.config, modality, options)
+    """Trace ``model`` (a twin, or the real weights) on ``sample`` with ``traced``'s options and
+    replay it against its eager forward."""
     twin = trace_model(model, sample, traced.options, name=traced.name, source=traced.source)
     timings_s["twin_trace_s"] = twin.timings_s["trace_s"]
     if twin.partitioned is None:

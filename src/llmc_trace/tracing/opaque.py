@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from llmc_trace.tracing.rebuild import GraphTarget
+
 #: transformers module whose mask builders are opaque by default.
 MASKING_MODULE = "transformers.masking_utils"
 #: Validation helpers recorded as calls, so their checks run on real data at calibration time
@@ -144,7 +146,7 @@ def skipped_mask_reaches_traced_code(graph: torch.fx.Graph) -> bool:
     )
 
 
-class ExplicitMasks:
+class ExplicitMasks(GraphTarget):
     """Graph target: a mask builder that always builds its mask (never ``None``).
 
     For the traces :func:`skipped_mask_reaches_traced_code` finds: the builder runs with
@@ -154,10 +156,8 @@ class ExplicitMasks:
     """
 
     def __init__(self, builder: Callable[..., Any]) -> None:
+        super().__init__(f"explicit_{builder.__name__}")
         self.builder = builder
-        self.__name__ = f"explicit_{builder.__name__}"
-        self.__qualname__ = self.__name__
-        self.__module__ = __name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         masking = sys.modules[MASKING_MODULE]

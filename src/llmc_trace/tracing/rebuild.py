@@ -17,35 +17,46 @@ from __future__ import annotations
 
 import abc
 import types
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 import torch
 from torch import fx
 
 
-class Constant:
+class Unrepresentable(TypeError):
+    """A value a graph can neither hold nor rebuild (a closure over a name not yet assigned, an
+    object whose state refers to itself): tracing stops there, as at any unsupported argument."""
+
+
+class GraphTarget:
+    """A callable object a graph node calls: ``torch.fx`` writes a ``call_function`` target as
+    code by its ``__module__`` and ``__name__``, so each instance gets a name of its own (the
+    object itself goes into the generated code's globals)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = type(self).__module__
+
+
+class Constant(GraphTarget):
     """Graph target returning a value that needs no rebuilding: a class, a function that closes
     over nothing. ``torch.fx`` can only write such values as code when they are call targets."""
 
     def __init__(self, value: Any, index: int) -> None:
+        super().__init__(f"constant_{getattr(value, '__name__', 'value').strip('<>')}_{index}")
         self.value = value
-        self.__name__ = f"constant_{getattr(value, '__name__', 'value').strip('<>')}_{index}"
-        self.__qualname__ = self.__name__
-        self.__module__ = __name__
 
     def __call__(self) -> Any:
         return self.value
 
 
-class RebuildFunction:
+class RebuildFunction(GraphTarget):
     """Graph target: ``fn``'s code with its closure cells filled by the call's arguments."""
 
     def __init__(self, fn: types.FunctionType, index: int) -> None:
+        super().__init__(f"rebuild_{fn.__name__.strip('<>')}_{index}")
         self.template = fn
-        self.__name__ = f"rebuild_{fn.__name__.strip('<>')}_{index}"
-        self.__qualname__ = self.__name__
-        self.__module__ = __name__
 
     def __call__(self, *cells: Any) -> types.FunctionType:
         fn = self.template
@@ -60,19 +71,23 @@ class RebuildFunction:
         return rebuilt
 
 
-class RebuildObject:
+class RebuildObject(GraphTarget):
     """Graph target: a fresh instance of ``cls`` whose attributes are the call's argument."""
 
     def __init__(self, cls: type, index: int) -> None:
+        super().__init__(f"rebuild_{cls.__name__}_{index}")
         self.cls = cls
-        self.__name__ = f"rebuild_{cls.__name__}_{index}"
-        self.__qualname__ = self.__name__
-        self.__module__ = __name__
 
     def __call__(self, state: dict[str, Any]) -> Any:
-        instance = self.cls.__new__(self.cls)
-        vars(instance).update(state)
-        return instance
+        return fresh_instance(self.cls, state)
+
+
+def fresh_instance(cls: type, state: Iterable[tuple[str, Any]] | dict[str, Any]) -> Any:
+    """An instance of ``cls`` with ``state`` as its attributes, ``__init__`` not run (see
+    :func:`is_rebuildable_object` for the classes this is right for)."""
+    instance = cls.__new__(cls)
+    vars(instance).update(state)
+    return instance
 
 
 def closure_cells(fn: types.FunctionType) -> list[Any]:
@@ -85,7 +100,7 @@ def closure_cells(fn: types.FunctionType) -> list[Any]:
         try:
             values.append(cell.cell_contents)
         except ValueError as err:
-            raise NotImplementedError(
+            raise Unrepresentable(
                 f"{fn.__qualname__} closes over {name!r} before it is assigned"
             ) from err
     return values
@@ -138,7 +153,7 @@ def example_copy(
             copies[id(item)] = RebuildFunction(item, 0)(*map(convert, closure_cells(item)))
             return copies[id(item)]
         if is_rebuildable_object(item):
-            copies[id(item)] = instance = type(item).__new__(type(item))
+            copies[id(item)] = instance = fresh_instance(type(item), {})
             vars(instance).update((key, convert(x)) for key, x in vars(item).items())
             return instance
         return example(item)

@@ -45,8 +45,10 @@ from llmc_trace.tracing.opaque import (
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.rebuild import (
     Constant,
+    GraphTarget,
     RebuildFunction,
     RebuildObject,
+    Unrepresentable,
     closure_cells,
     example_copy,
     is_rebuildable_object,
@@ -172,7 +174,7 @@ class TraceState:
     raised: tuple[BaseException, list[tuple[str, str]]] | None = None
 
 
-class TensorConstant:
+class TensorConstant(GraphTarget):
     """Graph target returning a tensor that the model code built outside any module.
 
     torch.fx would store such a tensor as ``_tensor_constant0`` on the root module; we keep it in
@@ -180,10 +182,8 @@ class TensorConstant:
     """
 
     def __init__(self, tensor: torch.Tensor, index: int) -> None:
+        super().__init__(f"tensor_constant_{index}")
         self.tensor = tensor
-        self.__name__ = f"tensor_constant_{index}"
-        self.__qualname__ = self.__name__
-        self.__module__ = __name__
 
     def __call__(self) -> torch.Tensor:
         return self.tensor
@@ -602,8 +602,7 @@ class LlmcTracer(fx.Tracer):
     def _rebuild_function(self, fn: types.FunctionType) -> fx.Node:
         """A closure as a node that makes it again from its cells (see :mod:`rebuild`)."""
         self._constant_count += 1
-        values = closure_cells(fn)
-        cells = tuple(self.create_arg(cell) for cell in values)
+        cells = tuple(self.create_arg(cell) for cell in closure_cells(fn))
         node = self.create_node(
             "call_function", RebuildFunction(fn, self._constant_count), cells, {}
         )
@@ -618,7 +617,7 @@ class LlmcTracer(fx.Tracer):
         if known is not None and known[1] == fingerprint:
             return known[0]
         if id(obj) in self._rebuilding:
-            raise NotImplementedError(f"a {type(obj).__name__} whose state refers to itself")
+            raise Unrepresentable(f"a {type(obj).__name__} whose state refers to itself")
         self._rebuilding.add(id(obj))
         try:
             state = self.create_arg(dict(vars(obj)))
