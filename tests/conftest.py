@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from refmodel import FOLDER as REFMODEL
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,9 @@ def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, flo
     return next(row for row in rows if row["config"] == config)
 
 
-def tiny_llama(layers: int = 3, seed: int = 0, hidden: int = 64) -> LlamaForCausalLM:
+def tiny_llama(
+    layers: int = 3, seed: int = 0, hidden: int = 64, attention: str = "eager"
+) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=128,
         hidden_size=hidden,
@@ -45,7 +47,7 @@ def tiny_llama(layers: int = 3, seed: int = 0, hidden: int = 64) -> LlamaForCaus
         num_key_value_heads=2,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+    return LlamaForCausalLM._from_config(config, attn_implementation=attention).eval()
 
 
 @pytest.fixture
@@ -93,3 +95,19 @@ def require_refmodel() -> Path:
 @pytest.fixture(scope="session")
 def refmodel_dir() -> Path:
     return require_refmodel()
+
+
+def tiny_gpt2(*, tie_word_embeddings: bool = True) -> GPT2LMHeadModel:
+    """A 2-layer GPT-2 (Conv1D layers, widths 64 and 256) with seeded random weights."""
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config).eval()

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.errors import NotTraceableError
@@ -15,7 +15,7 @@ from llmc_trace.graph.verify import replay
 from llmc_trace.models.build import build_twin
 from llmc_trace.models.samples import SampleOptions, make_sample
 from llmc_trace.models.source import resolve_model
-from tests.conftest import token_batch
+from tests.conftest import tiny_llama, token_batch
 
 SIZES = dict(
     vocab_size=128,
@@ -30,7 +30,7 @@ SIZES = dict(
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: LlamaForCausalLM._from_config(LlamaConfig(**SIZES), attn_implementation="sdpa"),
+        lambda: tiny_llama(layers=2, attention="sdpa"),
         lambda: Qwen3ForCausalLM._from_config(
             Qwen3Config(head_dim=16, **SIZES), attn_implementation="sdpa"
         ),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
 
 from llmc_trace.checkpoint import save_compressed
@@ -17,23 +17,9 @@ from llmc_trace.compress import W4A16
 from llmc_trace.oneshot import CompressRequest, compress
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.pipelines.basic import run_data_free
+from tests.conftest import tiny_gpt2
 
 SCHEME = W4A16.with_weights(group_size=32)  # GPT-2's widths here: 64 and 256
-
-
-def tiny_gpt2(*, tie_word_embeddings: bool = True) -> GPT2LMHeadModel:
-    config = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=tie_word_embeddings,
-    )
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(config).eval()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from llmc_trace.plan.estimate import (
     solver_bytes,
 )
 from llmc_trace.tracing.trace import trace_graph
-from tests.conftest import tiny_llama, token_batch
+from tests.conftest import tiny_gpt2, tiny_llama, token_batch
 
 
 def test_linears_reading_the_same_input_share_one_hessian() -> None:
@@ -52,19 +52,7 @@ def test_linears_reading_the_same_input_share_one_hessian() -> None:
 
 def test_gpt2_conv1d_layers_are_counted_from_their_input_widths() -> None:
     """GPT-2's Conv1D stores its weight (in, out); its Hessian is in x in all the same."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = GPT2LMHeadModel(config).eval()
+    model = tiny_gpt2()
     partitioned = partition_trace(trace_graph(model, token_batch(2, 12, seed=0)))
     costs = compressor_costs(model, partitioned, RunSettings(4, 12))
     # c_attn, attn.c_proj and c_fc read 64 features each (three distinct inputs), mlp.c_proj 256

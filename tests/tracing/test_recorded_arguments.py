@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaModel
 from transformers.utils import torch_compilable_check
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.errors import VerificationError
 from llmc_trace.graph.verify import replay
 from llmc_trace.tracing.rebuild import RebuildFunction, RebuildObject
+from tests.conftest import tiny_llama
 
 
 class Block(torch.nn.Module):
@@ -96,19 +96,6 @@ def test_a_lambda_argument_of_a_check_runs_on_the_batch() -> None:
     assert str(replayed.value) == str(eager.value)  # the message came from this batch
 
 
-def tiny_llama_model(attention: str) -> LlamaModel:
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return LlamaModel._from_config(config, attn_implementation=attention).eval()
-
-
 @pytest.mark.parametrize(
     ("targets", "attention"), [(["LlamaDecoderLayer"], "sdpa"), (["Linear"], "eager")]
 )
@@ -117,7 +104,7 @@ def test_a_forward_that_builds_and_returns_a_dynamic_cache(
 ) -> None:
     """Decoder layers (leaves) fill the cache at run time, or traced attention code does at
     trace time; either way each batch gets a cache of its own, filled as eager fills it."""
-    model = tiny_llama_model(attention)
+    model = tiny_llama(layers=2, attention=attention).model  # the LlamaModel: it builds the cache
     sample = {"input_ids": torch.randint(0, 128, (1, 8)), "use_cache": True}
     subgraphs = trace_subgraphs(model, sample, targets)
     targets_called = [n.target for s in subgraphs for n in s.graph.nodes if n.op == "call_function"]
