@@ -1,0 +1,96 @@
+"""The loss a data-free baseline leaves on a layer, in the terms GPTQ and SparseGPT state theirs.
+
+GPTQ's loss, the sum over columns of err^2 / 2, is exactly an output error: with U the upper
+Cholesky factor of the damped inverse (`InverseFactor.H_inv`, so U H_d U^T = I), the sweep
+leaves W - Q = E U, E holding the columns err, hence
+
+    sum(err^2) / 2 = tr(E E^T) / 2 = tr((W - Q) H_d (W - Q)^T) / 2,
+
+the error of the result under the *damped* Hessian H_d (`InverseFactor.damped`). SparseGPT's
+sweep is the same, so its loss is that too; `tests/compress/test_baseline.py` checks both. The
+comparable loss of round-to-nearest (or of magnitude pruning) is therefore tr(D H_d D^T) / 2 with
+D = W - baseline(W), on the same H and the same damping: a layer's relative loss, method over
+baseline, says how much of the baseline's error the method removed.
+
+Dead columns (inputs always zero) count for neither: GPTQ zeroes them before its sweep, which
+changes no output, and no error reaches them; here D is zero there, where H is zero anyway.
+
+`damped_error` reads H before the method runs (GPTQ may overwrite it: `overwrite_hessian`)
+and without a second (in, in) matrix; the damping term is added by `DampedError.loss` once
+the damping the method actually used is known (it raises it when H does not factorise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.compress.quantize import rtn
+from llmc_trace.compress.scheme import QuantizationArgs
+from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune
+
+ROWS_PER_CHUNK = 1024
+"""Rows of D multiplied by H at once: the temporary stays (1024, in) however tall W is."""
+
+
+@dataclass(frozen=True)
+class DampedError:
+    """The parts of tr(D H_d D^T) / 2 for one weight change D that the damping does not change."""
+
+    undamped: float
+    """tr(D H D^T) for H as accumulated (the mean of 2 x x^T: the output error per token)."""
+    live_square: float
+    """||D||^2 over the live columns: the damping adds `damping * live_square`."""
+    mean_diagonal: float
+    """mean(diag(H)) with dead columns counted as 1, what `inverse_factor` scales percdamp by."""
+
+    def loss(self, percdamp: float) -> float:
+        """tr(D H_d D^T) / 2 for H damped by `percdamp` (pass the one the method reports)."""
+        return (self.undamped + percdamp * self.mean_diagonal * self.live_square) / 2
+
+
+def damped_error(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> DampedError:
+    """The error of replacing `W` (out, in) by `Q` under `H` (in, in), damping to be added.
+
+    The arithmetic is float32 on `H`'s device, as the methods' own; `H` is not modified.
+
+    >>> _ = torch.manual_seed(0)
+    >>> W, X = torch.randn(8, 64), torch.randn(256, 64)
+    >>> H = 2 * X.T @ X / 256
+    >>> Q = rtn(W, QuantizationArgs(num_bits=3, group_size=32)).weight
+    >>> D = W - Q
+    >>> direct = (torch.trace(D @ H @ D.T) + 0.01 * H.diag().mean() * D.pow(2).sum()) / 2
+    >>> abs(damped_error(W, Q, H).loss(0.01) / direct.item() - 1) < 1e-5
+    True
+    """
+    D = W.to(H.device, torch.float32) - Q.to(H.device, torch.float32)  # (out, in)
+    diagonal = torch.diag(H).float()
+    dead = diagonal == 0
+    D[:, dead] = 0
+    diagonal[dead] = 1
+    undamped = sum(((rows @ H) * rows).sum().item() for rows in D.split(ROWS_PER_CHUNK))
+    return DampedError(float(undamped), D.pow(2).sum().item(), diagonal.mean().item())
+
+
+def baseline_weight(
+    W: torch.Tensor, args: QuantizationArgs | None, sparsity: Sparsity | None = None
+) -> torch.Tensor:
+    """What the data-free baseline makes of `W` (out, in), in `W`'s dtype.
+
+    Round-to-nearest on `args`' grid when quantizing; magnitude pruning to `sparsity` when
+    pruning, then round-to-nearest of the kept weights when it quantizes too (pruned weights
+    stay exactly zero). These are the `rtn` and `magnitude` methods of `compress`.
+    """
+    if sparsity is None:
+        if args is None:
+            raise ValueError("a baseline needs quantization args, a sparsity, or both")
+        weight = rtn(W, args).weight
+        assert weight is not None  # a fresh result carries its dense weight
+        return weight
+    pruned, mask = magnitude_prune(W, sparsity)
+    if args is None:
+        return pruned
+    rounded = rtn(pruned, args).weight
+    assert rounded is not None
+    return rounded.masked_fill(mask, 0)
