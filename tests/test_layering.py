@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"traced"},
     {"pipelines", "checkpoint"},
     {"attempt", "plan", "render"},
+    {"report"},
     {"oneshot", "evaluate", "compat"},
     {"cli"},
 ]

@@ -13,13 +13,17 @@ def split_list(values: tuple[str, ...]) -> list[str] | None:
     return items or None
 
 
-def model_options(fn):  # type: ignore[no-untyped-def]
-    """Options every command that traces a model shares."""
+def model_options(fn=None, *, model_required: bool = True):  # type: ignore[no-untyped-def]
+    """Options every command that traces a model shares. ``@model_options(model_required=False)``
+    for a command that also works without a model (``render --report``), which then checks
+    for ``--model`` itself."""
+    if fn is None:
+        return lambda command: model_options(command, model_required=model_required)
     options = [
         click.option(
             "--model",
             "-m",
-            required=True,
+            required=model_required,
             help="Built-in name, hub id (config only), or local folder with config.json.",
         ),
         click.option(

@@ -1,4 +1,5 @@
-"""``llmc-trace render``: draw a model's trace as an SVG picture or an interactive HTML page."""
+"""``llmc-trace render``: draw a model's trace as an SVG picture or an interactive HTML page, or
+redraw a compression report from its ``report.json``."""
 
 from __future__ import annotations
 
@@ -44,7 +45,15 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
 
 
 @click.command()
-@model_options
+@model_options(model_required=False)
+@click.option(
+    "--report",
+    "report_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A compression report (report.json, written by compress) to draw instead of a "
+    "model: its overview coloured by relative loss (*.svg), or its page (*.html).",
+)
 @click.option(
     "--out",
     "-o",
@@ -79,7 +88,7 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
 @pass_cli
 def render(
     ctx: CliContext,
-    model: str,
+    model: str | None,
     modality: str,
     sequential_targets: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -90,13 +99,21 @@ def render(
     view: str,
     subgraphs: list[int] | None,
     collapse: bool,
+    report_path: Path | None,
 ) -> None:
-    """Draw MODEL's trace with Graphviz into an SVG picture or an interactive HTML page.
+    """Draw MODEL's trace with Graphviz into an SVG picture or an interactive HTML page;
+    with --report, draw a compression report instead.
 
     Exit code 0: written; 1: the model is not traceable (see it with --view failure);
     2: bad input.
     """
     from llmc_trace.render import render as render_model
+
+    if report_path is not None:
+        _render_report(ctx, model, report_path, out)
+        return
+    if model is None:
+        raise click.UsageError("Missing option '--model' / '-m' (or draw a --report).")
 
     with handle_errors(ctx), ctx.progress(f"render {model}") as progress:
         result = render_model(
@@ -115,3 +132,28 @@ def render(
         )
     nodes = f"{result.num_nodes} node{'s' if result.num_nodes != 1 else ''}"
     ctx.out.print(f"Wrote {out} ({view} view, {nodes}).")
+
+
+def _render_report(ctx: CliContext, model: str | None, report_path: Path, out: Path) -> None:
+    """Draw the compression report in ``report_path`` into ``out`` (page or overview)."""
+    from llmc_trace.render.api import write_atomically
+    from llmc_trace.report import read_report, render_report_html, render_report_svg
+
+    context = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("model", "view", "subgraphs", "collapse", "sequential_targets", "ignore")
+        if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"options for drawing a model's trace ({', '.join(given)}) do not apply to "
+            "--report, which redraws a compression report. Leave them out, or leave out --report."
+        )
+    with handle_errors(ctx):
+        report = read_report(report_path)
+        html = out.suffix.lower() == ".html"
+        text = render_report_html(report) if html else render_report_svg(report)
+        write_atomically(out, text)
+    what = "page" if html else "overview"
+    ctx.out.print(f"Wrote {out} (compression report {what}, {len(report.layers)} layers).")
