@@ -6,7 +6,8 @@ the same :class:`CompressionReport` when it compresses in memory.
 ``llmc-trace render --report report.json --out report.html`` redraws the page.
 """
 
-from llmc_trace.report.page import draw_report, render_report_html, render_report_svg
+from llmc_trace.report.drawing import draw_report, render_report_svg
+from llmc_trace.report.page import render_report_html
 from llmc_trace.report.schema import (
     SCHEMA,
     VERSION,
