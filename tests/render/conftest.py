@@ -1,4 +1,4 @@
-"""Fixtures for the render tests: Llama-like config folders and traces of them.
+"""Fixtures for the render tests: Llama-like config folders, built-in deep models, traces.
 
 Traces are built from configs on ``meta`` (cheap even at 70B size) and shared per session, so
 each view test only pays for drawing.
@@ -34,6 +34,18 @@ def llama70b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def llama_trace(llama_dir: Path) -> TracedModel:
     return trace_source(str(llama_dir))
+
+
+@pytest.fixture(scope="session")
+def llama70b_trace() -> TracedModel:
+    """The built-in meta-llama/Llama-3.1-70B on meta: 80 identical decoder layers."""
+    return trace_source("meta-llama/Llama-3.1-70B")
+
+
+@pytest.fixture(scope="session")
+def deepseek_v3_trace() -> TracedModel:
+    """The built-in deepseek-ai/DeepSeek-V3 on meta: 3 dense layers, then 58 MoE layers."""
+    return trace_source("deepseek-ai/DeepSeek-V3")
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import torch
@@ -56,3 +57,36 @@ def fill_of(group: ET.Element) -> str:
         if shape.tag in (f"{SVG}polygon", f"{SVG}path", f"{SVG}ellipse") and shape.get("fill"):
             return shape.get("fill", "")
     return ""
+
+
+def svg_size(svg: str) -> tuple[float, float]:
+    """The picture's width and height in points, as Graphviz states them."""
+    root = ET.fromstring(svg.encode("utf-8"))
+    return float(root.get("width", "").removesuffix("pt")), float(
+        root.get("height", "").removesuffix("pt")
+    )
+
+
+def svg_clusters(svg: str) -> dict[str, ET.Element]:
+    """The graphviz cluster groups, by their DOT name (``cluster_...``)."""
+    root = ET.fromstring(svg.encode("utf-8"))
+    return {
+        g.find(f"{SVG}title").text or "": g  # type: ignore[union-attr]
+        for g in root.iter(f"{SVG}g")
+        if g.get("class") == "cluster"
+    }
+
+
+def bbox_of(group: ET.Element) -> tuple[float, float, float, float]:
+    """``(left, top, right, bottom)`` of the outline of a node or cluster group."""
+    for shape in group:
+        if shape.tag == f"{SVG}ellipse":
+            cx, cy = float(shape.get("cx", 0)), float(shape.get("cy", 0))
+            rx, ry = float(shape.get("rx", 0)), float(shape.get("ry", 0))
+            return cx - rx, cy - ry, cx + rx, cy + ry
+        if shape.tag in (f"{SVG}polygon", f"{SVG}path"):
+            text = shape.get("points") or shape.get("d") or ""
+            values = [float(v) for v in re.findall(r"-?[\d.]+", text)]
+            xs, ys = values[0::2], values[1::2]
+            return min(xs), min(ys), max(xs), max(ys)
+    raise AssertionError("a node or cluster without an outline")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -18,15 +19,20 @@ from tests.render.helpers import failing_trace, svg_nodes
 
 
 @pytest.mark.parametrize(
-    ("view", "suffix", "collapse"),
-    [("overview", ".svg", False), ("detail", ".html", False), ("modules", ".html", True)],
+    ("view", "suffix", "expand"),
+    [
+        ("overview", ".svg", False),
+        ("overview", ".html", False),
+        ("detail", ".html", False),
+        ("modules", ".html", True),
+    ],
 )
 def test_same_inputs_give_byte_identical_files(
-    llama_dir: Path, tmp_path: Path, view: str, suffix: str, collapse: bool
+    llama_dir: Path, tmp_path: Path, view: str, suffix: str, expand: bool
 ) -> None:
     """Two independent traces and renders of one model give the same bytes."""
-    first = render(str(llama_dir), tmp_path / f"a{suffix}", view=view, collapse=collapse)
-    second = render(str(llama_dir), tmp_path / f"b{suffix}", view=view, collapse=collapse)
+    first = render(str(llama_dir), tmp_path / f"a{suffix}", view=view, expand=expand)
+    second = render(str(llama_dir), tmp_path / f"b{suffix}", view=view, expand=expand)
     assert first.path.read_bytes() == second.path.read_bytes()
 
 
@@ -51,8 +57,16 @@ def test_svg_is_valid_xml_and_counts_its_nodes(llama_trace: TracedModel, tmp_pat
     assert len(svg_nodes(svg)) == result.num_nodes
 
 
-def test_html_loads_nothing_from_outside(llama_trace: TracedModel, tmp_path: Path) -> None:
-    page = render_trace(llama_trace, tmp_path / "page.html", view="detail").path.read_text()
+@pytest.mark.parametrize("view", ["overview", "detail"])
+def test_html_loads_nothing_from_outside(
+    llama_trace: TracedModel, tmp_path: Path, view: str
+) -> None:
+    page = render_trace(llama_trace, tmp_path / "page.html", view=view).path.read_text()
+    assert_self_contained(page)
+
+
+def assert_self_contained(page: str) -> None:
+    """No element, style or script of ``page`` can fetch anything."""
     assert "default-src 'none'" in page
     assert not re.search(r"<(link|img|iframe)\b", page)
     assert not re.search(r"<script[^>]*\bsrc=", page)
@@ -101,9 +115,13 @@ def test_bad_requests_fail_before_tracing(kwargs: dict, param: str, tmp_path: Pa
     assert not out.exists()
 
 
-def test_an_80_layer_overview_renders_in_under_10_s(llama70b_dir: Path, tmp_path: Path) -> None:
+def test_an_80_layer_page_renders_in_under_10_s(llama70b_dir: Path, tmp_path: Path) -> None:
+    """The page opens on 6 nodes (the inputs, the head, the folded run, the last layer, the
+    shared values) and holds a picture of every subgraph to unfold into."""
     start = time.perf_counter()
     result = render(str(llama70b_dir), tmp_path / "llama70b.html")
     elapsed_s = time.perf_counter() - start
-    assert result.num_nodes == 81 + 2  # head, 80 layers, input_ids and attention_mask
+    assert result.num_nodes == 2 + 3 + 1
+    data = json.loads(re.search(r'id="llmc-data">(.*?)</script>', result.path.read_text()).group(1))
+    assert {f"sg:{i}" for i in range(81)} <= set(data["fragments"])
     assert elapsed_s < 10.0, f"took {elapsed_s:.1f} s"

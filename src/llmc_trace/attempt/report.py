@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.diagnose.search import FixAttempt
+from llmc_trace.errors import DotNotFoundError
 from llmc_trace.graph.structure import StructureCheck
 from llmc_trace.graph.verify import Verification
+from llmc_trace.render import iframe, render_page
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.traced.summary import SubgraphSummary
 from llmc_trace.traced.twin import TwinCheck
@@ -80,6 +83,17 @@ class TraceReport:
             requested_targets=list(requested_targets or []),
             traced_model=traced,
         )
+
+    def _repr_html_(self) -> str | None:
+        """A notebook shows the traced model's page, the one ``render`` writes: the overview
+        that unfolds in place, or the failure view when the model did not trace. ``None``
+        (the plain repr) for a report without its traced model."""
+        if self.traced_model is None:
+            return None
+        try:
+            return iframe(render_page(self.traced_model))
+        except DotNotFoundError as err:
+            return f"<p>{html.escape(str(err))}</p>"
 
     @property
     def ok(self) -> bool:

@@ -61,7 +61,8 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     callback=check_out,
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
     help="File to write: *.svg (picture) or *.html (self-contained page with pan, "
-    "zoom, search and a details panel).",
+    "zoom, search and a details panel; the overview's page unfolds in place, down to "
+    "operations and module children).",
 )
 @click.option(
     "--view",
@@ -80,10 +81,11 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     help="Subgraphs the detail view draws, e.g. 3,4 or 1-3.  [default: all]",
 )
 @click.option(
-    "--collapse",
+    "--expand",
     is_flag=True,
-    help="Draw each run of identical subgraphs (overview, detail) or of identical numbered "
-    "sibling modules (modules) once.",
+    help="Draw every member of each run of identical layers (overview, detail) or numbered "
+    "sibling modules (modules); without it a deep model's runs (more than 8 members) are "
+    "drawn once, and the overview's page opens folded.",
 )
 @pass_cli
 def render(
@@ -98,7 +100,7 @@ def render(
     out: Path,
     view: str,
     subgraphs: list[int] | None,
-    collapse: bool,
+    expand: bool,
     report_path: Path | None,
 ) -> None:
     """Draw MODEL's trace with Graphviz into an SVG picture or an interactive HTML page;
@@ -121,7 +123,7 @@ def render(
             out,
             view=view,
             subgraphs=subgraphs,
-            collapse=collapse,
+            expand=expand,
             modality=modality,
             sequential_targets=split_list(sequential_targets),
             ignore=split_list(ignore),
@@ -142,7 +144,7 @@ def _render_report(ctx: CliContext, model: str | None, report_path: Path, out: P
     context = click.get_current_context()
     given = [
         f"--{name.replace('_', '-')}"
-        for name in ("model", "view", "subgraphs", "collapse", "sequential_targets", "ignore")
+        for name in ("model", "view", "subgraphs", "expand", "sequential_targets", "ignore")
         if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     ]
     if given:

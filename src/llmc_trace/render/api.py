@@ -1,7 +1,9 @@
 """``render``: draw a model's trace as SVG or self-contained HTML, written atomically.
 
-The same inputs give byte-identical files: views iterate in graph and module order, ids come
-from node names, and nothing records a time, a host or an absolute path.
+The HTML of the overview is the page that unfolds in place (:mod:`~llmc_trace.render.unfold`);
+:func:`render_page` returns it as text, for notebooks and other pages. The same inputs give
+byte-identical files: views iterate in graph and module order, ids come from node names, and
+nothing records a time, a host or an absolute path.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from llmc_trace.render.drawing import Drawing
 from llmc_trace.render.failure import draw_failure
 from llmc_trace.render.modules import draw_modules
 from llmc_trace.render.overview import draw_overview
-from llmc_trace.render.page import render_html
-from llmc_trace.render.svg import render_svg
+from llmc_trace.render.overlay import Overlay
+from llmc_trace.render.page import iframe, render_html, render_unfolding_html
+from llmc_trace.render.svg import inline_svg, render_svg
+from llmc_trace.render.unfold import unfolding_page
 from llmc_trace.traced.model import TracedModel, trace_source
 
 FORMATS = (".svg", ".html")
@@ -31,15 +35,22 @@ FORMATS = (".svg", ".html")
 
 @dataclass(frozen=True)
 class RenderResult:
-    """What was written: the file, its view, and how many graph nodes it draws."""
+    """What was written: the file, its view, and how many graph nodes it draws (a page: as
+    it opens). In a notebook it shows the file itself, page or picture."""
 
     path: Path
     view: str
     num_nodes: int
     traced: bool
 
+    def _repr_html_(self) -> str:
+        text = self.path.read_text(encoding="utf-8")
+        return iframe(text if self.path.suffix.lower() == ".html" else inline_svg(text))
 
-def check_request(out: str | Path, view: str, subgraphs: Sequence[int] | None) -> Path:
+
+def check_request(
+    out: str | Path, view: str, subgraphs: Sequence[int] | None, overlay: Overlay | None = None
+) -> Path:
     """Validate the cheap inputs before any tracing; returns ``out`` as a path."""
     if view not in VIEWS:
         raise BadInputError(
@@ -58,13 +69,24 @@ def check_request(out: str | Path, view: str, subgraphs: Sequence[int] | None) -
             hint="Add --view detail, or leave out --subgraphs.",
             param="subgraphs",
         )
+    if overlay is not None and (view != "overview" or path.suffix.lower() != ".html"):
+        raise BadInputError(
+            f"An overlay colours the overview's HTML page, not the {view} view's "
+            f"{path.suffix} file.",
+            hint="Write the overview to *.html, or leave out the overlay.",
+            param="overlay",
+        )
     return path
 
 
 def draw(
-    trace: TracedModel, view: str, subgraphs: Sequence[int] | None = None, collapse: bool = False
+    trace: TracedModel, view: str, subgraphs: Sequence[int] | None = None, expand: bool = False
 ) -> Drawing:
-    """The :class:`Drawing` of one view of ``trace`` (no Graphviz, no files)."""
+    """The :class:`Drawing` of one view of ``trace`` (no Graphviz, no files).
+
+    On a deep model the views draw each run of identical layers (or numbered sibling modules)
+    once; ``expand`` draws every member.
+    """
     if view == "failure":
         if trace.failure is None:
             raise BadInputError(
@@ -74,7 +96,7 @@ def draw(
             )
         return draw_failure(trace)
     if view == "modules":  # useful for a failed trace too: it shows what to ignore
-        return draw_modules(trace, collapse)
+        return draw_modules(trace, expand)
     if trace.failure is not None:
         where = f" at {trace.failure.location}" if trace.failure.location else ""
         raise NotTraceableError(
@@ -84,8 +106,8 @@ def draw(
             "choose modules to ignore.",
         )
     if view == "overview":
-        return draw_overview(trace, collapse)
-    return draw_detail(trace, subgraphs, collapse)
+        return draw_overview(trace, expand)
+    return draw_detail(trace, subgraphs, expand)
 
 
 def render_trace(
@@ -94,15 +116,46 @@ def render_trace(
     *,
     view: str = "overview",
     subgraphs: Sequence[int] | None = None,
-    collapse: bool = False,
+    expand: bool = False,
+    overlay: Overlay | None = None,
 ) -> RenderResult:
-    """Draw ``trace`` in ``view`` and write ``out`` (``.svg`` or ``.html``) atomically."""
-    path = check_request(out, view, subgraphs)
-    drawing = draw(trace, view, subgraphs, collapse)
-    svg = render_svg(drawing)
-    text = render_html(drawing, svg) if path.suffix.lower() == ".html" else svg
+    """Draw ``trace`` in ``view`` and write ``out`` (``.svg`` or ``.html``) atomically.
+
+    The overview's ``.html`` is the page that unfolds (see :func:`render_page`, which
+    ``overlay`` colours); the other views' pages show their picture.
+    """
+    path = check_request(out, view, subgraphs, overlay)
+    page = path.suffix.lower() == ".html" and view == "overview"
+    drawing = draw(trace, view, subgraphs, expand)
+    if page:
+        text = render_page(trace, expand=expand, overlay=overlay)
+    elif path.suffix.lower() == ".html":
+        text = render_html(drawing)
+    else:
+        text = render_svg(drawing)
     write_atomically(path, text)
     return RenderResult(path, view, len(drawing.nodes), trace.failure is None)
+
+
+def render_page(trace: TracedModel, *, expand: bool = False, overlay: Overlay | None = None) -> str:
+    """The self-contained HTML page of ``trace``: the overview, unfolding in place.
+
+    It opens on the overview with runs of identical layers folded (``expand``: unfolded);
+    a click unfolds a run into its layers, a subgraph into its operations, a module call
+    into the module's children; search finds nodes inside folded parts and unfolds them.
+    ``overlay`` colours every box by a value per module path, with a legend and tooltips.
+    An untraceable model gives the failure view's page instead: the picture that explains it.
+    Embed the page elsewhere with :func:`~llmc_trace.render.page.iframe`.
+
+    >>> trace = trace_source("meta-llama/Llama-3.1-70B")                      # doctest: +SKIP
+    >>> loss = {f"model.layers.{i}": i / 79 for i in range(80)}               # doctest: +SKIP
+    >>> page = render_page(trace, overlay=Overlay("relative loss", loss))     # doctest: +SKIP
+    """
+    if trace.partitioned is None:
+        return render_html(draw_failure(trace))
+    if overlay is not None:
+        overlay.check_paths(path for path, _ in trace.model.named_modules())
+    return render_unfolding_html(unfolding_page(trace, expand), overlay)
 
 
 def render(
@@ -111,7 +164,8 @@ def render(
     *,
     view: str = "overview",
     subgraphs: Sequence[int] | None = None,
-    collapse: bool = False,
+    expand: bool = False,
+    overlay: Overlay | None = None,
     modality: str = "text",
     sequential_targets: list[str] | None = None,
     ignore: list[str] | None = None,
@@ -124,18 +178,19 @@ def render(
 
     Views: ``overview`` (subgraphs and the values between them), ``detail`` (the operations
     of ``subgraphs``, default all), ``modules`` (the module tree by tracing role) and
-    ``failure`` (the graph up to the failure). ``collapse`` merges runs of identical
-    subgraphs (or sibling modules). Bad input raises
-    :class:`~llmc_trace.errors.BadInputError` before tracing; an untraceable model raises
-    :class:`~llmc_trace.errors.NotTraceableError` except for the failure and modules
-    views.
+    ``failure`` (the graph up to the failure). On a deep model the views draw each run of
+    identical layers (or numbered sibling modules) once; ``expand`` draws every member. The
+    overview's ``.html`` is the page that unfolds in place (:func:`render_page`), coloured by
+    ``overlay``. Bad input raises :class:`~llmc_trace.errors.BadInputError` before tracing;
+    an untraceable model raises :class:`~llmc_trace.errors.NotTraceableError` except for the
+    failure and modules views.
 
-    >>> result = render("meta-llama/Llama-2-7b-hf", "llama.html", collapse=True)  # doctest: +SKIP
-    >>> result.num_nodes                                                         # doctest: +SKIP
-    5
+    >>> result = render("meta-llama/Llama-3.1-70B", "llama.html")  # doctest: +SKIP
+    >>> result.num_nodes                                            # doctest: +SKIP
+    6
     """
     report = progress or no_progress
-    check_request(out, view, subgraphs)
+    check_request(out, view, subgraphs, overlay)
     report("trace", 0, 2)
     trace = trace_source(
         model,
@@ -146,7 +201,9 @@ def render(
         sample_options=SampleOptions(seq_len=seq_len, image_size=image_size),
     )
     report("draw", 1, 2)
-    result = render_trace(trace, out, view=view, subgraphs=subgraphs, collapse=collapse)
+    result = render_trace(
+        trace, out, view=view, subgraphs=subgraphs, expand=expand, overlay=overlay
+    )
     report("done", 2, 2)
     return result
 

@@ -13,7 +13,7 @@ import graphviz
 import torch
 from torch import fx
 
-from llmc_trace.render.drawing import COLORS, NodeInfo, html_label
+from llmc_trace.render.drawing import COLORS, NodeInfo, cluster, html_label
 from llmc_trace.render.labels import describe_value, node_fields, node_operation, safe_id
 from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_TARGET, LeafPlan
 
@@ -86,16 +86,16 @@ def draw_clustered(
             into.node(node_id, node_label(node), id=node_id, **style(node))
             infos[node_id] = NodeInfo(node.name, tuple(node_fields(node)), subgraph_of(node))
         for child in children.get(path, []):
-            with into.subgraph(name=safe_id(f"cluster_{scope}_", child)) as cluster:
+            with cluster(into, safe_id(f"cluster_{scope}_", child)) as box:
                 label = f"{child} · {_class_of(model, child, classes)}".rstrip(" ·")
-                cluster.attr(
+                box.attr(
                     label=label,
                     style="rounded,dashed",
                     color=COLORS["failure"] if child in highlighted else "#9e9e9e",
                     fontsize="10",
                     labeljust="l",
                 )
-                emit(cluster, child)
+                emit(box, child)
 
     emit(container, "")
 
