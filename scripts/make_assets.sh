@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Draw every picture in assets/ with `llmc-trace render` (the guides and the README show them).
-# Each picture is an SVG built from a model's config alone, so a rerun writes the same bytes;
+# Each picture is an SVG built from a model's config alone, so a rerun writes the same bytes
+# (the page's picture: on the same machine, as Chromium lays its text out with local fonts);
 # render replaces a file only once it is complete. Any failing render stops the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,16 +14,26 @@ render() {
     llmc-trace render "$@"
 }
 
-# Sequential targets at two granularities: one decoder layer per subgraph, then four.
-render --model facebook/opt-125m --out assets/targets-one-layer-per-subgraph.svg
-render --model facebook/opt-125m --targets-per-subgraph 4 --out assets/targets-four-layers-per-subgraph.svg
+# Sequential targets at two granularities: one decoder layer per subgraph, then four (every
+# subgraph drawn: counting them is the point).
+render --model facebook/opt-125m --expand --out assets/targets-one-layer-per-subgraph.svg
+render --model facebook/opt-125m --targets-per-subgraph 4 --expand \
+    --out assets/targets-four-layers-per-subgraph.svg
 
 # A vision-language model: where tracing stops, what tracing does with each module, and the
 # subgraphs once get_rope_index is an opaque call (the fix `attempt --fix` finds).
 render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view failure \
     --out assets/qwen2-vl-failure.svg
-render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view modules --collapse \
+render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view modules \
     --ignore Qwen2VisionTransformerPretrainedModel --ignore Qwen2VLModel.get_rope_index \
     --out assets/qwen2-vl-modules.svg
-render --model Qwen/Qwen2-VL-2B-Instruct --modality image --collapse \
+render --model Qwen/Qwen2-VL-2B-Instruct --modality image \
     --ignore Qwen2VLModel.get_rope_index --out assets/qwen2-vl-overview.svg
+
+# A deep model's page, which opens folded: saved with the last layer unfolded into its
+# operations and its call into the layer's modules, down to the attention's projections.
+page="$(mktemp -d)/llama-3.1-70b.html"
+render --model meta-llama/Llama-3.1-70B --out "$page"
+python scripts/page_picture.py "$page" assets/llama-3.1-70b-page.svg \
+    --unfold n-model_layers_79,m-model.layers.79.self_attn
+rm -r "$(dirname "$page")"

@@ -45,7 +45,7 @@ def render_html(drawing: Drawing) -> str:
         "nodes": {key: info.to_json() for key, info in drawing.nodes.items()},
         "subgraphs": {str(i): info.to_json() for i, info in drawing.subgraphs.items()},
     }
-    return page_document(drawing.title, document)
+    return page_document(drawing.title, document, HINT)
 
 
 def render_unfolding_html(content: PageContent, overlay: Overlay | None = None) -> str:
@@ -61,7 +61,7 @@ def render_unfolding_html(content: PageContent, overlay: Overlay | None = None) 
         "initial": content.initial,
         "overlay": None if overlay is None else overlay.to_json(content.stands_for),
     }
-    return page_document(content.title, document)
+    return page_document(content.title, document, UNFOLDING_HINT + " " + HINT)
 
 
 def _empty_page(title: str) -> dict[str, Any]:
@@ -76,8 +76,19 @@ def _empty_page(title: str) -> dict[str, Any]:
     }
 
 
-def page_document(title: str, document: dict[str, Any]) -> str:
-    """The HTML around the viewer and its JSON ``document``."""
+#: What the side panel says before a node is chosen.
+HINT = (
+    "Click a node to see its details and its subgraph's inputs and consumed names. "
+    "Drag to pan, scroll to zoom."
+)
+UNFOLDING_HINT = (
+    "Click a box marked + to unfold it in place, and its title bar to fold it again; search "
+    "unfolds what hides a match (Enter). A link ending in #unfold=sg-5 opens it unfolded."
+)
+
+
+def page_document(title: str, document: dict[str, Any], hint: str = HINT) -> str:
+    """The HTML around the viewer and its JSON ``document``; ``hint`` starts the panel."""
     title = html.escape(title)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -104,7 +115,7 @@ def page_document(title: str, document: dict[str, Any]) -> str:
 </header>
 <main>
 <div id="canvas"></div>
-<aside id="panel"><p class="hint">Click a box marked + to unfold it in place, and its title bar to fold it again. Click any node for its details and its subgraph's inputs and consumed names. Drag to pan, scroll to zoom.</p></aside>
+<aside id="panel"><p class="hint">{html.escape(hint)}</p></aside>
 </main>
 <script type="application/json" id="llmc-data">{json_island(document)}</script>
 <script>

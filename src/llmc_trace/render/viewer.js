@@ -290,6 +290,10 @@
       b.cards.forEach(function (card) { card.resize(); });
       b.layout();
     }
+    // the picture's size (the style fills the canvas whatever these say): what a copy of
+    // this <svg> saved as a file needs
+    svg.setAttribute("width", top.width);
+    svg.setAttribute("height", top.height);
   }
 
   function unfold(id) {
@@ -545,7 +549,11 @@
   }
   if (!Object.keys(data.unfolds).length) document.getElementById("fold-all").hidden = true;
 
-  data.initial.forEach(unfold);
+  // "#unfold=<id>,<id>" opens the page with those nodes unfolded, and what hides them: a
+  // link to one layer's operations, or a picture saved from `chromium --dump-dom`.
+  const wanted = /unfold=([^&]*)/.exec(location.hash);
+  const unfolded = wanted ? decodeURIComponent(wanted[1]).split(",") : [];
+  data.initial.concat(unfolded).forEach(function (id) { ancestors(id).concat([id]).forEach(unfold); });
   relayout(top);
   start();
 })();
