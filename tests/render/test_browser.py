@@ -199,12 +199,13 @@ def test_an_overlay_colours_boxes_and_explains_them_on_hover(
             f"document.getElementById('{node_id}').querySelector('path, polygon').getAttribute('fill')"
         )
 
-    with open_page(CHROMIUM, path.as_uri()) as page:  # type: ignore[arg-type]
-        # a folded run shows its worst member
+    # the address names what to unfold as the page opens
+    with open_page(CHROMIUM, f"{path.as_uri()}#unfold=sg-1-79") as page:  # type: ignore[arg-type]
+        assert {f"sg-{i}" for i in range(1, 81)} <= set(placed(page))
+        # a folded run shows its worst member (its box is hidden, not gone)
         assert fill(page, "sg-1-79") == colour(max(loss[f"model.layers.{i}"] for i in range(79)))
         assert fill(page, "sg-80") == colour(loss["model.layers.79"])
         assert fill(page, "sg-0") == "#bbdefb"  # the head holds no layer: its own colour
-        click_node(page, "sg-1-79")
         assert fill(page, "sg-5") == colour(loss["model.layers.4"])
         tooltip = page.evaluate("document.querySelector('#sg-5 > title').textContent")
         assert tooltip == f"relative loss {loss['model.layers.4']:.3g}\nGPTQ 0.031 vs RTN 0.044"

@@ -33,7 +33,8 @@ from llmc_trace.tracing.targets import LeafPlan
 FOLD_ABOVE = 8
 _NUMBERED_PART = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 _LAST_NUMBER = re.compile(r"^(.*\D)(\d+)$")
-_NUMBERED_NAME = re.compile(r"^(.*?)\d+$")
+#: ``3`` or ``expert_3``: a numbered sibling; ``norm1`` and ``fc2`` name different things.
+_NUMBERED_NAME = re.compile(r"^((?:.*_)?)\d+$")
 
 #: ``(path, module)`` of each member of a run of sibling modules.
 ModuleRun = list[tuple[str, torch.nn.Module]]
@@ -49,10 +50,6 @@ class Layer:
 
     path: str | None
     subgraphs: tuple[Subgraph, ...]
-
-    @property
-    def indices(self) -> list[int]:
-        return [s.index for s in self.subgraphs]
 
 
 def layer_path(target: str) -> str:
@@ -140,8 +137,19 @@ def sibling_runs(
 ) -> list[ModuleRun]:
     """The children of ``module`` in module order, identical numbered siblings grouped.
 
-    Only numbered children (``layers.0``, ``expert_3``) with one prefix are merged; modules in
-    ``marked`` (the failure's stack) are never merged with their siblings.
+    Only numbered children (``layers.0``, ``expert_3``) with one prefix are merged (not
+    ``norm1`` and ``norm2``); modules in ``marked`` (the failure's stack) never are.
+
+    >>> import torch
+    >>> from llmc_trace.tracing.targets import LeafPlan
+    >>> block = torch.nn.Module()
+    >>> block.norm1, block.norm2 = torch.nn.LayerNorm(4), torch.nn.LayerNorm(4)
+    >>> block.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+    >>> plan = LeafPlan(targets=(), ignored=(), ancestors=frozenset())
+    >>> [[p for p, _ in run] for run in sibling_runs(block.experts, "experts", plan)]
+    [['experts.0', 'experts.1', 'experts.2']]
+    >>> [[p for p, _ in run] for run in sibling_runs(block, "", plan)]
+    [['norm1'], ['norm2'], ['experts']]
     """
     runs: list[ModuleRun] = []
     previous: tuple[str, tuple[str, ...]] | None = None

@@ -35,7 +35,7 @@ from llmc_trace.render.drawing import (
     html_label,
     new_digraph,
 )
-from llmc_trace.render.fold import FOLD_ABOVE, ModuleRun, longest_sibling_run, sibling_runs
+from llmc_trace.render.fold import ModuleRun, is_deep, longest_sibling_run, sibling_runs
 from llmc_trace.render.labels import safe_id
 from llmc_trace.render.roles import ROLES, module_role
 from llmc_trace.traced.model import TracedModel
@@ -49,7 +49,7 @@ def draw_modules(trace: TracedModel, expand: bool = False) -> Drawing:
     plan = trace.leaves
     count = sum(1 for _ in trace.model.modules())
     failed = [path for path, _ in trace.failure.module_stack] if trace.failure else []
-    deep = longest_sibling_run(trace.model, "", plan, failed) > FOLD_ABOVE
+    deep = is_deep([longest_sibling_run(trace.model, "", plan, failed)])
     fold = (deep and not expand) or count > MAX_MODULES
     caption = [
         (
