@@ -1,12 +1,16 @@
-"""``render --report``: the overview and the page from a report.json, and a clear error for
-anything else."""
+"""``render --report`` and the report's part of ``compress``: its console lines, and ``--ignore``,
+the option the report offers for keeping a layer in full precision."""
 
 from __future__ import annotations
 
 import html
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 from click.testing import CliRunner
 
 from llmc_trace.cli.main import cli
@@ -16,6 +20,7 @@ from llmc_trace.report import (
     ReportSettings,
     StageSettings,
     SubgraphRow,
+    read_report,
 )
 
 
@@ -116,3 +121,52 @@ def test_render_needs_a_model_or_a_report_not_both(report_file: Path, tmp_path: 
         "render", "--report", str(report_file), "-m", "llama", "-o", str(tmp_path / "r.html")
     )
     assert code == 2 and "do not apply to --report" in " ".join(output.split())
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Compress on one thread: the solves are many tiny ops, which a second thread only slows
+    on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_compress_prints_the_worst_layers_and_ignore_keeps_one_dense(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    common = ["compress", "-m", str(folder), "-d", str(data), "--samples", "8", "--seq-len", "64"]
+    code, output = invoke(*common, "-o", str(tmp_path / "all"))
+    assert code == 0, output
+    report = read_report(tmp_path / "all" / "report.json")
+    worst = report.worst(1)[0]
+    assert "highest relative loss" in output and worst.name in output
+    assert f"{worst.relative_loss:.3f}" in output
+    assert f"report: {tmp_path / 'all' / 'report.html'}" in " ".join(output.split())
+
+    # the option the report offers for the worst layer keeps it out of the next run
+    code, output = invoke(*common, "-o", str(tmp_path / "kept"), *worst.ignore.split())  # type: ignore[union-attr]
+    assert code == 0, output
+    kept = tmp_path / "kept"
+    names = [r.name for r in read_report(kept / "report.json").layers]
+    assert worst.name not in names and len(names) == len(report.layers) - 1
+    config = json.loads((kept / "config.json").read_text())
+    assert worst.name in config["quantization_config"]["ignore"]
+    (stage,) = yaml.safe_load((kept / "recipe.yaml").read_text())["stages"]
+    assert worst.name in stage["scheme"]["ignore"]
+
+
+def test_ignore_in_a_run_that_only_prunes_exits_2(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    code, output = invoke(
+        "compress", "-m", str(folder), "-d", str(data), "-o", str(tmp_path / "out"),
+        "--samples", "8", "--seq-len", "64", "--scheme", "none", "--sparsity", "0.5",
+        "--ignore", "lm_head",
+    )  # fmt: skip
+    assert code == 2 and "only prunes" in output
+    assert not (tmp_path / "out").exists()

@@ -233,10 +233,12 @@ class CheckpointWriter:
         sparsity: Sparsity | None = None,
         recipe: str | None = None,
         tokenizer_dir: str | Path | None = None,
+        files: Mapping[str, str] | None = None,
     ) -> Path:
         """Write the config and the small files, check every tensor arrived, and rename the
-        folder into place (replacing an existing one only now, when overwriting). Inside the
-        ``with`` block, so a failure here removes the partial folder too."""
+        folder into place (replacing an existing one only now, when overwriting). ``files``:
+        more text files by name (the compression report), which appear with the checkpoint.
+        Inside the ``with`` block, so a failure here removes the partial folder too."""
         self._shards.close()
         config_dict = self.config.to_diff_dict()
         config_dict["dtype"] = str(self.dtype).removeprefix("torch.")
@@ -256,6 +258,8 @@ class CheckpointWriter:
             self.generation_config.to_json_file(folder / "generation_config.json", use_diff=True)
         if recipe is not None:
             (folder / "recipe.yaml").write_text(recipe)
+        for name, text in (files or {}).items():
+            (folder / name).write_text(text, encoding="utf-8")
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():

@@ -9,12 +9,14 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT
+from llmc_trace.cli.options import SHOW_DEFAULT, split_list
 
 from llmc_trace.core.names import AUTO, DTYPES, GPTQ, METHODS, PIPELINES, SPARSEGPT
 
 if TYPE_CHECKING:
     import torch
+
+    from llmc_trace.oneshot import CompressRequest
 
 
 @click.command()
@@ -113,6 +115,14 @@ if TYPE_CHECKING:
     help="Bytes of tensors per output shard (e.g. 5GB, 500MiB).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete).")
+@click.option(
+    "--ignore",
+    "-i",
+    "keep_dense",
+    multiple=True,
+    help="Layers to keep in full precision: module paths (as report.html lists them), class "
+    "names or 're:' patterns, added to the scheme's ignore list (comma-separated or repeated).",
+)
 @pass_cli
 def compress(
     ctx: CliContext,
@@ -135,6 +145,7 @@ def compress(
     dtype: str,
     max_shard_size: str,
     overwrite: bool,
+    keep_dense: tuple[str, ...],
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
 
@@ -146,6 +157,7 @@ def compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
+    from llmc_trace.cli.display import compression_summary
     from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.core.world import join_from_environment
     from llmc_trace.errors import BadInputError
@@ -188,6 +200,8 @@ def compress(
                 given.add("method")
             overrides = {name: value for name, value in values.items() if name in given}
             request = CompressRequest.from_recipe(recipe, model, out_dir, **overrides)
+        if keep_dense:
+            request = _ignoring(request, split_list(keep_dense) or [])
         result = run_compress(request, progress=progress)
     if not world.is_main:
         return
@@ -199,6 +213,44 @@ def compress(
         ctx.out.print(f"[dim]plan ({stage.stage.method}): {stage.plan.reason}[/]")
     for fallback in result.fallbacks:
         ctx.err.print(f"[yellow]fell back:[/] {fallback}")
+    for part in compression_summary(result.report):
+        ctx.out.print(part)
+    ctx.out.print(
+        f"[dim]report: {out_dir / 'report.html'} (every layer; the --ignore option that keeps "
+        "one in full precision)[/]"
+    )
+
+
+def _ignoring(request: CompressRequest, names: list[str]) -> CompressRequest:
+    """``request`` with ``names`` added to the ignore list of every stage's scheme, so those
+    layers stay in full precision (and so the recipe written beside the checkpoint says)."""
+    import dataclasses
+
+    from llmc_trace.errors import BadInputError
+    from llmc_trace.oneshot import CompressRequest
+    from llmc_trace.oneshot.request import STAGE_FIELDS
+
+    stages = request.stages or ()
+    if all(stage.scheme is None for stage in stages):
+        raise BadInputError(
+            "--ignore keeps layers out of quantization, and this run only prunes.",
+            hint="Leave out --ignore, or give the run a --scheme.",
+            param="ignore",
+        )
+    changed = tuple(
+        dataclasses.replace(
+            stage, scheme=dataclasses.replace(stage.scheme, ignore=(*stage.scheme.ignore, *names))
+        )
+        if stage.scheme is not None
+        else stage
+        for stage in stages
+    )
+    kept = {
+        f.name: getattr(request, f.name)
+        for f in dataclasses.fields(request)
+        if f.init and f.name not in (*STAGE_FIELDS, "stages")
+    }
+    return CompressRequest(**kept, stages=changed)
 
 
 #: command-line parameter -> the request field it sets

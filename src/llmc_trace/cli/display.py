@@ -12,6 +12,7 @@ from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.attempt.report import TraceReport
 from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.core.sizes import human_bytes
+from llmc_trace.report.schema import CompressionReport
 
 
 def _compress_targets(targets: list[str]) -> str:
@@ -168,3 +169,33 @@ def show_report(console: Console, report: TraceReport) -> None:
         )
     timing = ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in report.timings_s.items())
     console.print(f"[dim]{timing}[/]")
+
+
+def compression_summary(report: CompressionReport, worst: int = 5) -> list[Table | str]:
+    """Per stage, one line of totals and a table of the layers that kept the most of their
+    baseline's loss (relative loss, losses, tokens, seconds)."""
+    parts: list[Table | str] = []
+    for summary in report.summary():
+        rows = report.worst(worst, summary["stage"])
+        if not rows:
+            continue
+        baseline = rows[0].baseline
+        parts.append(
+            f"{summary['method']}: loss {summary['relative_loss']:.3f}x {baseline}'s on the same "
+            f"Hessians over {summary['layers']} layers (median layer "
+            f"{summary['median_relative_loss']:.3f}x)"
+        )
+        table = Table(title=f"highest relative loss (loss / {baseline}'s)", title_justify="left")
+        for column in ("layer", "relative", "loss", f"{baseline} loss", "tokens", "seconds"):
+            table.add_column(column, justify="left" if column == "layer" else "right")
+        for row in rows:
+            table.add_row(
+                row.name,
+                f"{row.relative_loss:.3f}",
+                f"{row.loss:.4g}",
+                f"{row.baseline_loss:.4g}",
+                str(row.num_tokens),
+                f"{row.seconds:.2f}",
+            )
+        parts.append(table)
+    return parts

@@ -16,18 +16,21 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from llmc_trace.compress.baseline import baseline_weight, damped_error
 from llmc_trace.compress.gptq import gptq
 from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.compress.hessian import HessianAccumulator
 from llmc_trace.compress.quantize import QuantizedWeight, rtn
 from llmc_trace.compress.scheme import QuantizationScheme
-from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune, sparsegpt
+from llmc_trace.compress.sparsegpt import Sparsity, sparsegpt
+from llmc_trace.core.device_peak import DevicePeaks, PeakReading
 from llmc_trace.core.world import World
 from llmc_trace.pipelines.callbacks import NamedModules
 
@@ -42,12 +45,21 @@ class _SharedHessian:
 
 @dataclass
 class LayerResult:
-    """One compressed layer: the method's loss (GPTQ/SparseGPT objective) and seconds taken."""
+    """One compressed layer: the method's loss (GPTQ/SparseGPT objective), seconds taken, and
+    what a compression report shows beside them."""
 
     name: str
     loss: float
     seconds: float
     shares_hessian_with: str | None = None
+    #: the loss of the method's data-free baseline (round-to-nearest, magnitude pruning) on
+    #: the same weights and damped Hessian (:mod:`llmc_trace.compress.baseline`); None
+    #: without a Hessian
+    baseline_loss: float | None = None
+    #: tokens in the layer's Hessian; None without one
+    num_tokens: int | None = None
+    #: CUDA's peak allocated bytes during the solve, when ``device_peaks`` measures it
+    device_peak_bytes: int | None = None
 
 
 @dataclass
@@ -60,7 +72,9 @@ class LayerCompressor:
     in, so the stored integers dequantize to exactly the weight left in the module.
     ``keep_zeros`` names layers an earlier stage pruned: GPTQ keeps their zeros (its sweep
     would otherwise fill them back in); round-to-nearest keeps them by itself (0 rounds to the
-    zero point, which dequantizes to 0).
+    zero point, which dequantizes to 0). ``device_peaks``, when given, measures each solve's
+    CUDA peak (it resets CUDA's process-wide peak counter per solve, keeping the run's peak;
+    off by default, so a caller measuring its own peak keeps it).
     """
 
     method: str
@@ -72,6 +86,7 @@ class LayerCompressor:
     storage_dtype: torch.dtype | None = None
     keep_zeros: frozenset[str] = frozenset()
     world: World = field(default_factory=World)
+    device_peaks: DevicePeaks | None = None
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     results: list[LayerResult] = field(default_factory=list)
     _hessians: dict[str, _SharedHessian] = field(default_factory=dict)
@@ -149,7 +164,7 @@ class LayerCompressor:
         last_user = {id(entries[n]): n for n, _ in targets if n in mine and entries[n] is not None}
         leaders: dict[int, str] = {}
         shares: dict[str, str | None] = {}
-        done: dict[str, tuple[float, float]] = {}
+        done: dict[str, LayerResult] = {}
         for name, layer in targets:
             entry = entries.pop(name)
             leader = leaders.setdefault(id(entry), name) if entry is not None else name
@@ -157,24 +172,39 @@ class LayerCompressor:
             if name not in mine:
                 continue
             start = time.perf_counter()
-            loss = self._compress(
-                name,
-                layer,
-                entry.accumulator.H if entry else None,
-                last_use=entry is not None and last_user[id(entry)] == name,
-            )
+            with self._measure(layer) as peak:
+                loss, baseline_loss = self._compress(
+                    name,
+                    layer,
+                    entry.accumulator.H if entry else None,
+                    last_use=entry is not None and last_user[id(entry)] == name,
+                )
+            tokens = entry.accumulator.num_tokens if entry is not None else None
             del entry
-            done[name] = (loss, time.perf_counter() - start)
+            done[name] = LayerResult(
+                name,
+                loss,
+                time.perf_counter() - start,
+                shares[name],
+                baseline_loss=baseline_loss,
+                num_tokens=tokens,
+                device_peak_bytes=peak.peak_bytes,
+            )
         for (name, layer), rank in zip(targets, owner, strict=True):
-            loss, seconds = self._share(name, layer.module, rank, done.get(name))
-            self.results.append(LayerResult(name, loss, seconds, shares[name]))
+            self.results.append(self._share(name, layer.module, rank, done.get(name)))
+
+    def _measure(self, layer: LinearLayer) -> AbstractContextManager[PeakReading]:
+        """Measure a solve's device peak when ``device_peaks`` is given."""
+        if self.device_peaks is None:
+            return nullcontext(PeakReading())
+        return self.device_peaks.step(layer.module.weight.device)
 
     def _share(
-        self, name: str, module: torch.nn.Module, src: int, done: tuple[float, float] | None
-    ) -> tuple[float, float]:
+        self, name: str, module: torch.nn.Module, src: int, done: LayerResult | None
+    ) -> LayerResult:
         """Give every rank the result rank ``src`` computed for ``name``: the weight left in
-        the module and, when quantized, its integers; returns its loss and seconds. Only rank
-        0 keeps the integers (it alone writes the checkpoint)."""
+        the module and, when quantized, its integers; returns its :class:`LayerResult`.
+        Only rank 0 keeps the integers (it alone writes the checkpoint)."""
         world = self.world
         if not world.distributed:
             assert done is not None
@@ -206,13 +236,16 @@ class LayerCompressor:
 
     def _compress(
         self, name: str, layer: LinearLayer, H: torch.Tensor | None, *, last_use: bool
-    ) -> float:
+    ) -> tuple[float, float | None]:
+        """Compress one layer; its loss, and its baseline's on the same terms (``None`` for
+        the methods without a Hessian, whose loss is 0)."""
         W = layer.matrix(self.storage_dtype or layer.module.weight.dtype)  # (out, in)
         args = self.scheme.weights if self.scheme is not None else None
         if self.method in DATA_METHODS and H is None:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
         if self.method == GPTQ:
             assert args is not None and H is not None
+            baseline = damped_error(W, baseline_weight(W, args), H)  # before H is overwritten
             result = gptq(
                 W,
                 H,
@@ -224,13 +257,14 @@ class LayerCompressor:
                 zeros=W == 0 if name in self.keep_zeros else None,
             )
             self._store(name, layer, result.quantized)
-            return result.loss
+            return result.loss, baseline.loss(result.percdamp)
         if self.method == RTN:
             assert args is not None
             self._store(name, layer, rtn(W, args))
-            return 0.0
+            return 0.0, None
         if self.method == SPARSEGPT:
             assert H is not None and self.sparsity is not None
+            baseline = damped_error(W, baseline_weight(W, args, self.sparsity), H)
             pruned = sparsegpt(
                 W,
                 H,
@@ -243,15 +277,11 @@ class LayerCompressor:
             layer.set_matrix(pruned.weight)
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
-            return pruned.loss
+            return pruned.loss, baseline.loss(pruned.percdamp)
         if self.method == MAGNITUDE:
             assert self.sparsity is not None
-            weight, _ = magnitude_prune(W, self.sparsity)
-            if args is not None:
-                quantized = rtn(weight, args)
-                weight = quantized.weight * (weight != 0)
-            layer.set_matrix(weight)
-            return 0.0
+            layer.set_matrix(baseline_weight(W, args, self.sparsity))
+            return 0.0, None
         raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
 
     def _store(self, name: str, layer: LinearLayer, quantized: QuantizedWeight) -> None:

@@ -41,6 +41,7 @@ import torch
 from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.core.device_peak import DevicePeaks
 from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.names import AUTO, DATA_METHODS, INDEPENDENT, SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
@@ -54,12 +55,14 @@ from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
 from llmc_trace.oneshot.recipe import render_recipe
+from llmc_trace.oneshot.report import build_report, report_files
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import InMemory, Residency, Streamed, compute_dtype
 from llmc_trace.pipelines.sequential import PipelineStats
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
+from llmc_trace.report.schema import CompressionReport
 from llmc_trace.traced.model import TracedModel, display_name, trace_model
 from llmc_trace.traced.twin import TwinCheck, verify_on_twin
 from llmc_trace.tracing.definitions import definition_entry, definitions_for, weight_changing
@@ -86,7 +89,8 @@ class StageResult:
 class CompressionResult:
     """What ``compress`` did and where the checkpoint is. ``pipeline`` is the one that ran, or
     ``independent`` for several stages (each stage's is in ``stages``); ``plan``, ``stats``
-    and ``layers`` are the last stage's (the one the checkpoint's integers come from)."""
+    and ``layers`` are the last stage's (the one the checkpoint's integers come from).
+    ``report``: every stage's layers as the checkpoint's ``report.json`` holds them."""
 
     out_dir: Path | None
     #: the compressed model in memory; a skeleton on ``meta`` when it was streamed to out_dir
@@ -95,6 +99,7 @@ class CompressionResult:
     ignore: list[str]
     elapsed_s: float
     traced: TracedModel = field(repr=False)
+    report: CompressionReport = field(repr=False)
 
     @property
     def pipeline(self) -> str:
@@ -164,6 +169,9 @@ def compress(
             if not last and out is not None:
                 source = resolve_model(str(out))
     assert model is not None and run.traced is not None
+    report = run.written_report or run.build_report(
+        [(result.stage, result.layers) for result in run.results], parameter_dtype(model)
+    )
     return CompressionResult(
         request.out_path,
         model,
@@ -171,6 +179,7 @@ def compress(
         run.traced.options.ignore_list(),
         time.perf_counter() - start,
         run.traced,
+        report,
     )
 
 
@@ -191,6 +200,8 @@ class _Run:
         self.check: TwinCheck | None = None
         self.pruned: _Pruned | None = None
         self.results: list[StageResult] = []
+        self.device_peaks = DevicePeaks()
+        self.written_report: CompressionReport | None = None
 
     @contextmanager
     def intermediate_folders(self, count: int) -> Iterator[list[Path]]:
@@ -253,6 +264,7 @@ class _Run:
             refine_passes=stage.refine_passes,
             storage_dtype=storage,
             world=self.world,
+            device_peaks=self.device_peaks,
             keep_zeros=frozenset(self.pruned.layers) if self.pruned else frozenset(),
         )
         targets = _check_targets(model, compressor, request.source.name)
@@ -317,12 +329,20 @@ class _Run:
                 residency.finish()
                 report("write", 0, 1)
                 ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
+                files = {}
+                if last:
+                    done = [(r.stage, r.layers) for r in self.results]
+                    self.written_report = self.build_report(
+                        [*done, (ran, compressor.results)], storage
+                    )
+                    files = report_files(self.written_report)
                 writer.commit(
                     sparsity=pruned.sparsity if pruned else None,
                     recipe=self._recipe([*(r.stage for r in self.results), ran], storage)
                     if last
                     else None,
                     tokenizer_dir=source.folder,
+                    files=files,
                 )
         fallbacks = list(outcome.fallbacks)
         if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
@@ -334,6 +354,20 @@ class _Run:
         self.results.append(StageResult(ran, plan, outcome.stats, compressor.results, fallbacks))
         self.world.barrier()  # the next stage reads what rank 0 wrote; the run ends together
         return model
+
+    def build_report(
+        self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None
+    ) -> CompressionReport:
+        """The report of ``stages`` as they ran, with their compressed layers."""
+        assert dtype is not None  # loading refuses a model without floating-point weights
+        return build_report(
+            self.request,
+            stages,
+            self.traced,
+            device=self.device,
+            dtype=dtype,
+            device_peak_bytes=self.device_peaks.current(self.device),
+        )
 
     def _calibration(self, model: torch.nn.Module) -> CalibrationSet:
         """The calibration rows, loaded once for every stage (token ids need no tokenizer:

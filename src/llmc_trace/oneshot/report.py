@@ -1,0 +1,134 @@
+"""The compression report of a run: each stage's layer results placed in the traced model.
+
+``compress`` builds it before the checkpoint is renamed into place, so ``report.json`` and
+``report.html`` appear atomically with the weights they describe, and returns the same report
+in its result (the only copy when it compresses in memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Sequence
+
+import torch
+
+from llmc_trace.core.names import DATA_METHODS, GPTQ, SPARSEGPT
+from llmc_trace.oneshot.compressor import LayerResult
+from llmc_trace.oneshot.request import CompressRequest
+from llmc_trace.oneshot.stage import Stage
+from llmc_trace.report.page import render_report_html
+from llmc_trace.report.schema import (
+    CompressionReport,
+    LayerRow,
+    ReportSettings,
+    StageSettings,
+    SubgraphRow,
+)
+from llmc_trace.traced.model import TracedModel, display_name
+
+#: What each method that calibrates is measured against (see llmc_trace.compress.baseline).
+_BASELINE = {GPTQ: "rtn", SPARSEGPT: "magnitude"}
+
+
+def build_report(
+    request: CompressRequest,
+    stages: Sequence[tuple[Stage, Sequence[LayerResult]]],
+    traced: TracedModel | None,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    device_peak_bytes: int | None,
+) -> CompressionReport:
+    """The report of ``stages`` (each as it ran, with its compressed layers, in order) of the
+    run ``request`` asked for; ``traced`` places each layer in its subgraph;
+    ``device_peak_bytes``: the run's CUDA peak so far."""
+    subgraph_of = _subgraph_index(traced)
+    layers = tuple(
+        _row(index, stage, result, subgraph_of)
+        for index, (stage, results) in enumerate(stages)
+        for result in results
+    )
+    return CompressionReport(
+        model=display_name(request.source),
+        device=device.type,
+        device_peak_bytes=device_peak_bytes,
+        settings=ReportSettings(
+            dataset=str(request.dataset),
+            samples=request.samples,
+            seq_len=request.seq_len,
+            batch_size=request.batch_size,
+            seed=request.seed,
+            dtype=str(dtype).removeprefix("torch."),
+            stages=tuple(_stage_settings(stage) for stage, _ in stages),
+        ),
+        subgraphs=tuple(
+            SubgraphRow(s.index, tuple(s.targets)) for s in (traced.subgraphs if traced else ())
+        ),
+        layers=layers,
+    )
+
+
+def report_files(report: CompressionReport) -> dict[str, str]:
+    """The files of the report in a checkpoint folder, by name."""
+    return {"report.json": report.dumps(), "report.html": render_report_html(report)}
+
+
+def _stage_settings(stage: Stage) -> StageSettings:
+    scheme = stage.scheme
+    sparsity = stage.sparsity
+    return StageSettings(
+        method=stage.method,
+        scheme=scheme.name if scheme is not None else None,
+        weights=dataclasses.asdict(scheme.weights) if scheme is not None else None,
+        sparsity=(
+            f"{sparsity[0]}:{sparsity[1]}"
+            if isinstance(sparsity, tuple)
+            else (None if sparsity is None else f"{sparsity:g}")
+        ),
+        pipeline=stage.pipeline,
+        refine_passes=stage.refine_passes,
+        percdamp=stage.percdamp,
+    )
+
+
+def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, int]) -> LayerRow:
+    calibrated = stage.method in DATA_METHODS
+    baseline = _BASELINE.get(stage.method)
+    if baseline == "magnitude" and stage.scheme is not None:
+        baseline = "magnitude+rtn"
+    return LayerRow(
+        name=result.name,
+        stage=index,
+        method=stage.method,
+        baseline=baseline,
+        loss=result.loss if calibrated else None,
+        baseline_loss=result.baseline_loss,
+        num_tokens=result.num_tokens,
+        seconds=result.seconds,
+        device_peak_bytes=result.device_peak_bytes,
+        shares_hessian_with=result.shares_hessian_with,
+        subgraph=_find(result.name, subgraph_of),
+        fallback=None,  # every layer is compressed with its stage's method
+        ignore=f"--ignore {shlex.quote(result.name)}" if stage.scheme is not None else None,
+    )
+
+
+def _subgraph_index(traced: TracedModel | None) -> dict[str, int]:
+    """Module path -> the subgraph that calls it (its first, if several do)."""
+    index: dict[str, int] = {}
+    for subgraph in traced.subgraphs if traced is not None else ():
+        for node in subgraph.graph.nodes:
+            if node.op == "call_module":
+                index.setdefault(str(node.target), subgraph.index)
+    return index
+
+
+def _find(name: str, subgraph_of: dict[str, int]) -> int | None:
+    """The subgraph that runs layer ``name``: the one calling it or its nearest ancestor."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        found = subgraph_of.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None
