@@ -282,6 +282,9 @@ class ListenOnly:
     def wants(self, modules: Any) -> bool:
         return True
 
+    def passes(self, modules: Any) -> list[Any]:
+        return [modules]
+
     def on_subgraph_start(self, index: int, modules: Any) -> None:
         return None
 

@@ -27,6 +27,9 @@ class Recorder:
     def wants(self, modules) -> bool:
         return any(id(m) in self.targets for _, m in modules)
 
+    def passes(self, modules):  # type: ignore[no-untyped-def]
+        return [modules]
+
     def on_subgraph_start(self, index, modules) -> None:
         for _, module in modules:
             if id(module) in self.targets:

@@ -41,6 +41,9 @@ class HalvingRecorder:
     def wants(self, modules) -> bool:
         return any(isinstance(m, torch.nn.Linear) and "layers" in n for n, m in modules)
 
+    def passes(self, modules):  # type: ignore[no-untyped-def]
+        return [modules]
+
     def on_subgraph_start(self, index, modules) -> None:
         stage = [n for n, m in modules if isinstance(m, torch.nn.Linear) and "layers" in n]
         self.stages.append(stage)

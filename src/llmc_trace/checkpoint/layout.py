@@ -30,6 +30,7 @@ from compressed_tensors.quantization import QuantizationConfig as CtQuantization
 from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
 
 from llmc_trace.checkpoint.pack import pack_to_int32
+from llmc_trace.core.experts import ExpertProjection
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme, matches
@@ -54,8 +55,17 @@ def stores_quantized(module: torch.nn.Module) -> bool:
     `(in, out)` one (or, for a square layer, loads it transposed). vLLM alone would read the
     integers: its GPT-2 transposes only tensors named `.weight` at load. Stored dense, a
     compressed `Conv1D` loads in both with its compressed values, and saves no memory.
+
+    One expert's projection of fused MoE weights (:mod:`llmc_trace.core.experts`) is stored
+    quantized, one set of tensors per expert and projection, where the architecture's published
+    checkpoints store experts one by one: transformers then decompresses and joins them at load
+    (its compressed-tensors integration handles experts), and vLLM reads them per expert. Where
+    they are published fused (gpt-oss, Gemma 4), no loader reads per-expert integers, and the
+    fused parameter is stored dense with the compressed values.
     """
-    return isinstance(module, torch.nn.Linear)
+    return isinstance(module, torch.nn.Linear) or (
+        isinstance(module, ExpertProjection) and module.stored_per_expert
+    )
 
 
 def format_of(scheme: QuantizationScheme) -> str:
@@ -206,5 +216,6 @@ def ignored_modules(
         name
         for name, module in model.named_modules()
         if name not in quantized
+        and not (isinstance(module, ExpertProjection) and not module.stored_per_expert)
         and any(matches(name, module, scheme.targets) for scheme in schemes)
     ]

@@ -63,6 +63,7 @@ from llmc_trace.compress.quantize import QuantizedWeight
 from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.compress.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
+from llmc_trace.core.experts import per_expert_tensors
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
 
 logger = logging.getLogger(__name__)
@@ -104,8 +105,18 @@ def planned_tensors(
     a model whose parameters are on `meta`.
     """
     parameters = {id(p) for p in model.parameters()}
+    experts = per_expert_tensors(model)
     specs: dict[str, TensorSpec] = {}
     for name, tensor in unique_state(model).items():
+        projections = experts.get(name, [])
+        if projections and projections[0][1].stored_per_expert:
+            for path, projection in projections:
+                shape = tuple(projection.weight_of(tensor).shape)
+                if path in assignment:
+                    specs.update(module_tensor_specs(path, shape, assignment[path], dtype))
+                else:
+                    specs[f"{path}.weight"] = TensorSpec(dtype, shape)
+            continue
         prefix, _, attr = name.rpartition(".")
         if attr == "weight" and prefix in assignment:
             specs.update(
@@ -172,6 +183,7 @@ class CheckpointWriter:
         self.schemes = list(dict.fromkeys(self.assignment.values()))
         self.ignore = ignored_modules(model, self.schemes, self.assignment)
         self.specs = planned_tensors(model, self.assignment, dtype)
+        self._experts = per_expert_tensors(model)
         self.staging = self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
         self._zeros = 0
         self._counted = 0
@@ -198,7 +210,18 @@ class CheckpointWriter:
                 raise OutputError.writing(self.out_dir, error) from error
 
     def put(self, key: str, value: torch.Tensor) -> None:
-        """Store the model tensor `key` (its compressed form when its module is quantized)."""
+        """Store the model tensor `key` (its compressed form when its module is quantized; a
+        fused experts parameter as one tensor set per expert and projection, where the
+        architecture's checkpoints store them so)."""
+        projections = self._experts.get(key, [])
+        if projections and projections[0][1].stored_per_expert:
+            for path, projection in projections:
+                self.put(f"{path}.weight", projection.weight_of(value))
+            return
+        for path, projection in projections:  # stored fused, dense: no integers needed
+            self.quantized.pop(path, None)
+            if path in self.pruned:
+                self._count_zeros(projection.weight_of(value))
         prefix, _, attr = key.rpartition(".")
         if attr == "weight" and prefix in self.assignment:
             weight = self.quantized.pop(prefix, None)

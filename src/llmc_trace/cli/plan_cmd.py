@@ -48,6 +48,12 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     type=click.Path(path_type=Path),
     help="Plan every stage of this recipe (its samples, seq-len and batch size unless given).",
 )
+@click.option(
+    "--expert-group",
+    default=None,
+    type=click.IntRange(1),
+    help="MoE: plan for calibrating at most this many experts per pass (compress's option).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout only.")
 @pass_cli
 def plan(
@@ -61,6 +67,7 @@ def plan(
     data_free: bool,
     recipe: Path | None,
     ranks: int,
+    expert_group: int | None,
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one.
@@ -110,6 +117,7 @@ def plan(
                     kept_bytes_per_weight=1.0 if quantizes else 0.0,
                     streamed=True,
                     device_is_host=device is None and not torch.cuda.is_available(),
+                    expert_group=expert_group,
                 )
                 for _, needs_data, quantizes in stages
             ],
@@ -148,3 +156,30 @@ def plan(
             )
         ctx.out.print(table)
         ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
+    experts = _experts_line(model, expert_group)
+    if experts:
+        ctx.out.print(experts)
+
+
+def _experts_line(model: str, group: int | None) -> str | None:
+    """What the fused experts of ``model`` add to calibration: Hessians per MoE layer, how
+    many are alive at once, and their bytes (float32), from the model's shapes on ``meta``."""
+    from llmc_trace.core.experts import fused_experts
+    from llmc_trace.core.sizes import human_bytes
+    from llmc_trace.models.build import build_meta_model
+    from llmc_trace.models.source import resolve_model
+    from llmc_trace.plan.estimate import expert_hessians
+
+    found = fused_experts(build_meta_model(resolve_model(model)))
+    if not found:
+        return None
+    layer = expert_hessians(found[0][1], 4, group)
+    everyone = expert_hessians(found[0][1], 4, None)
+    line = (
+        f"experts: {len(found)} MoE layers, {layer.count} Hessians each (per expert gate/up "
+        f"share one, down has its own); {layer.alive} alive at once, "
+        f"{human_bytes(layer.alive_bytes)}"
+    )
+    if group is None:
+        return line + " (--expert-group N calibrates N experts per pass and bounds that)"
+    return line + f" instead of {human_bytes(everyone.alive_bytes)} (--expert-group {group})"

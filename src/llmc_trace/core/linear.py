@@ -20,16 +20,21 @@ from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.core.experts import ExpertProjection
+
 
 @dataclass(frozen=True)
 class LinearLayer:
     """A module seen as a linear layer: its widths and its weight as an ``(out, in)`` matrix.
 
-    ``transposed`` says the module stores the weight as ``(in, out)`` (a ``Conv1D``).
+    ``transposed`` says the module stores the weight as ``(in, out)`` (a ``Conv1D``);
+    ``in_place`` that its weight is a view of a larger parameter (one expert's projection in a
+    fused experts tensor, :mod:`llmc_trace.core.experts`), which a result is written into.
     """
 
     module: torch.nn.Module
     transposed: bool
+    in_place: bool = False
 
     @property
     def in_features(self) -> int:
@@ -48,8 +53,13 @@ class LinearLayer:
 
     def set_matrix(self, W: torch.Tensor) -> None:
         """Make the ``(out, in)`` matrix ``W`` the module's weight, in the module's own layout
-        (contiguous, as loading leaves it) and dtype."""
+        (contiguous, as loading leaves it) and dtype; into the viewed parameter itself when
+        ``in_place``."""
         weight = W.t() if self.transposed else W
+        if self.in_place:
+            with torch.no_grad():
+                self.module.weight.copy_(weight)
+            return
         self.module.weight.data = _contiguous(weight, self.module.weight.dtype)
 
 
@@ -65,6 +75,8 @@ def as_linear(module: torch.nn.Module) -> LinearLayer | None:
     """``module`` as a :class:`LinearLayer`, or ``None`` when it is not a linear layer."""
     if isinstance(module, torch.nn.Linear):
         return LinearLayer(module, transposed=False)
+    if isinstance(module, ExpertProjection):
+        return LinearLayer(module, transposed=False, in_place=True)
     # imported here: the tensor-only compress/ package reaches this module through its scheme
     # matching, and should not pay for importing transformers (half a second) at import time
     from transformers.pytorch_utils import Conv1D

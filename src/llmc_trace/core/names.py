@@ -19,6 +19,12 @@ DATA_METHODS = frozenset({GPTQ, SPARSEGPT})
 #: Methods that prune (they need a sparsity); the others quantize (they need a scheme).
 PRUNING_METHODS = frozenset({SPARSEGPT, MAGNITUDE})
 
+#: Which tokens an expert's Hessian is built from: every token of the batch, or only those the
+#: router sent it (:mod:`llmc_trace.oneshot.compressor`).
+ALL_TOKENS = "all"
+ROUTED = "routed"
+EXPERT_TOKENS = (ALL_TOKENS, ROUTED)
+
 SEQUENTIAL = "sequential"
 LAYER_SEQUENTIAL = "layer_sequential"
 BASIC = "basic"

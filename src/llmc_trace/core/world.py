@@ -79,7 +79,8 @@ class World:
         moved = mean.to(self._comm(mean))
         moved.mul_(count)
         dist.all_reduce(moved)
-        moved.div_(total.item())
+        if total.item() > 0:  # no rank saw an item (an expert no token was routed to): zeros
+            moved.div_(total.item())
         if moved is not mean:
             mean.copy_(moved)
         return int(total.item())

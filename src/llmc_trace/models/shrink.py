@@ -238,10 +238,16 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         if key.endswith("layers_indices") and isinstance(indices, list) and indices:
             keep = max(keep, len(indices))
             setattr(config, key, list(range(len(indices))))
+    depth = next(
+        (v for k in LAYER_KEYS if isinstance(v := attrs.get(k), int) and not isinstance(v, bool)),
+        None,
+    )
     for key in LAYER_KEYS:
         value = attrs.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > keep:
             setattr(config, key, keep)
+    if depth is not None and depth > keep:
+        _shorten_per_layer(config, depth, keep)
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > keep:
@@ -250,6 +256,20 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         indices = attrs.get(key)
         if isinstance(indices, list):
             setattr(config, key, [i for i in indices if isinstance(i, int) and i < keep])
+
+
+def _shorten_per_layer(config: PretrainedConfig, depth: int, keep: int) -> None:
+    """Per-layer settings cut to the ``keep`` layers left: a list with one entry per layer
+    (Laguna's ``num_attention_heads_per_layer``, GLM-5's ``mlp_layer_types``) and a mapping
+    from layer index (Gemma 4's ``per_layer_config``). transformers validates them against the
+    layer count when the twin is saved or loaded, though building it reads only what it uses."""
+    for key, value in list(vars(config).items()):
+        if key in LAYER_LIST_KEYS:
+            continue
+        if isinstance(value, list) and len(value) == depth:
+            setattr(config, key, value[:keep])
+        elif isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
+            setattr(config, key, {k: v for k, v in value.items() if k < keep})
 
 
 def _shrink_experts(config: PretrainedConfig) -> None:

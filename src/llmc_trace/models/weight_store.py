@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -73,16 +74,21 @@ class WeightStore:
 
     def read(
         self,
-        names: Iterable[str],
+        names: Iterable[Source],
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> dict[Source, torch.Tensor]:
         """The tensors ``names``, as fresh tensors on ``device`` (floating ones cast to ``dtype``
-        when given), read one at a time (see the module docstring)."""
+        when given), read one at a time (see the module docstring); a :class:`Stacked` source
+        is assembled expert by expert into its fused tensor."""
+        names = list(names)
+        out: dict[Source, torch.Tensor] = {}
+        for stacked in [n for n in names if isinstance(n, Stacked)]:
+            out[stacked] = self._assemble(stacked, device, dtype)
         by_file: dict[Path, list[str]] = {}
         for name in names:
-            by_file.setdefault(self.tensors[name].file, []).append(name)
-        out: dict[str, torch.Tensor] = {}
+            if isinstance(name, str):
+                by_file.setdefault(self.tensors[name].file, []).append(name)
         for path, wanted in by_file.items():
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -94,6 +100,45 @@ class WeightStore:
             finally:
                 os.close(fd)
         return out
+
+    def _assemble(
+        self, stacked: Stacked, device: torch.device | str, dtype: torch.dtype | None
+    ) -> torch.Tensor:
+        """A fused experts tensor from its per-expert tensors, each copied into its place as
+        soon as it is read, so one expert's tensors are the only extra memory."""
+        first = self.tensors[stacked.parts[0][0]]
+        rows = sum(self.tensors[name].shape[0] for name in stacked.parts[0])
+        kind = dtype if dtype is not None and first.dtype.is_floating_point else first.dtype
+        fused = torch.empty((len(stacked.parts), rows, *first.shape[1:]), dtype=kind, device=device)
+        for expert, names in enumerate(stacked.parts):
+            start = 0
+            read = self.read(names)
+            for tensor in (read.pop(name) for name in names):
+                fused[expert, start : start + tensor.shape[0]].copy_(tensor)
+                start += tensor.shape[0]
+        return fused
+
+    def spec(self, source: Source) -> TensorSpec:
+        """Dtype and shape of ``source`` (a stacked one as its fused tensor)."""
+        if isinstance(source, str):
+            return self.tensors[source]
+        first = self.tensors[source.parts[0][0]]
+        rows = sum(self.tensors[name].shape[0] for name in source.parts[0])
+        return TensorSpec(first.dtype, (len(source.parts), rows, *first.shape[1:]))
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A fused experts parameter a checkpoint stores one tensor per expert (the published
+    layout of most MoE models): ``parts[e]`` names expert ``e``'s tensors, joined along their
+    first dimension (gate, then up), and the experts are stacked in order, as transformers
+    joins them when it loads such a checkpoint."""
+
+    parts: tuple[tuple[str, ...], ...]
+
+
+Source = str | Stacked
+"""Where a parameter's values are in a checkpoint: one stored tensor, or several stacked."""
 
 
 def _read(fd: int, stored: StoredTensor, name: str) -> torch.Tensor:
@@ -109,26 +154,32 @@ def _read(fd: int, stored: StoredTensor, name: str) -> torch.Tensor:
     return tensor
 
 
-def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:
-    """For each parameter of ``model`` (under its first name), the name ``store`` holds it
-    under (a tied parameter may be saved under any of its names); raises
-    :class:`~llmc_trace.errors.BadInputError` for a tensor the files lack or shape otherwise."""
+def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, Source]:
+    """For each parameter of ``model`` (under its first name), where ``store`` holds it: the
+    name it is saved under (a tied parameter may be saved under any of its names; a name the
+    architecture's published checkpoints spell differently, such as Mixtral's
+    ``block_sparse_moe``, as transformers renames it at load), or the per-expert tensors a
+    fused experts parameter is stacked from. Raises :class:`~llmc_trace.errors.BadInputError`
+    for a tensor the files lack or shape otherwise."""
     aliases: dict[int, list[str]] = {}
     shapes: dict[int, tuple[int, ...]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(param), []).append(name)
         shapes[id(param)] = tuple(param.shape)
-    found: dict[str, str] = {}
+    canonical = _canonical_names(model, store)
+    found: dict[str, Source] = {}
     missing: list[str] = []
     for identity, names in aliases.items():
-        stored = next((name for name in names if name in store), None)
+        stored = next((canonical[name] for name in names if name in canonical), None)
+        if stored is None:
+            stored = _stacked(model, names[0], canonical)
         if stored is None:
             missing.append(names[0])
             continue
-        if store.tensors[stored].shape != shapes[identity]:
+        if tuple(store.spec(stored).shape) != shapes[identity]:
             raise BadInputError(
-                f"The weights in {store.folder} do not fit its config: {stored} is "
-                f"{store.tensors[stored].shape} in the file, {shapes[identity]} by the config.",
+                f"The weights in {store.folder} do not fit its config: {names[0]} is "
+                f"{store.spec(stored).shape} in the file, {shapes[identity]} by the config.",
                 hint="Every tensor must have the shape its config.json implies: check that the "
                 "weights and config.json come from the same checkpoint.",
                 param="model",
@@ -137,3 +188,53 @@ def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:
     if missing:
         raise missing_tensors(store.folder, sorted(missing))
     return found
+
+
+def _canonical_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:
+    """Each stored name as the model names it (after the renamings transformers applies to
+    the architecture's checkpoints at load), mapped to the stored name."""
+    renamings = _renamings(model)
+    names = {name: name for name in store.tensors}
+    if renamings:
+        from transformers.core_model_loading import apply_renamings
+
+        for name in store.tensors:
+            names.setdefault(apply_renamings(name, renamings), name)
+    return names
+
+
+def _renamings(model: torch.nn.Module) -> list[Any]:
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return []
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    return [
+        t
+        for t in get_model_conversion_mapping(model, add_legacy=False)
+        if isinstance(t, WeightRenaming)
+    ]
+
+
+def _stacked(model: torch.nn.Module, name: str, canonical: dict[str, str]) -> Stacked | None:
+    """The per-expert tensors fused experts parameter ``name`` is stacked from, when the
+    checkpoint holds every one of them."""
+    from llmc_trace.core.experts import is_fused_experts, per_expert_names
+
+    path, _, attr = name.rpartition(".")
+    if attr not in ("gate_up_proj", "down_proj"):
+        return None
+    module = model.get_submodule(path)
+    if not is_fused_experts(module):
+        return None
+    leaves = per_expert_names(model, path)
+    if leaves is None:
+        return None
+    parts = (leaves.gate, leaves.up) if attr == "gate_up_proj" else (leaves.down,)
+    experts = int(module.down_proj.shape[0])
+    wanted = [[f"{path}.{e}.{leaf}.weight" for leaf in parts] for e in range(experts)]
+    if not all(n in canonical for group in wanted for n in group):
+        return None
+    return Stacked(tuple(tuple(canonical[n] for n in group) for group in wanted))

@@ -9,6 +9,16 @@ the very same tensor object and only join. When the pipeline reports the subgrap
 each layer is compressed (GPTQ, SparseGPT, round-to-nearest or magnitude pruning) on its
 ``(out, in)`` weight matrix and its weight replaced by the result in the module's own layout,
 so error propagation sees compressed outputs.
+
+Mixture-of-experts layers stored fused (3-D parameters, :mod:`llmc_trace.core.experts`) are
+compressed expert by expert: each expert's gate, up and down projection is a target of its own
+with its own Hessian. By default (``expert_tokens="all"``) every expert runs on every token for
+its Hessian while the router still decides what reaches the output, so no expert is calibrated
+on a handful of tokens; with ``"routed"`` an expert sees only the tokens routed to it, and one
+whose Hessian holds fewer than ``min_expert_tokens`` tokens is rounded to nearest instead,
+recorded in its :class:`LayerResult` (never silently). ``expert_group`` bounds how many
+experts' Hessians are alive at once: the pipeline then calibrates a layer's experts in
+several passes (:meth:`LayerCompressor.passes`).
 """
 
 from __future__ import annotations
@@ -24,8 +34,17 @@ import torch
 
 from llmc_trace.compress.baseline import baseline_weight, damped_error
 from llmc_trace.compress.gptq import gptq
+from llmc_trace.core.experts import DOWN, ExpertProjection, ObservedExperts
 from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
-from llmc_trace.core.names import DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
+from llmc_trace.core.names import (
+    ALL_TOKENS,
+    DATA_METHODS,
+    GPTQ,
+    MAGNITUDE,
+    METHODS,
+    RTN,
+    SPARSEGPT,
+)
 from llmc_trace.compress.hessian import HessianAccumulator
 from llmc_trace.compress.quantize import QuantizedWeight, rtn
 from llmc_trace.compress.scheme import QuantizationScheme
@@ -41,6 +60,8 @@ logger = logging.getLogger(__name__)
 class _SharedHessian:
     accumulator: HessianAccumulator
     last_input: weakref.ref[torch.Tensor] | None = None
+    #: for an expert's Hessian: (its experts module, the expert, whether it feeds down)
+    expert_key: tuple[int, int, bool] | None = None
 
 
 @dataclass
@@ -52,6 +73,8 @@ class LayerResult:
     loss: float
     seconds: float
     shares_hessian_with: str | None = None
+    #: what was done instead of the stage's method, and why (an expert too few tokens reached)
+    fallback: str | None = None
     #: the loss of the method's data-free baseline (round-to-nearest, magnitude pruning) on
     #: the same weights and damped Hessian (:mod:`llmc_trace.compress.baseline`); None
     #: without a Hessian
@@ -85,6 +108,10 @@ class LayerCompressor:
     refine_passes: int = 0
     storage_dtype: torch.dtype | None = None
     keep_zeros: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+    expert_tokens: str = ALL_TOKENS
+    min_expert_tokens: int = 8
+    expert_group: int | None = None
     world: World = field(default_factory=World)
     device_peaks: DevicePeaks | None = None
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
@@ -94,7 +121,7 @@ class LayerCompressor:
     _mask: torch.Tensor | None = None
 
     def is_target(self, name: str, module: torch.nn.Module) -> bool:
-        if not is_linear(module):
+        if not is_linear(module) or name in self.skip:
             return False
         if self.scheme is not None:
             return self.scheme.is_target(name, module)
@@ -110,15 +137,65 @@ class LayerCompressor:
     def wants(self, modules: NamedModules) -> bool:
         return bool(self.targets(modules))
 
+    def passes(self, modules: NamedModules) -> list[NamedModules]:
+        """The calibration passes ``modules`` need: one, unless ``expert_group`` bounds the
+        experts calibrated at once; then the first pass takes every other target and the first
+        group of experts, and each later pass the next group (the layer runs once per pass)."""
+        if self.expert_group is None or self.method not in DATA_METHODS:
+            return [modules]
+        targets = [(n, layer.module) for n, layer in self.targets(modules)]
+        groups: dict[tuple[int, int], list[tuple[str, torch.nn.Module]]] = {}
+        others = []
+        for name, module in targets:
+            if isinstance(module, ExpertProjection):
+                groups.setdefault((id(module._experts), module.expert), []).append((name, module))
+            else:
+                others.append((name, module))
+        experts = list(groups.values())
+        if len(experts) <= self.expert_group:
+            return [modules]
+        size = self.expert_group
+        chunks = [experts[i : i + size] for i in range(0, len(experts), size)]
+        parts = [[entry for expert in chunk for entry in expert] for chunk in chunks]
+        parts[0] = others + parts[0]
+        return parts
+
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
         if self.method not in DATA_METHODS:
             return
         shared: list[_SharedHessian] = []
         for name, layer in self.targets(modules):
-            hook = self._hook(name, layer.in_features, shared)
+            state = None
+            if isinstance(layer.module, ExpertProjection):
+                state = layer.module._experts._llmc_observed
+                if self.expert_tokens == ALL_TOKENS:
+                    state.observed = state.observed | {layer.module.expert}
+                # made now, not at the first call: an expert no token reaches still has one
+                # (empty), on every rank, so the ranks merge the same Hessians
+                self._hessians[name] = self._expert_entry(layer, shared)
+            hook = self._hook(name, layer.in_features, shared, state)
             self._handles.append(layer.module.register_forward_pre_hook(hook))
 
-    def _hook(self, name: str, in_features: int, shared: list[_SharedHessian]):  # type: ignore[no-untyped-def]
+    def _expert_entry(self, layer: LinearLayer, shared: list[_SharedHessian]) -> _SharedHessian:
+        """The Hessian of an expert projection: gate and up of one expert read the same
+        input and share one; down has its own."""
+        projection = layer.module
+        assert isinstance(projection, ExpertProjection)
+        key = (id(projection._experts), projection.expert, projection.part == DOWN)
+        entry = next((s for s in shared if s.expert_key == key), None)
+        if entry is None:
+            device = layer.module.weight.device
+            entry = _SharedHessian(HessianAccumulator(layer.in_features, device), expert_key=key)
+            shared.append(entry)
+        return entry
+
+    def _hook(  # type: ignore[no-untyped-def]
+        self,
+        name: str,
+        in_features: int,
+        shared: list[_SharedHessian],
+        experts: ObservedExperts | None,
+    ):
         def observe(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0]
             entry = self._hessians.get(name)
@@ -132,13 +209,25 @@ class LayerCompressor:
                 self._hessians[name] = entry
             if entry.last_input is not None and entry.last_input() is x:
                 return  # a sibling already added this very input
-            mask = (
-                self._mask if self._mask is not None and self._mask.shape == x.shape[:-1] else None
-            )
-            entry.accumulator.add(x.detach(), mask)
+            entry.accumulator.add(x.detach(), self._token_mask(x, experts))
             entry.last_input = weakref.ref(x)
 
         return observe
+
+    def _token_mask(self, x: torch.Tensor, experts: ObservedExperts | None) -> torch.Tensor | None:
+        """Which rows of ``x`` are real tokens: the batch's attention mask where it lines up
+        with ``x``; for an expert, the mask's entries for the tokens it was called on (its
+        input is the flattened batch, or the rows :class:`ObservedExperts` names)."""
+        mask = self._mask
+        if mask is None:
+            return None
+        if experts is None:
+            return mask if mask.shape == x.shape[:-1] else None
+        flat = mask.reshape(-1)
+        rows = experts.rows
+        if rows is None:
+            return flat if flat.shape[0] == x.shape[0] else None
+        return flat.to(rows.device)[rows] if rows.shape[0] == x.shape[0] else None
 
     def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self._mask = batch.get("attention_mask")
@@ -148,6 +237,9 @@ class LayerCompressor:
             handle.remove()
         self._handles.clear()
         targets = self.targets(modules)
+        for _, layer in targets:
+            if isinstance(layer.module, ExpertProjection):
+                layer.module._experts._llmc_observed.observed = frozenset()
         entries = {name: self._hessians.pop(name, None) for name, _ in targets}
         world = self.world
         if world.distributed:
@@ -172,12 +264,14 @@ class LayerCompressor:
             if name not in mine:
                 continue
             start = time.perf_counter()
+            fallback = self._expert_fallback(layer, entry)
             with self._measure(layer) as peak:
                 loss, baseline_loss = self._compress(
                     name,
                     layer,
-                    entry.accumulator.H if entry else None,
+                    entry.accumulator.H if entry and not fallback else None,
                     last_use=entry is not None and last_user[id(entry)] == name,
+                    method=_FALLBACK[self.method] if fallback else self.method,
                 )
             tokens = entry.accumulator.num_tokens if entry is not None else None
             del entry
@@ -186,12 +280,23 @@ class LayerCompressor:
                 loss,
                 time.perf_counter() - start,
                 shares[name],
+                fallback,
                 baseline_loss=baseline_loss,
                 num_tokens=tokens,
                 device_peak_bytes=peak.peak_bytes,
             )
         for (name, layer), rank in zip(targets, owner, strict=True):
-            self.results.append(self._share(name, layer.module, rank, done.get(name)))
+            self.results.append(self._share(name, layer, rank, done.get(name)))
+        few = [n for n, result in done.items() if result.fallback]
+        if few:
+            logger.warning(
+                "%d expert projections (e.g. %s: %s) were compressed with %s instead of %s",
+                len(few),
+                few[0],
+                done[few[0]].fallback,
+                _FALLBACK[self.method],
+                self.method,
+            )
 
     def _measure(self, layer: LinearLayer) -> AbstractContextManager[PeakReading]:
         """Measure a solve's device peak when ``device_peaks`` is given."""
@@ -199,8 +304,21 @@ class LayerCompressor:
             return nullcontext(PeakReading())
         return self.device_peaks.step(layer.module.weight.device)
 
+    def _expert_fallback(self, layer: LinearLayer, entry: _SharedHessian | None) -> str | None:
+        """Why an expert's Hessian is too thin to calibrate on (``None`` when it is not, or
+        the layer is no expert): fewer than ``min_expert_tokens`` tokens reached it."""
+        if self.method not in DATA_METHODS or not isinstance(layer.module, ExpertProjection):
+            return None
+        tokens = entry.accumulator.num_tokens if entry is not None else 0
+        if tokens >= self.min_expert_tokens:
+            return None
+        return (
+            f"{_FALLBACK[self.method]}: {tokens} routed token{'s' * (tokens != 1)}, "
+            f"fewer than {self.min_expert_tokens}"
+        )
+
     def _share(
-        self, name: str, module: torch.nn.Module, src: int, done: LayerResult | None
+        self, name: str, layer: LinearLayer, src: int, done: LayerResult | None
     ) -> LayerResult:
         """Give every rank the result rank ``src`` computed for ``name``: the weight left in
         the module and, when quantized, its integers; returns its :class:`LayerResult`.
@@ -214,7 +332,9 @@ class LayerCompressor:
         if quantized is not None:
             shapes = [(t.shape, t.dtype) if t is not None else None for t in _stored(quantized)]
         done, shapes = world.broadcast_object((done, shapes), src)
-        world.broadcast([module.weight.data], src)
+        weight = layer.matrix(layer.module.weight.dtype)
+        world.broadcast([weight], src)
+        layer.set_matrix(weight)
         if shapes is not None:
             if world.rank != src:  # empty tensors of the owner's shapes, to receive into
                 int_weight, scale, zero_point, g_idx = (
@@ -235,15 +355,21 @@ class LayerCompressor:
         return done
 
     def _compress(
-        self, name: str, layer: LinearLayer, H: torch.Tensor | None, *, last_use: bool
+        self,
+        name: str,
+        layer: LinearLayer,
+        H: torch.Tensor | None,
+        *,
+        last_use: bool,
+        method: str,
     ) -> tuple[float, float | None]:
-        """Compress one layer; its loss, and its baseline's on the same terms (``None`` for
-        the methods without a Hessian, whose loss is 0)."""
+        """Compress one layer with ``method``; its loss, and its baseline's on the same terms
+        (``None`` for the methods without a Hessian, whose loss is 0)."""
         W = layer.matrix(self.storage_dtype or layer.module.weight.dtype)  # (out, in)
         args = self.scheme.weights if self.scheme is not None else None
-        if self.method in DATA_METHODS and H is None:
+        if method in DATA_METHODS and H is None:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
-        if self.method == GPTQ:
+        if method == GPTQ:
             assert args is not None and H is not None
             baseline = damped_error(W, baseline_weight(W, args), H)  # before H is overwritten
             result = gptq(
@@ -258,11 +384,11 @@ class LayerCompressor:
             )
             self._store(name, layer, result.quantized)
             return result.loss, baseline.loss(result.percdamp)
-        if self.method == RTN:
+        if method == RTN:
             assert args is not None
             self._store(name, layer, rtn(W, args))
             return 0.0, None
-        if self.method == SPARSEGPT:
+        if method == SPARSEGPT:
             assert H is not None and self.sparsity is not None
             baseline = damped_error(W, baseline_weight(W, args, self.sparsity), H)
             pruned = sparsegpt(
@@ -278,11 +404,11 @@ class LayerCompressor:
             if pruned.quantized is not None:
                 self.quantized[name] = pruned.quantized.integers_only()
             return pruned.loss, baseline.loss(pruned.percdamp)
-        if self.method == MAGNITUDE:
+        if method == MAGNITUDE:
             assert self.sparsity is not None
             layer.set_matrix(baseline_weight(W, args, self.sparsity))
             return 0.0, None
-        raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
 
     def _store(self, name: str, layer: LinearLayer, quantized: QuantizedWeight) -> None:
         assert quantized.weight is not None
@@ -294,6 +420,10 @@ class LayerCompressor:
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:
             self._hessians.pop(name, None)
+
+
+_FALLBACK = {GPTQ: RTN, SPARSEGPT: MAGNITUDE, RTN: RTN, MAGNITUDE: MAGNITUDE}
+"""The data-free method an expert too few tokens reached is compressed with instead."""
 
 
 def _stored(quantized: QuantizedWeight) -> tuple[torch.Tensor | None, ...]:

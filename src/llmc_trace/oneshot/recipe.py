@@ -12,7 +12,8 @@ One format both ways::
       - {method: "gptq", scheme: "W4A16"}
 
 Stage keys are the command line's (``method``, ``scheme``, ``sparsity``, ``pipeline``,
-``propagate``, ``true_sequential``, ``refine_passes``, plus ``percdamp`` and ``blocksize``); a
+``propagate``, ``true_sequential``, ``refine_passes``, ``expert_tokens``, ``min_expert_tokens``,
+``expert_group``, plus ``percdamp`` and ``blocksize``); a
 scheme is a preset's name or the full mapping a written recipe holds. ``versions`` (written,
 never required) records what made the checkpoint. Every mistake is bad input that names the key
 and its line: an unknown or repeated key, a value of the wrong type, a missing method, an empty
@@ -65,6 +66,9 @@ STAGE_KEYS = {
     "refine_passes": "refine_passes",
     "percdamp": "percdamp",
     "blocksize": "blocksize",
+    "expert_tokens": "expert_tokens",
+    "min_expert_tokens": "min_expert_tokens",
+    "expert_group": "expert_group",
 }
 SCHEME_KEYS = ("name", "weights", "input_activations", "targets", "ignore")
 TOP_KEYS = ("versions", "calibration", "tracing", "checkpoint", "stages")
@@ -84,6 +88,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "refine_passes": (int,),
     "percdamp": (float, int),
     "blocksize": (int,),
+    "expert_tokens": (str,),
+    "min_expert_tokens": (int,),
+    "expert_group": (int,),
     "max_shard_size": (int,),
 }
 
@@ -194,11 +201,17 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
 
 
 def render_recipe(
-    arguments: Mapping[str, Any], stages: Sequence[Stage], *, ignore: Sequence[str]
+    arguments: Mapping[str, Any],
+    stages: Sequence[Stage],
+    *,
+    ignore: Sequence[str],
+    fallbacks: Sequence[Sequence[str]] = (),
 ) -> str:
     """A run's ``recipe.yaml``: ``arguments`` holds the calibration and tracing keys as the run
     used them, ``stages`` the stages with the pipeline each actually ran, ``ignore`` the tracing
-    ignore list including the fixes that were applied."""
+    ignore list including the fixes that were applied. ``fallbacks[i]`` lists the layers stage
+    ``i`` compressed otherwise than its method says, and why (experts too few tokens reached),
+    written as comments under the stage: a record, which a rerun decides anew."""
     tracing = {
         "sequential_targets": _plain(arguments.get("sequential_targets")),
         "targets_per_subgraph": arguments.get("targets_per_subgraph", 1),
@@ -223,7 +236,27 @@ def render_recipe(
         first, *rest = values.items()
         lines.append(f"  - {first[0]}: {_flow(first[1])}")
         lines += [f"    {key}: {_flow(value)}" for key, value in rest]
+    lines = _with_fallbacks(lines, fallbacks)
     return "\n".join(lines) + "\n"
+
+
+def _with_fallbacks(lines: list[str], fallbacks: Sequence[Sequence[str]]) -> list[str]:
+    """``lines`` with each stage's fallback notes as comments after the stage's keys."""
+    out: list[str] = []
+    stage = -1
+    for line in lines:
+        if line.startswith("  - ") and stage >= 0:
+            out += _notes(fallbacks, stage)
+        stage += line.startswith("  - ")
+        out.append(line)
+    return out + _notes(fallbacks, stage)
+
+
+def _notes(fallbacks: Sequence[Sequence[str]], stage: int) -> list[str]:
+    notes = fallbacks[stage] if 0 <= stage < len(fallbacks) else ()
+    if not notes:
+        return []
+    return [f"    # {len(notes)} layers compressed otherwise:"] + [f"    #   {n}" for n in notes]
 
 
 def installed_versions() -> dict[str, str | None]:
@@ -298,6 +331,8 @@ def _checked(key: str, value: object, line: int) -> Any:
         if value not in DTYPES:
             raise _error(f"`dtype` must be one of {', '.join(DTYPES)}, not {value!r}.", key, line)
         return getattr(torch, str(value))
+    if key == "expert_group" and value is None:
+        return None
     if key in ("sequential_targets", "ignore"):
         if value is None and key == "sequential_targets":
             return None

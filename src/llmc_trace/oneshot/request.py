@@ -10,7 +10,7 @@ import torch
 
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
 from llmc_trace.compress.scheme import QuantizationScheme
-from llmc_trace.core.names import AUTO, DATA_METHODS, GPTQ
+from llmc_trace.core.names import ALL_TOKENS, AUTO, DATA_METHODS, GPTQ
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
@@ -29,6 +29,9 @@ STAGE_FIELDS = (
     "propagate_error",
     "true_sequential",
     "refine_passes",
+    "expert_tokens",
+    "min_expert_tokens",
+    "expert_group",
 )
 
 
@@ -43,8 +46,9 @@ class CompressRequest:
     down), each on inputs from the stages before it already compressed; the sequential
     pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this many
     passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`); 0, the
-    default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). Those seven fields are
-    one stage's; ``stages`` lists several instead (:class:`~llmc_trace.oneshot.stage.Stage`,
+    default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). ``expert_tokens``,
+    ``min_expert_tokens``, ``expert_group``: how mixture-of-experts layers calibrate
+    (:class:`~llmc_trace.oneshot.stage.Stage`). Those ten fields are one stage's; ``stages`` lists several instead (:class:`~llmc_trace.oneshot.stage.Stage`,
     e.g. SparseGPT 2:4 then GPTQ W4A16), and after construction always holds the stages that
     will run.
 
@@ -76,6 +80,9 @@ class CompressRequest:
     propagate_error: bool = True
     true_sequential: bool = False
     refine_passes: int = 0
+    expert_tokens: str = ALL_TOKENS
+    min_expert_tokens: int = 8
+    expert_group: int | None = None
     stages: Sequence[Stage] | None = None
     attn_implementation: str = "sdpa"
     dtype: torch.dtype | None = None
@@ -104,6 +111,9 @@ class CompressRequest:
                     propagate_error=self.propagate_error,
                     true_sequential=self.true_sequential,
                     refine_passes=self.refine_passes,
+                    expert_tokens=self.expert_tokens,
+                    min_expert_tokens=self.min_expert_tokens,
+                    expert_group=self.expert_group,
                 ),
             )
         else:

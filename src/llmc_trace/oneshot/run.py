@@ -41,6 +41,7 @@ import torch
 from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.core.experts import fused_experts, observe_experts, router_layers
 from llmc_trace.core.device_peak import DevicePeaks
 from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.names import AUTO, DATA_METHODS, INDEPENDENT, SEQUENTIAL
@@ -54,6 +55,7 @@ from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
+from llmc_trace.oneshot.coverage import KindCoverage, parameter_coverage
 from llmc_trace.oneshot.recipe import render_recipe
 from llmc_trace.oneshot.report import build_report, report_files
 from llmc_trace.oneshot.request import CompressRequest
@@ -79,6 +81,8 @@ class StageResult:
     stats: PipelineStats
     layers: list[LayerResult]
     fallbacks: list[str]
+    #: weights compressed and left, by kind of layer (experts one by one)
+    coverage: list[KindCoverage] = field(default_factory=list)
 
     @property
     def pipeline(self) -> str:
@@ -246,12 +250,28 @@ class _Run:
         last: bool,
     ) -> torch.nn.Module:
         """Run ``stage`` on ``model`` (loaded), or on ``source`` streamed into ``out``."""
-        request, report = self.request, self.report
-        report("load", 0, 1)
+        self.report("load", 0, 1)
         assert source.folder is not None  # a request has weights
         store = WeightStore(source.folder) if out is not None else None
         if model is None:
             model = self.load(source, store)
+        with observe_experts(model):
+            self._stage(stage, source, model, store, out, last=last)
+        self.world.barrier()  # the next stage reads what rank 0 wrote; the run ends together
+        return model
+
+    def _stage(
+        self,
+        stage: Stage,
+        source: ModelSource,
+        model: torch.nn.Module,
+        store: WeightStore | None,
+        out: Path | None,
+        *,
+        last: bool,
+    ) -> None:
+        """:meth:`stage` with every fused expert visible as its own projections."""
+        request, report = self.request, self.report
         storage = parameter_dtype(model)
         assert storage is not None  # loading refuses a model without floating-point weights
         calibration = self._calibration(model)
@@ -266,6 +286,10 @@ class _Run:
             world=self.world,
             device_peaks=self.device_peaks,
             keep_zeros=frozenset(self.pruned.layers) if self.pruned else frozenset(),
+            skip=frozenset(routers := router_layers(model)),
+            expert_tokens=stage.expert_tokens,
+            min_expert_tokens=stage.min_expert_tokens,
+            expert_group=stage.expert_group,
         )
         targets = _check_targets(model, compressor, request.source.name)
         report("trace", 0, 1)
@@ -282,8 +306,15 @@ class _Run:
             kept_bytes_per_weight=1.0 if stage.quantizes else 0.0,
             streamed=store is not None,
             device_is_host=self.device.type == "cpu",
+            expert_group=stage.expert_group,
         )
         plan = plan_memory(traced, settings, twin=check.twin if check else None)
+        if not plan.fits and stage.expert_group is None and needs_data and fused_experts(model):
+            bounded = _bounded_experts(traced, settings, check)
+            if bounded is not None:
+                plan, group = bounded
+                stage = dataclasses.replace(stage, expert_group=group)
+                compressor.expert_group = group
         order = fallback_order(
             plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
         )
@@ -338,7 +369,11 @@ class _Run:
                     files = report_files(self.written_report)
                 writer.commit(
                     sparsity=pruned.sparsity if pruned else None,
-                    recipe=self._recipe([*(r.stage for r in self.results), ran], storage)
+                    recipe=self._recipe(
+                        [*(r.stage for r in self.results), ran],
+                        storage,
+                        [*(_notes(r.layers) for r in self.results), _notes(compressor.results)],
+                    )
                     if last
                     else None,
                     tokenizer_dir=source.folder,
@@ -351,9 +386,13 @@ class _Run:
                 "each target in one stage"
             )
         ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
-        self.results.append(StageResult(ran, plan, outcome.stats, compressor.results, fallbacks))
-        self.world.barrier()  # the next stage reads what rank 0 wrote; the run ends together
-        return model
+        compressed = {layer.name for layer in compressor.results}
+        if self.pruned is not None:
+            compressed |= set(self.pruned.layers)
+        coverage = parameter_coverage(model, compressed, routers)
+        self.results.append(
+            StageResult(ran, plan, outcome.stats, compressor.results, fallbacks, coverage)
+        )
 
     def build_report(
         self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None
@@ -405,7 +444,7 @@ class _Run:
         self.options, self.traced, self.check = traced.options, traced, check
         return traced, check
 
-    def _recipe(self, stages: list[Stage], dtype: torch.dtype) -> str:
+    def _recipe(self, stages: list[Stage], dtype: torch.dtype, notes: list[list[str]]) -> str:
         """``recipe.yaml``: this run, resolved (``dtype``: the checkpoint's), as a recipe that
         runs it again."""
         request = self.request
@@ -422,7 +461,7 @@ class _Run:
             "dtype": dtype,
             "max_shard_size": request.max_shard_size,
         }
-        return render_recipe(arguments, stages, ignore=self.options.ignore_list())
+        return render_recipe(arguments, stages, ignore=self.options.ignore_list(), fallbacks=notes)
 
 
 def trace_for_calibration(
@@ -447,6 +486,26 @@ def trace_for_calibration(
     sample = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
     settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", sample), fix=True)
     return settled.fixed.traced, settled.fixed.check
+
+
+def _bounded_experts(
+    traced: TracedModel, settings: RunSettings, check: TwinCheck | None
+) -> tuple[MemoryPlan, int] | None:
+    """The plan with the largest expert group (halving from 64) that makes a plan that did
+    not fit fit, or ``None`` when no group does (the experts' Hessians were not the cause)."""
+    group = 64
+    while group >= 1:
+        bounded = dataclasses.replace(settings, expert_group=group)
+        plan = plan_memory(traced, bounded, twin=check.twin if check else None)
+        if plan.fits:
+            return plan, group
+        group //= 2
+    return None
+
+
+def _notes(layers: list[LayerResult]) -> list[str]:
+    """The layers compressed otherwise than their stage's method, with what was done."""
+    return [f"{layer.name}: {layer.fallback}" for layer in layers if layer.fallback]
 
 
 def _drop(name: str, tensor: torch.Tensor) -> None:

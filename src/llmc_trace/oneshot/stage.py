@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from llmc_trace.compress.scheme import QuantizationScheme, resolve_scheme
 from llmc_trace.compress.sparsegpt import Sparsity
-from llmc_trace.core.names import AUTO, PIPELINES, PRUNING_METHODS, SEQUENTIAL, METHODS, GPTQ
+from llmc_trace.core.names import (
+    ALL_TOKENS,
+    AUTO,
+    EXPERT_TOKENS,
+    GPTQ,
+    METHODS,
+    PIPELINES,
+    PRUNING_METHODS,
+    SEQUENTIAL,
+)
 from llmc_trace.errors import BadInputError
 
 
@@ -26,7 +35,12 @@ class Stage:
     (``None`` to quantize only); ``pipeline``: ``auto`` for the memory plan's choice;
     ``propagate_error``, ``true_sequential``, ``refine_passes``: as ``CompressRequest``
     documents them; ``percdamp`` and ``blocksize``: the GPTQ/SparseGPT damping and sweep
-    block, recorded so that a recipe pins them.
+    block, recorded so that a recipe pins them. For mixture-of-experts layers:
+    ``expert_tokens`` (``all``: every expert's Hessian from every token; ``routed``: only the
+    tokens routed to it), ``min_expert_tokens`` (an expert with fewer is rounded to nearest,
+    and says so) and ``expert_group`` (at most this many experts calibrated per pass; ``None``:
+    all of a layer's at once), as :class:`~llmc_trace.oneshot.compressor.LayerCompressor`
+    documents them.
     """
 
     method: str = GPTQ
@@ -38,6 +52,9 @@ class Stage:
     refine_passes: int = 0
     percdamp: float = 0.01
     blocksize: int = 128
+    expert_tokens: str = ALL_TOKENS
+    min_expert_tokens: int = 8
+    expert_group: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -91,6 +108,24 @@ class Stage:
                 f"percdamp must lie in (0, 1) (got {self.percdamp}).",
                 hint="0.01 (1 % of the Hessian's mean diagonal) is the usual damping.",
                 param="percdamp",
+            )
+        if self.expert_tokens not in EXPERT_TOKENS:
+            raise BadInputError(
+                f"unknown expert tokens {self.expert_tokens!r}.",
+                hint=f"Use one of {', '.join(EXPERT_TOKENS)}.",
+                param="expert_tokens",
+            )
+        if self.min_expert_tokens < 1:
+            raise BadInputError(
+                f"min expert tokens must be positive (got {self.min_expert_tokens}).",
+                hint="8 is the default; 1 rounds only experts no token reached.",
+                param="min_expert_tokens",
+            )
+        if self.expert_group is not None and self.expert_group < 1:
+            raise BadInputError(
+                f"the expert group must hold at least one expert (got {self.expert_group}).",
+                hint="Leave it unset to calibrate a layer's experts together.",
+                param="expert_group",
             )
         if self.blocksize < 1:
             raise BadInputError(

@@ -24,6 +24,12 @@ class Callbacks(Protocol):
         """Whether any of ``modules`` needs calibration data (else the pipeline runs them once)."""
         ...
 
+    def passes(self, modules: NamedModules) -> list[NamedModules]:
+        """How the calibration of ``modules`` splits into passes over the batches, each
+        announced on its own (``[modules]`` for one; a compressor bounding how many experts'
+        Hessians are alive at once asks for several)."""
+        ...
+
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None: ...
 
     def on_batch(self, batch: dict[str, torch.Tensor]) -> None:

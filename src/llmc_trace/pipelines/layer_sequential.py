@@ -144,23 +144,26 @@ def run_layer_sequential(
         # as in sequential: a calibration pass that a propagation pass will follow keeps no
         # outputs, and the pass that keeps them replaces each batch's call as it goes
         will_propagate = propagate_error and position < len(targets) - 1
-        callbacks.on_subgraph_start(position, named)
-        _run_target(
-            target,
-            calls,
-            device,
-            offload,
-            label,
-            report,
-            batches,
-            callbacks,
-            store=not will_propagate,
-        )
-        callbacks.on_calibrated(position, named)
-        callbacks.on_subgraph_end(position, named)
+        pieces = callbacks.passes(named)
+        for number, piece in enumerate(pieces, start=1):
+            final = number == len(pieces)
+            callbacks.on_subgraph_start(position, piece)
+            _run_target(
+                target,
+                calls,
+                device,
+                offload,
+                label if len(pieces) == 1 else f"{label} · pass {number}/{len(pieces)}",
+                report,
+                batches,
+                callbacks,
+                store=final and not will_propagate,
+            )
+            callbacks.on_calibrated(position, piece)
+            callbacks.on_subgraph_end(position, piece)
         if will_propagate:
             _run_target(target, calls, device, offload, label + " · propagate", report)
-        stats.passes.append(2 if will_propagate else 1)
+        stats.passes.append(len(pieces) + (1 if will_propagate else 0))
         residency.leave(list(target.modules()))
         release_free_memory()
     residency.leave(outside)

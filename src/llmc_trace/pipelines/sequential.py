@@ -90,11 +90,15 @@ def run_sequential(
         passes = 0
         if listening:
             part = subgraph if position < last else last_part
-            stages = (
-                _stages(model, part, cache, device, named, callbacks)
-                if true_sequential and propagate_error
-                else [named]
-            )
+            stages = [
+                piece
+                for stage in (
+                    _stages(model, part, cache, device, named, callbacks)
+                    if true_sequential and propagate_error
+                    else [named]
+                )
+                for piece in callbacks.passes(stage)
+            ]
             for number, stage in enumerate(stages, start=1):
                 final = number == len(stages)
                 callbacks.on_subgraph_start(subgraph.index, stage)

@@ -18,6 +18,10 @@ running each target once on ``meta``, all alive while the target calibrates; whi
 compressed, Linear by Linear, the Hessians not yet given up plus one solver call's working
 memory (the two phases do not overlap, so a device peak is the larger of them); and the
 integer weights kept on the host until their module is written (or, in memory, to the end).
+Fused MoE experts count from their parameters' shapes (:func:`expert_hessians`): two Hessians
+per expert (gate and up share one, down has its own), as many experts alive at once as the
+run's ``expert_group`` lets calibrate together (all of a layer's by default): hundreds of
+Hessians for a 256-expert layer, which is what ``--expert-group`` bounds.
 
 Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
 holds every weight in the checkpoint's dtype and the device one group in the compute dtype;
@@ -34,6 +38,7 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
+from llmc_trace.core.experts import ExpertProjection, is_fused_experts
 from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_bytes
@@ -64,6 +69,8 @@ class RunSettings:
     streamed: bool = False
     #: Calibration runs on the CPU: device and host are one memory.
     device_is_host: bool = False
+    #: Experts whose Hessians are alive at once in an MoE layer (``None``: all of a layer's).
+    expert_group: int | None = None
 
     def host_bytes(
         self, device: int, group: int, weights: int, cache: int, kept: int, kept_group: int
@@ -160,9 +167,10 @@ def shared_input_groups(
 
     Runs the target once on ``meta`` with the traced call's example arguments and records the
     input object each Linear receives, which is exactly how the compressor decides to share a
-    Hessian. A Linear the forward never reaches gets a group of its own.
+    Hessian. A Linear the forward never reaches gets a group of its own. Experts' projections
+    are counted apart, from their shapes (:func:`expert_hessians`).
     """
-    linears = [m for m in target.modules() if is_linear(m)]
+    linears = [m for m in target.modules() if is_linear(m) and not isinstance(m, ExpertProjection)]
     if node is None or not linears:
         return None
     missing = False
@@ -211,7 +219,9 @@ def compressor_costs(
     memo: dict[tuple[Any, ...], list[list[str]] | None] = {}
     costs = []
     for index, target in enumerate(targets):
-        linears = [m for m in target.modules() if is_linear(m)]
+        linears = [
+            m for m in target.modules() if is_linear(m) and not isinstance(m, ExpertProjection)
+        ]
         key = (type(target), tuple((n, tuple(p.shape)) for n, p in target.named_parameters()))
         if key not in memo:
             names = {id(m): n for n, m in target.named_modules()}
@@ -237,16 +247,60 @@ def compressor_costs(
             ),
             default=0,
         )
+        experts = expert_hessians(target, column2, settings.expert_group)
         costs.append(
             CompressorCost(
-                hessian_bytes=sum(sizes),
-                compress_bytes=compress,
+                hessian_bytes=sum(sizes) + experts.alive_bytes,
+                compress_bytes=max(compress, sum(sizes) + experts.alive_bytes + experts.solve_bytes)
+                if column2
+                else compress,
                 kept_bytes=int(
-                    sum(m.weight.numel() for m in linears) * settings.kept_bytes_per_weight
+                    (sum(m.weight.numel() for m in linears) + experts.weights)
+                    * settings.kept_bytes_per_weight
                 ),
             )
         )
     return costs
+
+
+@dataclass(frozen=True)
+class ExpertHessians:
+    """The Hessians a target's fused experts need: per expert one for gate and up (they read
+    the same tokens) and one for down; ``alive_bytes`` of them at once when at most ``group``
+    experts calibrate together, and one solve's working memory."""
+
+    count: int
+    alive: int
+    alive_bytes: int
+    solve_bytes: int
+    weights: int
+
+
+def expert_hessians(target: torch.nn.Module, column2: int, group: int | None) -> ExpertHessians:
+    """:class:`ExpertHessians` of every fused experts module inside ``target``, from the
+    parameters' shapes alone (works on ``meta``, projections installed or not)."""
+    count = alive_bytes = solve = weights = 0
+    alive = 0
+    for module in target.modules():
+        if not is_fused_experts(module):
+            continue
+        experts, hidden, inner = _expert_widths(module)
+        per_expert = (hidden**2 + inner**2) * column2
+        together = experts if group is None else min(group, experts)
+        count += 2 * experts
+        alive += 2 * together
+        alive_bytes += together * per_expert
+        solve = max(solve, 6 * hidden * hidden * 4 if column2 else 0)
+        weights += sum(p.numel() for p in module.parameters(recurse=False) if p.dim() == 3)
+    return ExpertHessians(count, alive, alive_bytes, solve, weights)
+
+
+def _expert_widths(module: torch.nn.Module) -> tuple[int, int, int]:
+    """Experts, hidden width (gate/up input) and inner width (down input) of fused experts."""
+    down = module.down_proj  # (experts, hidden, inner), or (experts, inner, hidden) transposed
+    experts, rows, cols = (int(d) for d in down.shape)
+    hidden, inner = (cols, rows) if module.is_transposed else (rows, cols)
+    return experts, hidden, inner
 
 
 def layer_working_bytes(config: PretrainedConfig, batch: int, seq: int, dtype_bytes: int) -> int:

@@ -1,0 +1,85 @@
+"""What share of a model's weights a compression run touched, by kind of layer.
+
+A run that exits 0 can still leave most of a model in full precision: the fused experts of an
+MoE model once were never targeted, and nothing said so. After every run the parameters of
+each kind (attention, dense MLP, experts, routers, embeddings, head) are counted as compressed
+or left, so the console can say plainly when more than half of the linear-like weights were not
+touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+
+from llmc_trace.core.experts import ExpertProjection
+from llmc_trace.core.linear import as_linear
+
+KINDS = ("attention", "dense MLP", "experts", "router", "embeddings", "head", "other")
+
+_ATTENTION = ("attn", "attention", "mixer", "q_proj", "k_proj", "v_proj", "o_proj", "qkv")
+_MLP = ("mlp", "feed_forward", "ffn", "fc1", "fc2", "shared_expert", "dense")
+
+
+@dataclass(frozen=True)
+class KindCoverage:
+    """Weights of one kind of layer: how many were compressed, of how many."""
+
+    kind: str
+    compressed: int
+    total: int
+
+
+def kind_of(name: str, module: torch.nn.Module, routers: Collection[str]) -> str:
+    """The kind of layer ``name`` is, from its class and path."""
+    if isinstance(module, ExpertProjection):
+        return "experts"
+    if name in routers:
+        return "router"
+    if isinstance(module, torch.nn.Embedding):
+        return "embeddings"
+    leaf = name.rpartition(".")[2]
+    if leaf in ("lm_head", "output", "head") or name.endswith("lm_head"):
+        return "head"
+    parts = name.split(".")
+    if any(any(word in part for word in _ATTENTION) for part in parts):
+        return "attention"
+    if any(any(word in part for word in _MLP) for part in parts):
+        return "dense MLP"
+    return "other"
+
+
+def parameter_coverage(
+    model: torch.nn.Module, compressed: Collection[str], routers: Collection[str] = ()
+) -> list[KindCoverage]:
+    """Weights of every linear-like layer (experts one by one) and embedding of ``model``, by
+    kind, with how many belong to the layers named in ``compressed``; kinds with no weights
+    are left out. Shapes alone are read: works on a skeleton on ``meta``."""
+    totals = dict.fromkeys(KINDS, 0)
+    done = dict.fromkeys(KINDS, 0)
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding):
+            weight = module.weight
+        elif (layer := as_linear(module)) is not None:
+            weight = layer.module.weight
+        else:
+            continue
+        if not isinstance(module, ExpertProjection):
+            if id(weight) in seen:  # a tied head counts once, as its embedding
+                continue
+            seen.add(id(weight))
+        kind = kind_of(name, module, routers)
+        totals[kind] += weight.numel()
+        if name in compressed:
+            done[kind] += weight.numel()
+    return [KindCoverage(k, done[k], totals[k]) for k in KINDS if totals[k]]
+
+
+def untouched_share(coverage: list[KindCoverage]) -> float:
+    """The share of linear-like weights (embeddings aside) no method touched."""
+    rows = [row for row in coverage if row.kind != "embeddings"]
+    total = sum(row.total for row in rows)
+    return 1 - sum(row.compressed for row in rows) / total if total else 0.0

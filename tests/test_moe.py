@@ -1,0 +1,266 @@
+"""Mixture-of-experts models: every expert is compressed, stored as loaders read it, and said.
+
+Every MoE architecture among the built-ins (transformers 5 stores their experts fused, as 3-D
+parameters) is compressed from its tiny twin saved to a folder, as a user would: the checkpoint
+must quantize every expert, store it in the architecture's published layout (one tensor set per
+expert and projection where its checkpoints are per expert), reload in transformers to the
+logits of our in-memory result, and come out of the streamed and in-memory paths alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from llmc_trace.cli.main import cli
+from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme
+from llmc_trace.core.experts import fused_experts, observe_experts, per_expert_names
+from llmc_trace.models.build import build_twin, load_pretrained
+from llmc_trace.models.source import resolve_model
+from llmc_trace.oneshot import CompressRequest, compress
+
+#: Every built-in whose experts are fused, with whether its checkpoints store them per expert.
+MOE_BUILTINS = {
+    "Qwen/Qwen3-30B-A3B": True,
+    "Qwen/Qwen3-Next-80B-A3B-Thinking": True,
+    "Qwen/Qwen3.5-35B-A3B": True,
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": False,
+    "deepseek-ai/DeepSeek-V3": True,
+    "deepseek-ai/DeepSeek-V2-Lite": True,
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": True,
+    "MiniMaxAI/MiniMax-Text-01-hf": True,
+    "MiniMaxAI/MiniMax-M2.7": True,
+    "LiquidAI/LFM2-8B-A1B": True,
+    "openai/gpt-oss-20b": False,
+    "google/gemma-4-26B-A4B": False,
+    "ibm-granite/granite-3.1-1b-a400m-instruct": False,
+    "arcee-ai/Trinity-Mini": True,
+    "poolside/Laguna-XS.2-FP8": True,
+    "rednote-hilab/dots.llm1.inst": True,
+    "rhymes-ai/Aria": False,
+    "tencent/Hy3-preview": True,
+    "zai-org/GLM-4.5-Air": True,
+}
+
+#: 4-bit weights, one scale per output channel: the twins' small widths take no group size.
+W4_CHANNEL = QuantizationScheme(
+    "W4A16", QuantizationArgs(num_bits=4, strategy="channel", group_size=None, actorder="static")
+)
+
+#: Attention and linear-attention blocks, by module path.
+ATTENTION = r"re:.*(self_attn|linear_attn|attention|mixer|conv)\..*"
+
+#: Twins transformers cannot save: its per-layer config view rejects the shortened stack.
+UNSAVABLE = {"google/gemma-4-26B-A4B"}
+
+
+def _tokens(model: torch.nn.Module, rows: int = 2, seq: int = 12) -> torch.Tensor:
+    vocab = model.config.get_text_config().vocab_size
+    return torch.from_numpy(np.random.default_rng(0).integers(0, vocab, (rows, seq))).long()
+
+
+@pytest.mark.parametrize("name", sorted(MOE_BUILTINS))
+def test_observed_experts_compute_what_the_model_computes(name: str) -> None:
+    """Through its projections, observed on every token or not, each layer of experts gives
+    the model's own logits; afterwards the model is as it was."""
+    model = build_twin(resolve_model(name))
+    ids = _tokens(model)
+    with torch.no_grad():
+        eager = model(input_ids=ids).logits
+        with observe_experts(model) as installed:
+            assert installed and len(installed) == len(fused_experts(model))
+            routed = model(input_ids=ids).logits
+            for state in installed:
+                state.observed = frozenset(range(state.num_experts))
+            everyone = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(routed, eager, rtol=0, atol=1e-5)
+    torch.testing.assert_close(everyone, eager, rtol=0, atol=1e-5)
+    assert torch.equal(after, eager)
+    assert not any(".experts.0." in n for n, _ in model.named_modules())
+    path = fused_experts(model)[0][0]
+    assert (per_expert_names(model, path) is not None) == MOE_BUILTINS[name]
+
+
+def _saved_twin(name: str, folder: Path) -> Path:
+    """The built-in's tiny twin saved as a bf16 checkpoint (without the FP8 quantization
+    config some built-ins declare: the twin's weights are plain)."""
+    model = build_twin(resolve_model(name), dtype=torch.bfloat16)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(folder)
+    np.save(folder / "calib.npy", _tokens(model, rows=4, seq=8).numpy().astype(np.int32))
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(set(MOE_BUILTINS) - UNSAVABLE))
+def test_every_moe_builtin_quantizes_every_expert_and_reloads_with_our_logits(
+    name: str, tmp_path: Path
+) -> None:
+    folder = _saved_twin(name, tmp_path / "twin")
+    # attention kept dense: some twins keep wide attention outputs (8192 inputs), whose solves
+    # would dominate the run; the experts are what this test is about
+    scheme = dataclasses.replace(W4_CHANNEL, ignore=(*W4_CHANNEL.ignore, ATTENTION))
+    arguments = dict(dataset=folder / "calib.npy", samples=2, seq_len=8, scheme=scheme)
+    streamed = compress(CompressRequest(folder, out_dir=tmp_path / "out", **arguments))
+    in_memory = compress(CompressRequest(folder, **arguments))
+
+    assert [(r.name, r.loss) for r in streamed.layers] == [
+        (r.name, r.loss) for r in in_memory.layers
+    ]
+    coverage = {row.kind: row for row in streamed.stages[-1].coverage}
+    assert coverage["experts"].compressed == coverage["experts"].total > 0
+    assert not [r for r in streamed.layers if r.fallback]  # every expert saw every token
+
+    # in the checkpoint's dtype, bf16: our weights are the integers times the scales rounded to
+    # it, which is what a loader computes in that dtype (in float32 it keeps the exact product)
+    ours = in_memory.model.eval()
+    kernel = ours.config._attn_implementation
+    reloaded = load_pretrained(resolve_model(str(tmp_path / "out")), kernel, torch.bfloat16)
+    ids = _tokens(ours)
+    with torch.no_grad():
+        original = load_pretrained(resolve_model(str(folder)), kernel, torch.bfloat16)
+        _eager_experts(ours, reloaded, original)
+        torch.testing.assert_close(
+            reloaded(input_ids=ids).logits, ours(input_ids=ids).logits, rtol=0, atol=1e-5
+        )
+        assert not torch.allclose(original(input_ids=ids).logits, ours(input_ids=ids).logits)
+
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as stored:
+        keys = list(stored.keys())
+    per_expert = [k for k in keys if ".experts.0." in k and k.endswith("weight_packed")]
+    if MOE_BUILTINS[name]:
+        assert len(per_expert) == 3 * len(fused_experts(ours)), per_expert  # gate, up, down
+    else:  # published fused: stored dense, with the compressed values
+        assert not per_expert
+        assert any(k.endswith("experts.gate_up_proj") for k in keys)
+
+
+def _eager_experts(*models: torch.nn.Module) -> None:
+    """The same experts code in every model: loading picks grouped matrix products, which
+    need aligned strides the twins' odd widths lack."""
+    for model in models:
+        for _, experts in fused_experts(model):
+            experts.config._experts_implementation = "eager"
+
+
+def _tiny_qwen3_moe(folder: Path) -> Path:
+    """A Qwen3-MoE with 16 experts and top-2 routing: 2 rows of 8 tokens leave most experts
+    with fewer than 8 routed tokens."""
+    config = Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=16,
+        num_experts_per_tok=2,
+        vocab_size=256,
+    )
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    np.save(folder / "calib.npy", np.random.default_rng(1).integers(0, 256, (2, 8)))
+    return folder
+
+
+def test_experts_too_few_tokens_reach_are_rounded_named_and_recorded(tmp_path: Path) -> None:
+    folder = _tiny_qwen3_moe(tmp_path / "moe")
+    arguments = dict(dataset=folder / "calib.npy", samples=2, seq_len=8, scheme=W4_CHANNEL)
+    routed = compress(
+        CompressRequest(folder, out_dir=tmp_path / "routed", expert_tokens="routed", **arguments)
+    )
+    experts = [r for r in routed.layers if ".experts." in r.name]
+    assert len(experts) == 2 * 16 * 3
+    fallen = [r for r in experts if r.fallback]
+    assert len(fallen) > len(experts) // 2  # 32 routed tokens over 16 experts per layer
+    assert all(r.fallback.startswith("rtn: ") and "fewer than 8" in r.fallback for r in fallen)
+    assert all(r.loss == 0.0 for r in fallen)  # round-to-nearest has no calibration loss
+    recipe = (tmp_path / "routed" / "recipe.yaml").read_text()
+    assert f"# {len(fallen)} layers compressed otherwise:" in recipe
+    assert all(f"#   {r.name}: {r.fallback}" in recipe for r in fallen)
+    with safe_open(str(tmp_path / "routed" / "model.safetensors"), "pt") as stored:
+        packed = [k for k in stored.keys() if ".experts." in k and k.endswith("weight_packed")]
+    assert len(packed) == len(experts)  # every expert stored quantized, fallback or not
+
+    everyone = compress(CompressRequest(folder, **arguments))  # the default: every token
+    assert not [r for r in everyone.layers if r.fallback]
+    assert all(r.loss > 0 for r in everyone.layers if ".experts." in r.name)
+
+
+def test_expert_groups_calibrate_every_expert_in_bounded_passes(tmp_path: Path) -> None:
+    folder = _tiny_qwen3_moe(tmp_path / "moe")
+    arguments = dict(dataset=folder / "calib.npy", samples=2, seq_len=8, scheme=W4_CHANNEL)
+    whole = compress(CompressRequest(folder, **arguments))
+    grouped = compress(CompressRequest(folder, expert_group=5, **arguments))
+    assert sorted(r.name for r in grouped.layers) == sorted(r.name for r in whole.layers)
+    # per decoder layer: ceil(16 / 5) = 4 calibration passes, then the propagation pass
+    assert max(grouped.stats.passes) == 5
+    assert max(whole.stats.passes) == 2
+    assert (
+        grouped.plan.estimate("sequential").device_bytes
+        < whole.plan.estimate("sequential").device_bytes
+    )
+
+
+def test_routers_stay_in_full_precision_and_in_ignore(tmp_path: Path) -> None:
+    """Trinity-Mini routes through a Linear (``router.gate``): kept, and named in ``ignore``."""
+    folder = _saved_twin("arcee-ai/Trinity-Mini", tmp_path / "twin")
+    out = tmp_path / "out"
+    result = compress(
+        CompressRequest(folder, dataset=folder / "calib.npy", samples=2, seq_len=8, out_dir=out)
+    )
+    assert not [r for r in result.layers if r.name.endswith("router.gate")]
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert [n for n in ignore if n.endswith("router.gate")]
+    assert {row.kind: row.compressed for row in result.stages[-1].coverage}["router"] == 0
+
+
+def test_a_run_that_leaves_the_experts_says_so(tmp_path: Path) -> None:
+    folder = _tiny_qwen3_moe(tmp_path / "moe")
+    scheme = QuantizationScheme(
+        "W4A16",
+        QuantizationArgs(num_bits=4, group_size=16, actorder="static"),
+        ignore=("lm_head", "re:.*experts.*"),
+    )
+    (tmp_path / "recipe.yaml").write_text(
+        "stages:\n  - {method: gptq, scheme: "
+        + json.dumps(
+            {
+                "name": scheme.name,
+                "weights": {"num_bits": 4, "group_size": 16, "actorder": "static"},
+                "targets": list(scheme.targets),
+                "ignore": list(scheme.ignore),
+            }
+        )
+        + "}\n"
+    )
+    run = CliRunner().invoke(
+        cli,
+        [
+            "compress",
+            "--model",
+            str(folder),
+            "--dataset",
+            str(folder / "calib.npy"),
+            "--recipe",
+            str(tmp_path / "recipe.yaml"),
+            "--samples",
+            "2",
+            "--seq-len",
+            "8",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    assert "experts 0% of" in run.output
+    assert "were not compressed" in run.output
