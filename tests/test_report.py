@@ -202,3 +202,27 @@ def test_an_in_memory_run_writes_nothing_and_returns_the_report(
     (row,) = [row for row in rows if row.name == q_proj]
     assert row.num_tokens == X.shape[0]
     assert row.baseline_loss == pytest.approx((torch.trace(D @ H_d @ D.T) / 2).item(), rel=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_records_each_solves_peak_and_keeps_the_runs(
+    saved_llama: tuple[Path, Path],
+) -> None:
+    """Each solve holds at least its float32 Hessian and weight on the device, and the run's
+    peak survives the per-solve resets of CUDA's counter."""
+    folder, data = saved_llama
+    torch.cuda.reset_peak_memory_stats()
+    result = compress(
+        CompressRequest(str(folder), dataset=data, out_dir=None, samples=8, seq_len=64),
+        device=torch.device("cuda"),
+    )
+    report = result.report
+    assert report.device == "cuda"
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    for row in report.layers:
+        out_features, in_features = model.get_submodule(row.name).weight.shape
+        assert row.device_peak_bytes is not None
+        assert row.device_peak_bytes >= 4 * (in_features * in_features + out_features * in_features)
+    assert report.device_peak_bytes is not None
+    assert report.device_peak_bytes >= max(row.device_peak_bytes or 0 for row in report.layers)

@@ -173,7 +173,7 @@ def show_report(console: Console, report: TraceReport) -> None:
 
 def compression_summary(report: CompressionReport, worst: int = 5) -> list[Table | str]:
     """Per stage, one line of totals and a table of the layers that kept the most of their
-    baseline's loss (relative loss, losses, tokens, seconds)."""
+    baseline's loss (relative loss, losses, tokens); report.html has every layer."""
     parts: list[Table | str] = []
     for summary in report.summary():
         rows = report.worst(worst, summary["stage"])
@@ -181,13 +181,14 @@ def compression_summary(report: CompressionReport, worst: int = 5) -> list[Table
             continue
         baseline = rows[0].baseline
         parts.append(
-            f"{summary['method']}: loss {summary['relative_loss']:.3f}x {baseline}'s on the same "
-            f"Hessians over {summary['layers']} layers (median layer "
+            f"{summary['method']}: {summary['layers']} layers, loss {summary['relative_loss']:.3f}x "
+            f"{baseline}'s on the same Hessians (median layer "
             f"{summary['median_relative_loss']:.3f}x)"
         )
         table = Table(title=f"highest relative loss (loss / {baseline}'s)", title_justify="left")
-        for column in ("layer", "relative", "loss", f"{baseline} loss", "tokens", "seconds"):
-            table.add_column(column, justify="left" if column == "layer" else "right")
+        table.add_column("layer", overflow="fold")  # a name cut short names nothing
+        for column in ("relative", "loss", f"{baseline} loss", "tokens"):
+            table.add_column(column, justify="right")
         for row in rows:
             table.add_row(
                 row.name,
@@ -195,7 +196,6 @@ def compression_summary(report: CompressionReport, worst: int = 5) -> list[Table
                 f"{row.loss:.4g}",
                 f"{row.baseline_loss:.4g}",
                 str(row.num_tokens),
-                f"{row.seconds:.2f}",
             )
         parts.append(table)
     return parts

@@ -179,7 +179,7 @@ def _box_label(box: _Box) -> str:
     rows = "".join(f"<TR>{line}</TR>" for line in lines)
     return (
         '<<TABLE BORDER="1" CELLBORDER="1" CELLSPACING="0" CELLPADDING="4" COLOR="#9e9e9e">'
-        f'<TR><TD COLSPAN="{width}" BGCOLOR="{title_colour}" ALIGN="LEFT">'
+        f'<TR><TD COLSPAN="{width}" BGCOLOR="{title_colour}" ALIGN="LEFT" BALIGN="LEFT">'
         f'<B>{html_text(box.title)}</B><BR/><FONT POINT-SIZE="9">{html_text(note)}</FONT></TD></TR>'
         f"{rows}</TABLE>>"
     )
