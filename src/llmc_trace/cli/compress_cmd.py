@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from typing import TYPE_CHECKING
 
 import click
@@ -11,7 +12,16 @@ from rich.table import Table
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, split_list
 
-from llmc_trace.core.names import AUTO, DTYPES, GPTQ, METHODS, PIPELINES, SPARSEGPT
+from llmc_trace.core.names import (
+    ALL_TOKENS,
+    AUTO,
+    DTYPES,
+    EXPERT_TOKENS,
+    GPTQ,
+    METHODS,
+    PIPELINES,
+    SPARSEGPT,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -93,6 +103,26 @@ if TYPE_CHECKING:
     type=click.IntRange(0),
     help="GPTQ: refine by coordinate descent, at most this many passes (e.g. 20).",
 )
+@click.option(
+    "--expert-tokens",
+    default=ALL_TOKENS,
+    **SHOW_DEFAULT,
+    type=click.Choice(EXPERT_TOKENS),
+    help="MoE: build each expert's Hessian from every token, or only those routed to it.",
+)
+@click.option(
+    "--min-expert-tokens",
+    default=8,
+    **SHOW_DEFAULT,
+    type=click.IntRange(1),
+    help="MoE: an expert with fewer tokens is rounded to nearest (and named).",
+)
+@click.option(
+    "--expert-group",
+    default=None,
+    type=click.IntRange(1),
+    help="MoE: calibrate at most this many experts per pass (bounds the Hessians alive).",
+)
 @click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
 @click.option(
     "--attn-implementation",
@@ -140,6 +170,9 @@ def compress(
     no_propagate: bool,
     true_sequential: bool,
     refine_passes: int,
+    expert_tokens: str,
+    min_expert_tokens: int,
+    expert_group: int | None,
     seed: int,
     attn_implementation: str,
     dtype: str,
@@ -177,6 +210,9 @@ def compress(
         "propagate_error": not no_propagate,
         "true_sequential": true_sequential,
         "refine_passes": refine_passes,
+        "expert_tokens": expert_tokens,
+        "min_expert_tokens": min_expert_tokens,
+        "expert_group": expert_group,
         "overwrite": overwrite,
         "attn_implementation": attn_implementation,
         "dtype": _dtype(dtype),
@@ -213,11 +249,40 @@ def compress(
         ctx.out.print(f"[dim]plan ({stage.stage.method}): {stage.plan.reason}[/]")
     for fallback in result.fallbacks:
         ctx.err.print(f"[yellow]fell back:[/] {fallback}")
+    _print_coverage(ctx, result)
     for part in compression_summary(result.report):
         ctx.out.print(part)
     ctx.out.print(
         f"[dim]every layer, and the --ignore that keeps it dense: {out_dir}/report.html[/]"
     )
+
+
+def _print_coverage(ctx: CliContext, result: Any) -> None:
+    """Which weights the run compressed, by kind, and every layer compressed otherwise than
+    its method (experts too few tokens reached); plainly when most were left untouched."""
+    from llmc_trace.oneshot.coverage import untouched_share
+
+    coverage = result.stages[-1].coverage
+    parts = [
+        f"{row.kind} {100 * row.compressed / row.total:.0f}% of {row.total / 1e6:.2f}M"
+        for row in coverage
+    ]
+    ctx.out.print(f"[dim]compressed weights: {', '.join(parts)}[/]")
+    share = untouched_share(coverage)
+    if share > 0.5:
+        ctx.err.print(
+            f"[yellow]warning:[/] {100 * share:.0f}% of the model's linear-like weights were "
+            "not compressed (see the kinds above); check the scheme's targets and ignore."
+        )
+    for stage in result.stages:
+        others = [layer for layer in stage.layers if layer.fallback]
+        if others:
+            shown = ", ".join(f"{layer.name} ({layer.fallback})" for layer in others[:3])
+            more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+            ctx.err.print(
+                f"[yellow]{len(others)} layers compressed otherwise ({stage.stage.method}):[/] "
+                f"{shown}{more}; all listed in recipe.yaml"
+            )
 
 
 def _ignoring(request: CompressRequest, names: list[str]) -> CompressRequest:
