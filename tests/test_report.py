@@ -226,3 +226,36 @@ def test_a_cuda_run_records_each_solves_peak_and_keeps_the_runs(
         assert row.device_peak_bytes >= 4 * (in_features * in_features + out_features * in_features)
     assert report.device_peak_bytes is not None
     assert report.device_peak_bytes >= max(row.device_peak_bytes or 0 for row in report.layers)
+
+
+def test_expert_rows_name_their_fallback_and_their_shared_hessian(tmp_path: Path) -> None:
+    """Experts routed too few tokens are rounded to nearest: their rows say so and claim no
+    loss; the others are GPTQ's, each expert's up projection sharing its gate's Hessian."""
+    from tests.test_moe import W4_CHANNEL, _tiny_qwen3_moe
+
+    folder = _tiny_qwen3_moe(tmp_path / "moe")
+    out = tmp_path / "out"
+    result = compress(
+        CompressRequest(
+            folder,
+            dataset=folder / "calib.npy",
+            out_dir=out,
+            samples=2,
+            seq_len=8,
+            scheme=W4_CHANNEL,
+            expert_tokens="routed",
+        )
+    )
+    rows = {row.name: row for row in read_report(out / "report.json").layers}
+    experts = [layer for layer in result.layers if ".experts." in layer.name]
+    fallen = [layer for layer in experts if layer.fallback]
+    assert 0 < len(fallen) < len(experts)
+    for layer in experts:
+        row = rows[layer.name]
+        assert row.subgraph is not None and row.fallback == layer.fallback
+        if layer.fallback:
+            assert (row.method, row.loss, row.baseline_loss) == ("rtn", None, None)
+        else:
+            assert row.method == "gptq" and row.relative_loss is not None
+        if layer.name.endswith("up_proj"):
+            assert row.shares_hessian_with == layer.name.replace("up_proj", "gate_proj")

@@ -93,14 +93,14 @@ def _stage_settings(stage: Stage) -> StageSettings:
 
 
 def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, int]) -> LayerRow:
-    calibrated = stage.method in DATA_METHODS
+    calibrated = stage.method in DATA_METHODS and result.fallback is None
     baseline = _BASELINE.get(stage.method)
     if baseline == "magnitude" and stage.scheme is not None:
         baseline = "magnitude+rtn"
     return LayerRow(
         name=result.name,
         stage=index,
-        method=stage.method,
+        method=stage.method if result.fallback is None else _BASELINE[stage.method],
         baseline=baseline,
         loss=result.loss if calibrated else None,
         baseline_loss=result.baseline_loss,
@@ -109,7 +109,7 @@ def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, i
         device_peak_bytes=result.device_peak_bytes,
         shares_hessian_with=result.shares_hessian_with,
         subgraph=_find(result.name, subgraph_of),
-        fallback=None,  # every layer is compressed with its stage's method
+        fallback=result.fallback,
         ignore=f"--ignore {shlex.quote(result.name)}" if stage.scheme is not None else None,
     )
 

@@ -172,7 +172,8 @@ def _box_label(box: _Box) -> str:
         f'<TD BGCOLOR="{loss_colour(row.relative_loss)}" '
         f'TOOLTIP="{html_text(_tooltip(row))}" HREF="#{html_text(row_id(row))}">'
         f"{html_text(_short(row.name))}<BR/>"
-        f'<FONT POINT-SIZE="9">{ratio_text(row.relative_loss)}</FONT></TD>'
+        f'<FONT POINT-SIZE="9">{row.method if row.fallback else ratio_text(row.relative_loss)}'
+        "</FONT></TD>"
         for row in box.rows
     ]
     lines = ["".join(cells[i : i + CELLS_PER_ROW]) for i in range(0, len(cells), CELLS_PER_ROW)]
@@ -190,6 +191,8 @@ def _box_fields(box: _Box) -> list[tuple[str, str]]:
 
 
 def _tooltip(row: LayerRow) -> str:
+    if row.fallback:
+        return f"{row.name}: {row.fallback}"
     return f"{row.name}: relative loss {ratio_text(row.relative_loss)}"
 
 

@@ -140,7 +140,7 @@ def _table_html(report: CompressionReport) -> str:
         cells = (
             (row.name, row.name),
             (str(row.stage), row.stage),
-            (row.method, row.method),
+            (row.fallback or row.method, row.method),
             (ratio_text(row.relative_loss), row.relative_loss),
             (number_text(row.loss), row.loss),
             (number_text(row.baseline_loss), row.baseline_loss),
