@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Draw every picture in assets/ with `llmc-trace render` (the guides and the README show them).
-# Each picture is an SVG built from a model's config alone, so a rerun writes the same bytes
+# Each picture but the compression report's (a compress run of the reference model, last) is an
+# SVG built from a model's config alone, so a rerun writes the same bytes
 # (the page's picture: on the same machine, as Chromium lays its text out with local fonts);
 # render replaces a file only once it is complete. Any failing render stops the script.
 set -euo pipefail
@@ -37,3 +38,11 @@ render --model meta-llama/Llama-3.1-70B --out "$page"
 python scripts/page_picture.py "$page" assets/llama-3.1-70b-page.svg \
     --unfold n-model_layers_79,m-model.layers.79.self_attn
 rm -r "$(dirname "$page")"
+
+# The compression report's overview: the reference model compressed with W4A16 (the README's
+# "Compression report"), its report drawn; the losses are this machine's (float summation
+# order), the layout the report's.
+out="$(mktemp -d)/refmodel-w4a16"
+llmc-trace --quiet compress -m refmodel -d refmodel/calib.npy -o "$out" >/dev/null
+render --report "$out/report.json" --out assets/compression-report.svg
+rm -r "$(dirname "$out")"
