@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Collection, Mapping, MutableMapping, Sequence
@@ -99,13 +100,15 @@ def planned_tensors(
 ) -> dict[str, TensorSpec]:
     """Every tensor the checkpoint will hold, in the model's order, before any is computed.
 
-    Parameters are stored in `dtype` (the checkpoint's), buffers as they are; the weight of
+    Parameters are stored in `dtype` (the checkpoint's; those transformers keeps in float32 in
+    float32), buffers as they are; the weight of
     every module in `assignment` becomes its scheme's compressed tensors; a tied parameter is
     stored once, under its first name (transformers ties it again from the config). Works on
     a model whose parameters are on `meta`.
     """
     parameters = {id(p) for p in model.parameters()}
     experts = per_expert_tensors(model)
+    float32 = _kept_in_float32(model, dtype)
     specs: dict[str, TensorSpec] = {}
     for name, tensor in unique_state(model).items():
         projections = experts.get(name, [])
@@ -124,8 +127,26 @@ def planned_tensors(
             )
             continue
         stored = dtype if id(tensor) in parameters and tensor.is_floating_point() else tensor.dtype
+        if stored != torch.float32 and float32 is not None and float32.search(name):
+            stored = torch.float32
         specs[name] = TensorSpec(stored, tuple(tensor.shape))
     return specs
+
+
+def _kept_in_float32(model: torch.nn.Module, dtype: torch.dtype) -> re.Pattern[str] | None:
+    """The parameters transformers keeps in float32 whatever the model's dtype (its
+    ``_keep_in_fp32_modules_strict``, e.g. DeepSeek's router ``gate.weight``; and, in a float16
+    model, ``_keep_in_fp32_modules``), matched as transformers matches them: it loads them in
+    float32 and saves them so, and rounding them to ``dtype`` would change every token's
+    routing."""
+    names: list[str] = []
+    for module in model.modules():
+        names += list(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+        if dtype == torch.float16:
+            names += list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    if not names:
+        return None
+    return re.compile("|".join(re.escape(name) for name in dict.fromkeys(names)))
 
 
 def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -152,7 +152,12 @@ class Streamed:
 
     def enter(self, modules: Modules, device: torch.device) -> None:
         wanted = [k for k in self._keys(modules) if self._param(k).is_meta]
-        read = self.store.read([self._source[k] for k in wanted], device, self.compute)
+        # a parameter the model keeps in float32 (a router) is read so, not in the compute dtype
+        kept = [k for k in wanted if self._dtype[k] == torch.float32]
+        read = self.store.read(
+            [self._source[k] for k in wanted if k not in kept], device, self.compute
+        )
+        read.update(self.store.read([self._source[k] for k in kept], device, torch.float32))
         for key in wanted:
             self._install(key, torch.nn.Parameter(read.pop(self._source[key]), requires_grad=False))
         _move_buffers(modules, device)
