@@ -1,4 +1,4 @@
-"""Train llmc-trace's reference model: a small Llama that learned Python from the standard library.
+"""Train llmc-trace's reference models: a small Llama (and its MoE variant) that learned Python.
 
 Why it exists: a compressor's quality only shows on weights that learned something. Random
 weights have no structure for GPTQ's error feedback or SparseGPT's reconstruction to exploit, so
@@ -13,7 +13,8 @@ itself everything the tests, the benchmarks and the README read:
 * ``calib.npy`` (random windows of the training stream) and ``eval.npy`` (non-overlapping
   windows of the held-out files), int32 token arrays of 512 columns;
 * ``split.json`` (which file went where, and what was left out and why) and ``results.json``
-  (arguments, versions, training history, timings and the perplexity table the README quotes).
+  (arguments, versions, training history, timings, the perplexity table the README quotes and,
+  for a mixture of experts, each layer's expert load).
 
 Every choice is seeded or sorted (file order, split, windows, initial weights, batch order), so a
 rerun on the same Python (its standard library is the data) gives the same files up to CPU float
@@ -27,7 +28,15 @@ not come from llmc-trace.
     python refmodel/train.py                     # about 35 min on 2 cores, writes into refmodel/
     python refmodel/train.py --out DIR           # elsewhere
     python refmodel/train.py --steps 20          # a quick look at the speed (writes to --out)
-    python refmodel/train.py --evaluate-only     # recompute results.json's table from the weights
+    python refmodel/train.py --evaluate-only     # recompute results.json's measured part
+
+``--arch moe`` applies the same recipe to a mixture-of-experts variant (``Qwen3MoeForCausalLM``,
+written to ``moe/``), so that compressing experts is measured for quality on weights that learned
+something too. It reads the Llama's tokenizer, split and token windows from this folder instead of
+deriving its own (after checking that this interpreter's standard library splits the same way), so
+both models see the same vocabulary and training stream and are scored on the same rows:
+
+    python refmodel/train.py --arch moe          # about 15 min on 2 cores, writes into refmodel/moe/
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,7 +64,11 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -210,6 +224,74 @@ def evaluation_windows(stream: np.ndarray, rows: int, seed: int) -> np.ndarray:
     return windows[chosen].astype(np.int32)
 
 
+@dataclass(frozen=True)
+class Data:
+    """What training and measurement read, and what the output folder records of the data."""
+
+    corpus: Corpus
+    tokenizer: Tokenizer
+    train_stream: np.ndarray
+    held_out_stream: np.ndarray
+    calib: np.ndarray
+    held_out: np.ndarray
+
+
+class SplitMismatch(ValueError):
+    """The standard library at hand does not reproduce the data the Llama was trained on."""
+
+
+def fresh_data(stdlib: Path) -> Data:
+    """The corpus of ``stdlib``, a tokenizer trained on its training files, and their windows."""
+    corpus = collect_corpus(stdlib, SEED)
+    train_texts = list(corpus.train.values())
+    tokenizer = train_tokenizer(train_texts)
+    train_stream = token_stream(tokenizer, train_texts)
+    held_out_stream = token_stream(tokenizer, list(corpus.held_out.values()))
+    return Data(
+        corpus,
+        tokenizer,
+        train_stream,
+        held_out_stream,
+        calibration_windows(train_stream, CALIB_ROWS, SEED + 1),
+        evaluation_windows(held_out_stream, EVAL_ROWS, SEED + 2),
+    )
+
+
+def reference_data(stdlib: Path) -> Data:
+    """The Llama's data, read back from this folder: its tokenizer, its calibration and
+    evaluation windows, and the training stream that tokenizer makes of the same split.
+
+    Sharing it keeps the models comparable (one vocabulary, one training stream, the same
+    evaluation rows) and skips retraining the tokenizer. The split is checked against
+    ``split.json`` and the re-derived evaluation windows against ``eval.npy``: another standard
+    library would train on files the Llama held out and score rows it never saw.
+    """
+    corpus = collect_corpus(stdlib, SEED)
+    split = json.loads((HERE / "split.json").read_text())
+    if [sorted(corpus.train), sorted(corpus.held_out)] != [split["train"], split["held_out"]]:
+        raise SplitMismatch(
+            f"the standard library at {stdlib} does not split into the files {HERE / 'split.json'} "
+            "lists; pass --stdlib with the Python that trained the Llama (results.json names its "
+            "version), or retrain the Llama first"
+        )
+    tokenizer = Tokenizer.from_file(str(HERE / "tokenizer.json"))
+    held_out_stream = token_stream(tokenizer, list(corpus.held_out.values()))
+    held_out = np.load(HERE / "eval.npy")
+    if not np.array_equal(evaluation_windows(held_out_stream, EVAL_ROWS, SEED + 2), held_out):
+        raise SplitMismatch(
+            f"{HERE / 'tokenizer.json'} no longer encodes the held-out files into "
+            f"{HERE / 'eval.npy'} (another tokenizers version?); retrain the Llama first"
+        )
+    return Data(
+        corpus,
+        tokenizer,
+        token_stream(tokenizer, list(corpus.train.values())),
+        held_out_stream,
+        np.load(HERE / "calib.npy"),
+        held_out,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Model, training and measurement
 
@@ -234,6 +316,78 @@ def model_config() -> LlamaConfig:
         pad_token_id=0,
         attn_implementation="sdpa",
     )
+
+
+def moe_config() -> Qwen3MoeConfig:
+    """The Llama's shape with each MLP replaced by 8 SwiGLU experts, 2 of them per token.
+
+    An expert is half the Llama's MLP width (384), so a token's two experts hold as many weights
+    as the Llama's MLP: active parameters match it (the router aside) while the total grows.
+    Input widths 256 and 384 are multiples of 128, as in the Llama. Otherwise Qwen3-MoE's own
+    choices: every layer sparse, no shared expert, the two routing weights renormalised to sum
+    to 1, RMSNorm on each query and key head. The load-balancing loss is weighted 0.01, Switch
+    Transformer's alpha (Qwen3 ships 0.001, chosen for 128 experts and far longer training), so
+    that a few hundred steps suffice to spread the tokens over the experts.
+    """
+    return Qwen3MoeConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=768,  # unused: every layer is sparse
+        moe_intermediate_size=384,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        router_aux_loss_coef=0.01,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What one trained model does not share with the other: its class, shape, folder, step
+    count, and where its data comes from. Corpus, training loop, measurement and files are
+    common, so the two are trained and measured the same way."""
+
+    model_class: type[PreTrainedModel]
+    config: Callable[[], PreTrainedConfig]
+    folder: Path
+    steps: int
+    data: Callable[[Path], Data]
+
+
+ARCHITECTURES = {
+    "llama": Architecture(LlamaForCausalLM, model_config, HERE, Recipe.steps, fresh_data),
+    # a routed step costs about 1.3x the Llama's (1.55 s on 2 free cores): 600 take 15 minutes
+    "moe": Architecture(Qwen3MoeForCausalLM, moe_config, HERE / "moe", 600, reference_data),
+}
+
+
+def routes_tokens(config: PreTrainedConfig) -> bool:
+    """Whether the model sends each token to a few of its experts (and has a router to balance)."""
+    return getattr(config, "num_experts_per_tok", None) is not None
+
+
+def active_parameters(model) -> int:
+    """Parameters one token's forward pass uses: all but the experts its router passes over."""
+    total = sum(p.numel() for p in model.parameters())
+    if not routes_tokens(model.config):
+        return total
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    idle = 1 - model.config.num_experts_per_tok / model.config.num_experts
+    return total - round(experts * idle)
 
 
 def learning_rate(step: int, recipe: Recipe) -> float:
@@ -273,12 +427,47 @@ def perplexity(model, rows: np.ndarray, batch_size: int = 8) -> float:
     return math.exp(total / count)
 
 
+def balance_loss(router_logits: tuple[torch.Tensor, ...], top_k: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss (Fedus et al. 2021, https://arxiv.org/abs/2101.03961,
+    eq. 4) of each MoE layer on its own, averaged over layers: ``num_experts * sum_i f_i P_i``,
+    with ``f_i`` the share of the layer's top-k slots routed to expert ``i`` and ``P_i`` its
+    mean router probability; 1 when balanced, ``num_experts`` when one expert takes all.
+
+    transformers' ``load_balancing_loss_func`` pools the counts of all layers before
+    multiplying, so an expert busy in one layer offsets its idle namesake in another: trained
+    with it (same recipe), the MoE routed no token of ``eval.npy`` to 4 of its 48 experts and
+    under 1 % of a layer's slots to 3 more.
+    """
+    losses = []
+    for logits in router_logits:  # each (tokens, num_experts)
+        probabilities = torch.softmax(logits.float(), dim=-1)
+        chosen = probabilities.topk(top_k, dim=-1).indices
+        shares = torch.nn.functional.one_hot(chosen, logits.shape[-1]).float().mean(dim=(0, 1))
+        losses.append(logits.shape[-1] * (shares * probabilities.mean(dim=0)).sum())
+    return torch.stack(losses).mean()
+
+
+def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss to minimise, and its parts to log: next-token cross-entropy, plus for a routed
+    model ``balance_loss`` weighted by ``router_aux_loss_coef``, which keeps each router from
+    sending most tokens to a few experts. The cross-entropy is logged alone, so it compares
+    across architectures."""
+    if not routes_tokens(model.config):
+        loss = model(input_ids=batch, labels=batch).loss
+        return loss, {"train_loss": loss.item()}
+    outputs = model(input_ids=batch, output_router_logits=True)
+    cross_entropy = model.loss_function(outputs.logits, batch, model.config.vocab_size)
+    balance = balance_loss(outputs.router_logits, model.config.num_experts_per_tok)
+    loss = cross_entropy + model.config.router_aux_loss_coef * balance
+    return loss, {"train_loss": cross_entropy.item(), "balance_loss": balance.item()}
+
+
 def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed: int) -> list:
     """Next-token training on random windows of the stream; returns the logged history."""
     optimizer = optimizer_for(model, recipe)
     offsets = np.random.default_rng(seed)
     history: list[dict[str, float]] = []
-    smoothed = None
+    smoothed: dict[str, float] = {}
     started = time.perf_counter()
     model.train()
     for step in range(recipe.steps):
@@ -288,19 +477,20 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed:
         batch = torch.as_tensor(
             np.stack([stream[s : s + SEQ_LEN] for s in starts]), dtype=torch.long
         )
-        loss = model(input_ids=batch, labels=batch).loss
+        loss, parts = training_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_norm)
         optimizer.step()
-        smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
+        for name, value in parts.items():
+            smoothed[name] = value if name not in smoothed else 0.95 * smoothed[name] + 0.05 * value
         last = step == recipe.steps - 1
         if (step + 1) % recipe.log_every == 0 or last:
             elapsed = time.perf_counter() - started
             row = {
                 "step": step + 1,
                 "tokens": (step + 1) * recipe.batch_size * SEQ_LEN,
-                "train_loss_ema": round(smoothed, 4),
+                **{f"{name}_ema": round(value, 4) for name, value in smoothed.items()},
                 "lr": learning_rate(step, recipe),
                 "seconds": round(elapsed, 1),
             }
@@ -311,7 +501,12 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed:
             history.append(row)
             rate = row["tokens"] / elapsed
             print(
-                f"step {step + 1}/{recipe.steps}  loss {smoothed:.3f}  {rate:.0f} tokens/s"
+                f"step {step + 1}/{recipe.steps}  loss {smoothed['train_loss']:.3f}  {rate:.0f} tokens/s"
+                + (
+                    f"  balance {smoothed['balance_loss']:.3f}"
+                    if "balance_loss" in smoothed
+                    else ""
+                )
                 + (f"  val ppl {row['val_ppl']:.1f}" if "val_ppl" in row else ""),
                 flush=True,
             )
@@ -319,23 +514,40 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, recipe: Recipe, seed:
     return history
 
 
+#: The 3-D parameters transformers 5 stacks a MoE layer's experts into, ``(experts, out, in)``,
+#: and how many of the published checkpoint's per-expert Linear layers each expert's slice
+#: holds (``gate_up_proj`` is ``gate_proj`` and ``up_proj`` stacked along ``out``).
+FUSED_EXPERT_LINEARS = {"gate_up_proj": 2, "down_proj": 1}
+
+
+def round_rows_(weight: torch.Tensor, bits: int, group_size: int | None) -> None:
+    """Fake-quantize ``weight`` (..., out, in) in place: symmetric, ``max|w| / (2^(b-1) - 1)``
+    per group of ``group_size`` input columns (a whole row when None)."""
+    columns = weight.shape[-1]
+    width = group_size or columns
+    groups = weight.float().reshape(-1, columns // width, width)
+    top = 2 ** (bits - 1) - 1
+    scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / top
+    quantized = torch.clamp(torch.round(groups / scale), -top - 1, top) * scale
+    weight.copy_(quantized.reshape(weight.shape))
+
+
 def round_to_nearest_(model, bits: int, group_size: int | None) -> int:
-    """Fake-quantize every decoder Linear in place: symmetric, ``max|w| / (2^(b-1) - 1)`` per
-    group of ``group_size`` input columns (a whole row when None). Returns the layer count."""
+    """Fake-quantize every decoder Linear in place with ``round_rows_``, experts included
+    (each expert's rows are rounded on their own, as in its per-expert Linear). Routers stay
+    as they are (they are no Linear, and MoE recipes leave ``mlp.gate`` out too). Returns how
+    many Linear layers the published checkpoint has for what was rounded."""
     count = 0
     with torch.no_grad():
         for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear) or name.endswith("lm_head"):
-                continue
-            weight = module.weight.float()
-            rows, columns = weight.shape
-            width = group_size or columns
-            groups = weight.reshape(rows, columns // width, width)
-            top = 2 ** (bits - 1) - 1
-            scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / top
-            quantized = torch.clamp(torch.round(groups / scale), -top - 1, top) * scale
-            module.weight.copy_(quantized.reshape(rows, columns))
-            count += 1
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                round_rows_(module.weight, bits, group_size)
+                count += 1
+            for attribute, linears in FUSED_EXPERT_LINEARS.items():
+                experts = getattr(module, attribute, None)
+                if isinstance(experts, torch.nn.Parameter) and experts.ndim == 3:
+                    round_rows_(experts, bits, group_size)
+                    count += linears * experts.shape[0]
     return count
 
 
@@ -347,15 +559,31 @@ QUANTIZED_ROWS = (
 )
 
 
-def measure(folder: Path, calib: np.ndarray, held_out: np.ndarray) -> list[dict]:
+def expert_load(model, rows: np.ndarray, batch_size: int = 8) -> list[list[float]]:
+    """Per layer, each expert's share of the tokens' top-k routing slots over ``rows`` (a layer
+    sums to 1; 1 / num_experts each when balanced, near 1 for one expert when collapsed)."""
+    counts = None
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            ids = torch.as_tensor(rows[start : start + batch_size], dtype=torch.long)
+            logits = torch.stack(model(input_ids=ids, output_router_logits=True).router_logits)
+            chosen = logits.topk(model.config.num_experts_per_tok, dim=-1).indices  # (L, tokens, k)
+            found = torch.nn.functional.one_hot(chosen, model.config.num_experts).sum(dim=(1, 2))
+            counts = found if counts is None else counts + found  # (L, experts)
+    shares = counts / counts.sum(dim=-1, keepdim=True)
+    return [[round(share, 4) for share in layer] for layer in shares.tolist()]
+
+
+def load(folder: Path):
+    """The saved model in float32, as the perplexity table computes it."""
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def perplexity_table(folder: Path, calib: np.ndarray, held_out: np.ndarray) -> list[dict]:
     """Perplexity of the saved bf16 weights computed in float32, and of round-to-nearest."""
-
-    def load():
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
     rows = []
     for label, bits, group_size in (("bf16 weights, fp32 compute", None, None), *QUANTIZED_ROWS):
-        model = load()
+        model = load(folder)
         layers = round_to_nearest_(model, bits, group_size) if bits else 0
         rows.append(
             {
@@ -371,6 +599,18 @@ def measure(folder: Path, calib: np.ndarray, held_out: np.ndarray) -> list[dict]
             f"{label:30s} eval {rows[-1]['eval_ppl']:.3f}  calib[:64] {rows[-1]['calib64_ppl']:.3f}"
         )
     return rows
+
+
+def measure(folder: Path, calib: np.ndarray, held_out: np.ndarray) -> dict:
+    """results.json's measured part: the perplexity table, and for a routed model the experts'
+    load on the evaluation rows, which shows whether training spread the tokens over them."""
+    measured: dict = {"results": perplexity_table(folder, calib, held_out)}
+    model = load(folder)
+    if routes_tokens(model.config):
+        measured["expert_load_eval"] = expert_load(model, held_out)
+        for layer, shares in enumerate(measured["expert_load_eval"]):
+            print(f"layer {layer} expert load " + " ".join(f"{share:.3f}" for share in shares))
+    return measured
 
 
 def versions() -> dict[str, str]:
@@ -399,70 +639,78 @@ def write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=1) + "\n")
 
 
-def run(out: Path, recipe: Recipe, stdlib: Path) -> None:
+def write_data(folder: Path, data: Data) -> None:
+    """The tokenizer, the token windows and the split, as ``from_pretrained`` and tests read them."""
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=data.tokenizer, bos_token=EOT, eos_token=EOT, unk_token=EOT, pad_token=EOT
+    )
+    fast.save_pretrained(folder)
+    portable_tokenizer_config(folder / "tokenizer_config.json")
+    np.save(folder / "calib.npy", data.calib)
+    np.save(folder / "eval.npy", data.held_out)
+    write_json(
+        folder / "split.json",
+        {
+            "seed": SEED,
+            "stdlib": "the running interpreter's sysconfig 'stdlib' path",
+            "train": sorted(data.corpus.train),
+            "held_out": sorted(data.corpus.held_out),
+            "folders_not_read": [*SKIPPED_FOLDERS, "config-*"],
+            "skipped": dict(sorted(data.corpus.skipped.items())),
+        },
+    )
+
+
+def run(out: Path, recipe: Recipe, stdlib: Path, architecture: Architecture) -> None:
     torch.set_num_threads(recipe.threads)
     began = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".train-", dir=out))
     try:
-        corpus = collect_corpus(stdlib, SEED)
-        train_texts, held_out_texts = list(corpus.train.values()), list(corpus.held_out.values())
-        print(f"{len(train_texts)} training files, {len(held_out_texts)} held out", flush=True)
-        tokenizer = train_tokenizer(train_texts)
-        train_stream = token_stream(tokenizer, train_texts)
-        held_out_stream = token_stream(tokenizer, held_out_texts)
+        data = architecture.data(stdlib)
+        train_texts = list(data.corpus.train.values())
+        print(
+            f"{len(train_texts)} training files, {len(data.corpus.held_out)} held out", flush=True
+        )
         train_bytes = sum(len(t.encode()) for t in train_texts)
+        train_stream = data.train_stream
         print(
             f"{len(train_stream):,} training tokens ({train_bytes / len(train_stream):.2f} bytes/token)"
         )
-        calib = calibration_windows(train_stream, CALIB_ROWS, SEED + 1)
-        held_out = evaluation_windows(held_out_stream, EVAL_ROWS, SEED + 2)
 
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(model_config())
-        history = train(model, train_stream, held_out, recipe, SEED + 3)
+        model = architecture.model_class(architecture.config())
+        cpu_began = time.process_time()
+        history = train(model, train_stream, data.held_out, recipe, SEED + 3)
         train_seconds = history[-1]["seconds"]
+        # on a shared machine wall time says little; CPU time / threads is the uncontended wall
+        train_cpu_seconds = round(time.process_time() - cpu_began, 1)
 
         model.to(torch.bfloat16).save_pretrained(staging)
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer, bos_token=EOT, eos_token=EOT, unk_token=EOT, pad_token=EOT
-        )
-        fast.save_pretrained(staging)
-        portable_tokenizer_config(staging / "tokenizer_config.json")
-        np.save(staging / "calib.npy", calib)
-        np.save(staging / "eval.npy", held_out)
-        write_json(
-            staging / "split.json",
-            {
-                "seed": SEED,
-                "stdlib": "the running interpreter's sysconfig 'stdlib' path",
-                "train": sorted(corpus.train),
-                "held_out": sorted(corpus.held_out),
-                "folders_not_read": [*SKIPPED_FOLDERS, "config-*"],
-                "skipped": dict(sorted(corpus.skipped.items())),
-            },
-        )
-        results = measure(staging, calib, held_out)
+        write_data(staging, data)
+        measured = measure(staging, data.calib, data.held_out)
         write_json(
             staging / "results.json",
             {
                 "recipe": asdict(recipe),
                 "seed": SEED,
                 "parameters": sum(p.numel() for p in model.parameters()),
-                "files": {"train": len(train_texts), "held_out": len(held_out_texts)},
+                "active_parameters": active_parameters(model),
+                "files": {"train": len(train_texts), "held_out": len(data.corpus.held_out)},
                 "tokens": {
                     "train_stream": int(len(train_stream)),
-                    "held_out_stream": int(len(held_out_stream)),
+                    "held_out_stream": int(len(data.held_out_stream)),
                     "seen_in_training": recipe.steps * recipe.batch_size * SEQ_LEN,
                     "train_bytes_per_token": round(train_bytes / len(train_stream), 3),
                 },
                 "seconds": {
                     "training": train_seconds,
+                    "training_cpu": train_cpu_seconds,
                     "total": round(time.perf_counter() - began, 1),
                 },
                 "versions": versions(),
                 "history": history,
-                "results": results,
+                **measured,
             },
         )
         for name in OUTPUT_FILES:
@@ -473,10 +721,10 @@ def run(out: Path, recipe: Recipe, stdlib: Path) -> None:
 
 
 def evaluate_only(folder: Path) -> None:
-    """Recompute results.json's table from the saved weights and token arrays."""
+    """Recompute results.json's measured part from the saved weights and token arrays."""
     results_path = folder / "results.json"
     record = json.loads(results_path.read_text())
-    record["results"] = measure(folder, np.load(folder / "calib.npy"), np.load(folder / "eval.npy"))
+    record |= measure(folder, np.load(folder / "calib.npy"), np.load(folder / "eval.npy"))
     staged = results_path.with_suffix(".json.tmp")
     write_json(staged, record)
     os.replace(staged, results_path)
@@ -484,8 +732,17 @@ def evaluate_only(folder: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="folder to write (default: here)")
-    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument(
+        "--arch",
+        choices=sorted(ARCHITECTURES),
+        default="llama",
+        help="llama: the reference model, written here; moe: its mixture-of-experts variant, "
+        "written to moe/ (default: llama)",
+    )
+    parser.add_argument("--out", type=Path, help="folder to write (default: the --arch's folder)")
+    parser.add_argument(
+        "--steps", type=int, help="training steps (default: 1450 for llama, 600 for moe)"
+    )
     parser.add_argument("--threads", type=int, default=Recipe.threads)
     parser.add_argument(
         "--stdlib",
@@ -495,13 +752,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--evaluate-only", action="store_true")
     args = parser.parse_args(argv)
+    architecture = ARCHITECTURES[args.arch]
+    out = args.out or architecture.folder
     if args.evaluate_only:
-        evaluate_only(args.out)
+        evaluate_only(out)
         return 0
     if not args.stdlib.is_dir():
         print(f"error: no standard library at {args.stdlib}; pass --stdlib DIR", file=sys.stderr)
         return 2
-    run(args.out, Recipe(steps=args.steps, threads=args.threads), args.stdlib)
+    recipe = Recipe(steps=args.steps or architecture.steps, threads=args.threads)
+    try:
+        run(out, recipe, args.stdlib, architecture)
+    except SplitMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -76,20 +76,22 @@ def llama() -> LlamaForCausalLM:
     return tiny_llama()
 
 
-def require_refmodel() -> Path:
-    """The reference model's folder, failing (never skipping) when a file of it is missing:
-    it is part of the repository, and the quality tests are the ones that must not go quiet."""
+def require_refmodel(folder: Path = REFMODEL) -> Path:
+    """A reference model's folder (``refmodel.FOLDER`` or ``refmodel.MOE_FOLDER``), failing
+    (never skipping) when a file of it is missing: it is part of the repository, and the
+    quality tests are the ones that must not go quiet."""
     missing = [
         name
         for name in ("config.json", "model.safetensors", "tokenizer.json", "calib.npy", "eval.npy")
-        if not (REFMODEL / name).is_file()
+        if not (folder / name).is_file()
     ]
     if missing:
         pytest.fail(
-            f"the reference model's {', '.join(missing)} is missing from {REFMODEL}: restore it "
-            "with `git checkout -- refmodel` or remake it with `python refmodel/train.py`"
+            f"the reference model's {', '.join(missing)} is missing from {folder}: restore it "
+            "with `git checkout -- refmodel` or remake it with `python refmodel/train.py` "
+            "(see refmodel/README.md)"
         )
-    return REFMODEL
+    return folder
 
 
 @pytest.fixture(scope="session")

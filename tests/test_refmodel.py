@@ -9,16 +9,22 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from refmodel import FOLDER
+from refmodel import FOLDER, MOE_FOLDER
 from refmodel.train import (
     SEQ_LEN,
     Recipe,
+    balance_loss,
     collect_corpus,
     evaluation_windows,
+    expert_load,
     learning_rate,
+    moe_config,
     round_to_nearest_,
 )
+from refmodel.train import perplexity as training_perplexity
+from tests.conftest import require_refmodel
 
 
 def test_the_folder_is_complete_small_and_bf16(refmodel_dir: Path) -> None:
@@ -107,3 +113,145 @@ def test_round_to_nearest_uses_symmetric_group_scales() -> None:
     assert round_to_nearest_(model, bits=3, group_size=4) == 1
     expected = torch.tensor([1.0, -2 / 3, 1 / 3, 0.0, 4.0, 4 / 3, -8 / 3, 0.0])
     assert torch.allclose(model[0].weight[0], expected)
+
+
+def tiny_moe() -> torch.nn.Module:
+    """A 2-layer Qwen3-MoE of 4 experts, 2 per token, with seeded random weights."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(config).eval()
+
+
+def test_round_to_nearest_rounds_each_fused_expert_as_its_own_linear() -> None:
+    """transformers 5 stacks a MoE layer's experts into 3-D parameters; each expert's gate, up
+    and down projection must round as the per-expert Linear a checkpoint stores it as, and be
+    counted as one. The router is left alone."""
+    model = tiny_moe()
+    experts, router = model.model.layers[1].mlp.experts, model.model.layers[1].mlp.gate
+    slices = [(experts.gate_up_proj, e, rows) for e in range(4) for rows in ((0, 16), (16, 32))]
+    slices += [(experts.down_proj, e, (0, 32)) for e in range(4)]
+    separate = torch.nn.Sequential(*(torch.nn.Linear(1, 1, bias=False) for _ in slices))
+    for linear, (weight, e, (start, stop)) in zip(separate, slices):
+        linear.weight = torch.nn.Parameter(weight.detach()[e, start:stop].clone())
+    router_before = router.weight.detach().clone()
+
+    round_to_nearest_(separate, bits=3, group_size=16)
+    layers = round_to_nearest_(model, bits=3, group_size=16)
+
+    assert layers == 2 * (4 + 3 * 4)  # per layer: q, k, v, o, and gate, up, down per expert
+    for linear, (weight, e, (start, stop)) in zip(separate, slices):
+        assert torch.equal(weight.detach()[e, start:stop], linear.weight.detach())
+    assert torch.equal(router.weight, router_before)
+
+
+def test_expert_load_counts_the_routers_own_choices() -> None:
+    """Against the experts each router picked (its third output), captured by a hook."""
+    model = tiny_moe()
+    picked = []
+    for layer in model.model.layers:
+        layer.mlp.gate.register_forward_hook(lambda _m, _i, out: picked.append(out[2]))
+    rows = np.random.default_rng(0).integers(0, 64, size=(3, 24))
+
+    shares = torch.tensor(expert_load(model, rows, batch_size=2))
+
+    expected = torch.zeros(2, 4)
+    for call, chosen in enumerate(picked):  # layer 0 then 1, for each batch of rows
+        expected[call % 2] += torch.bincount(chosen.flatten(), minlength=4)
+    torch.testing.assert_close(shares, expected / (3 * 24 * 2), atol=1e-4, rtol=0)
+
+
+def test_balance_loss_is_switch_transformers_loss_of_each_layer_on_its_own() -> None:
+    """Against transformers' pooled loss applied to one layer at a time (which counts top-k
+    slots rather than their shares, so it is top_k times larger)."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    generator = torch.Generator().manual_seed(0)
+    layers = (torch.randn(50, 8, generator=generator), 3 * torch.randn(50, 8, generator=generator))
+    per_layer = [load_balancing_loss_func((logits,), 8, 2) / 2 for logits in layers]
+    torch.testing.assert_close(balance_loss(layers, top_k=2), sum(per_layer) / 2)
+    balanced = torch.eye(8).repeat(4, 1)  # every expert first choice of 4 of 32 tokens
+    assert balance_loss((balanced,), top_k=1).item() == pytest.approx(1.0)
+    collapsed = torch.zeros(32, 8).index_fill_(1, torch.tensor([0]), 20.0)
+    assert balance_loss((collapsed,), top_k=1).item() == pytest.approx(8.0, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def moe_dir() -> Path:
+    return require_refmodel(MOE_FOLDER)
+
+
+@pytest.fixture(scope="module")
+def moe(moe_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+
+
+def test_the_moe_folder_is_small_bf16_and_shares_the_llamas_data(moe_dir: Path) -> None:
+    """The MoE is trained and scored on the Llama's tokens, so the two compare row for row."""
+    files = [path for path in moe_dir.iterdir() if path.is_file()]
+    assert sum(path.stat().st_size for path in files) < 50 * 10**6
+    config, expected = AutoConfig.from_pretrained(moe_dir), moe_config()
+    assert config.dtype == torch.bfloat16 and config.model_type == "qwen3_moe"
+    for key in ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok"):
+        assert getattr(config, key) == getattr(expected, key), key
+    assert config.norm_topk_prob and config.mlp_only_layers == []
+    for name in ("tokenizer.json", "calib.npy", "eval.npy", "split.json"):
+        assert (moe_dir / name).read_bytes() == (FOLDER / name).read_bytes(), name
+
+
+def test_the_moe_stores_each_expert_as_its_own_bf16_linears(moe_dir: Path) -> None:
+    """The published per-expert layout (as Qwen3-30B-A3B ships), not transformers 5's fused
+    in-memory stacks: compressed-tensors and vLLM name one Linear per expert."""
+    config = AutoConfig.from_pretrained(moe_dir)
+    with safe_open(moe_dir / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+        assert {weights.get_slice(name).get_dtype() for name in names} == {"BF16"}
+    assert not [name for name in names if "gate_up_proj" in name]
+    for layer in range(config.num_hidden_layers):
+        assert f"model.layers.{layer}.mlp.gate.weight" in names
+        for expert in range(config.num_experts):
+            for projection in ("gate_proj", "up_proj", "down_proj"):
+                assert f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight" in names
+
+
+def test_the_moe_loads_and_its_perplexity_matches_its_training_script(
+    moe: torch.nn.Module,
+) -> None:
+    """llmc-trace's evaluator and the script behind results.json, on the same rows."""
+    from llmc_trace.evaluate import perplexity
+
+    assert type(moe).__name__ == "Qwen3MoeForCausalLM"
+    assert moe.model.layers[0].mlp.experts.gate_up_proj.ndim == 3  # fused again when loaded
+    rows = np.load(MOE_FOLDER / "eval.npy")[:8]
+    result = perplexity(moe, rows, batch_size=8)
+    assert result.perplexity == pytest.approx(training_perplexity(moe, rows), rel=1e-5)
+    assert result.num_tokens == 8 * 511
+
+
+def test_the_moe_weights_are_the_ones_results_json_measured(moe: torch.nn.Module) -> None:
+    """The README's MoE figures come from results.json; they must describe these weights."""
+    results = json.loads((MOE_FOLDER / "results.json").read_text())["results"]
+    float_row = next(row for row in results if row["config"] == "bf16 weights, fp32 compute")
+    calib = np.load(MOE_FOLDER / "calib.npy")[:64]
+    assert training_perplexity(moe, calib) == pytest.approx(float_row["calib64_ppl"], abs=0.05)
+
+
+def test_the_moe_router_spreads_tokens_over_every_expert(moe: torch.nn.Module) -> None:
+    """A collapsed router (most tokens to one or two experts) would leave experts untrained
+    and their compression unmeasured: every expert of every layer gets at least a quarter of
+    an even share of 32 evaluation rows (windows of one file lean on a few experts, so fewer
+    rows swing more)."""
+    shares = np.array(expert_load(moe, np.load(MOE_FOLDER / "eval.npy")[:32]))
+    assert shares.shape == (moe.config.num_hidden_layers, moe.config.num_experts)
+    assert shares.min() > 0.25 / moe.config.num_experts
