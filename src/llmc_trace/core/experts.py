@@ -39,7 +39,6 @@ import torch.nn.functional as F
 OBSERVED = "llmc_trace_observed"
 
 GATE, UP, DOWN = "gate", "up", "down"
-_DEFAULT_LEAVES = {GATE: "gate_proj", UP: "up_proj", DOWN: "down_proj"}
 
 
 def is_fused_experts(module: torch.nn.Module) -> bool:
@@ -133,6 +132,11 @@ class ExpertProjection(torch.nn.Module):
         self.stored_per_expert = stored
 
     @property
+    def state(self) -> ObservedExperts:
+        """What :func:`observe_experts` installed on this projection's experts module."""
+        return self._experts._llmc_observed
+
+    @property
     def fused_name(self) -> str:
         """The experts module's parameter this projection is a view of."""
         if self.part == DOWN:
@@ -201,9 +205,7 @@ class ObservedExperts:
     a hook uses to mask padding out of an expert's inputs.
     """
 
-    path: str
     module: torch.nn.Module
-    names: ExpertNames | None
     projections: list[dict[str, ExpertProjection]]
     observed: frozenset[int] = frozenset()
     rows: torch.Tensor | None = None
@@ -287,7 +289,7 @@ def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
     try:
         for path, module in fused_experts(model):
             names = per_expert_names(model, path)
-            leaves = names or _fallback_names(module)
+            leaves = names or ExpertNames("gate_proj", "up_proj", "down_proj")
             projections = []
             for expert in range(int(module.down_proj.shape[0])):
                 parts = {
@@ -298,7 +300,7 @@ def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
                     str(expert), ExpertMLP({leaves.leaf(p): proj for p, proj in parts.items()})
                 )
                 projections.append(parts)
-            state = ObservedExperts(path, module, names, projections)
+            state = ObservedExperts(module, projections)
             module._llmc_observed = state
             config = module.config
             saved.append((config, config._experts_implementation))
@@ -312,18 +314,6 @@ def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
             for expert in range(state.num_experts):
                 delattr(state.module, str(expert))
             del state.module._llmc_observed
-
-
-def _fallback_names(module: torch.nn.Module) -> ExpertNames:
-    """Names for the projections of experts no checkpoint stores one by one."""
-    if module.has_gate:
-        return ExpertNames(**_DEFAULT_LEAVES)
-    return ExpertNames(gate="", up="up_proj", down="down_proj")
-
-
-def observed_state(module: torch.nn.Module) -> ObservedExperts | None:
-    """What :func:`observe_experts` installed on ``module``, if anything."""
-    return getattr(module, "_llmc_observed", None)
 
 
 def per_expert_tensors(model: torch.nn.Module) -> dict[str, list[tuple[str, ExpertProjection]]]:

@@ -148,7 +148,7 @@ class LayerCompressor:
         others = []
         for name, module in targets:
             if isinstance(module, ExpertProjection):
-                groups.setdefault((id(module._experts), module.expert), []).append((name, module))
+                groups.setdefault((id(module.state), module.expert), []).append((name, module))
             else:
                 others.append((name, module))
         experts = list(groups.values())
@@ -167,7 +167,7 @@ class LayerCompressor:
         for name, layer in self.targets(modules):
             state = None
             if isinstance(layer.module, ExpertProjection):
-                state = layer.module._experts._llmc_observed
+                state = layer.module.state
                 if self.expert_tokens == ALL_TOKENS:
                     state.observed = state.observed | {layer.module.expert}
                 # made now, not at the first call: an expert no token reaches still has one
@@ -181,7 +181,7 @@ class LayerCompressor:
         input and share one; down has its own."""
         projection = layer.module
         assert isinstance(projection, ExpertProjection)
-        key = (id(projection._experts), projection.expert, projection.part == DOWN)
+        key = (id(projection.state), projection.expert, projection.part == DOWN)
         entry = next((s for s in shared if s.expert_key == key), None)
         if entry is None:
             device = layer.module.weight.device
@@ -239,7 +239,7 @@ class LayerCompressor:
         targets = self.targets(modules)
         for _, layer in targets:
             if isinstance(layer.module, ExpertProjection):
-                layer.module._experts._llmc_observed.observed = frozenset()
+                layer.module.state.observed = frozenset()
         entries = {name: self._hessians.pop(name, None) for name, _ in targets}
         world = self.world
         if world.distributed:
@@ -422,7 +422,7 @@ class LayerCompressor:
             self._hessians.pop(name, None)
 
 
-_FALLBACK = {GPTQ: RTN, SPARSEGPT: MAGNITUDE, RTN: RTN, MAGNITUDE: MAGNITUDE}
+_FALLBACK = {GPTQ: RTN, SPARSEGPT: MAGNITUDE}
 """The data-free method an expert too few tokens reached is compressed with instead."""
 
 
