@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+
+if TYPE_CHECKING:
+    from llmc_trace.plan.estimate import ExpertHessians
 
 
 @click.command()
@@ -156,30 +160,20 @@ def plan(
             )
         ctx.out.print(table)
         ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
-    experts = _experts_line(model, expert_group)
-    if experts:
-        ctx.out.print(experts)
+        if result.experts is not None:
+            ctx.out.print(_experts_line(*result.experts, expert_group))
 
 
-def _experts_line(model: str, group: int | None) -> str | None:
-    """What the fused experts of ``model`` add to calibration: Hessians per MoE layer, how
-    many are alive at once, and their bytes (float32), from the model's shapes on ``meta``."""
-    from llmc_trace.core.experts import fused_experts
+def _experts_line(layers: int, experts: ExpertHessians, group: int | None) -> str:
+    """What a plan's fused experts add to calibration: Hessians per MoE layer, how many are
+    alive at once, and their bytes (float32)."""
     from llmc_trace.core.sizes import human_bytes
-    from llmc_trace.models.build import build_meta_model
-    from llmc_trace.models.source import resolve_model
-    from llmc_trace.plan.estimate import expert_hessians
 
-    found = fused_experts(build_meta_model(resolve_model(model)))
-    if not found:
-        return None
-    layer = expert_hessians(found[0][1], 4, group)
-    everyone = expert_hessians(found[0][1], 4, None)
     line = (
-        f"experts: {len(found)} MoE layers, {layer.count} Hessians each (per expert gate/up "
-        f"share one, down has its own); {layer.alive} alive at once, "
-        f"{human_bytes(layer.alive_bytes)}"
+        f"experts: {layers} MoE layers, {experts.count} Hessians each (per expert gate/up "
+        f"share one, down has its own); {experts.alive} alive at once, "
+        f"{human_bytes(experts.alive_bytes)}"
     )
     if group is None:
         return line + " (--expert-group N calibrates N experts per pass and bounds that)"
-    return line + f" instead of {human_bytes(everyone.alive_bytes)} (--expert-group {group})"
+    return line + f" instead of {human_bytes(experts.all_bytes)} (--expert-group {group})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmc_trace.core.names import DATA_FREE, PREFERENCE
-from llmc_trace.plan.estimate import PipelineEstimate
+from llmc_trace.plan.estimate import ExpertHessians, PipelineEstimate
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class MemoryPlan:
     chosen: str
     reason: str
     fits: bool
+    #: MoE layers and the largest one's expert Hessians (:func:`~.estimate.moe_layer_hessians`)
+    experts: tuple[int, ExpertHessians] | None = None
 
     def estimate(self, pipeline: str) -> PipelineEstimate:
         return next(e for e in self.estimates if e.pipeline == pipeline)

@@ -155,7 +155,11 @@ def solver_bytes(linear: torch.nn.Module, *, gives_up_hessian: bool = True) -> i
     measured peak against this.
     """
     layer = _linear(linear)
-    rows, cols = layer.out_features, layer.in_features
+    return solve_bytes(layer.out_features, layer.in_features, gives_up_hessian=gives_up_hessian)
+
+
+def solve_bytes(rows: int, cols: int, *, gives_up_hessian: bool = True) -> int:
+    """:func:`solver_bytes` of a ``rows × cols`` (out × in) weight."""
     copy = 0 if gives_up_hessian else 1
     return 4 * max((1 + copy) * cols * cols + 2 * rows * cols, copy * cols * cols + 6 * rows * cols)
 
@@ -267,11 +271,13 @@ def compressor_costs(
 class ExpertHessians:
     """The Hessians a target's fused experts need: per expert one for gate and up (they read
     the same tokens) and one for down; ``alive_bytes`` of them at once when at most ``group``
-    experts calibrate together, and one solve's working memory."""
+    experts calibrate together (``all_bytes`` were all of them), and one solve's working
+    memory."""
 
     count: int
     alive: int
     alive_bytes: int
+    all_bytes: int
     solve_bytes: int
     weights: int
 
@@ -279,8 +285,7 @@ class ExpertHessians:
 def expert_hessians(target: torch.nn.Module, column2: int, group: int | None) -> ExpertHessians:
     """:class:`ExpertHessians` of every fused experts module inside ``target``, from the
     parameters' shapes alone (works on ``meta``, projections installed or not)."""
-    count = alive_bytes = solve = weights = 0
-    alive = 0
+    count = alive = alive_bytes = all_bytes = solve = weights = 0
     for module in target.modules():
         if not is_fused_experts(module):
             continue
@@ -290,9 +295,25 @@ def expert_hessians(target: torch.nn.Module, column2: int, group: int | None) ->
         count += 2 * experts
         alive += 2 * together
         alive_bytes += together * per_expert
-        solve = max(solve, 6 * hidden * hidden * 4 if column2 else 0)
+        all_bytes += experts * per_expert
+        if column2:  # gate keeps the Hessian up shares; down gives its own up
+            gate = solve_bytes(inner, hidden, gives_up_hessian=False)
+            solve = max(solve, gate, solve_bytes(hidden, inner))
         weights += sum(p.numel() for p in module.parameters(recurse=False) if p.dim() == 3)
-    return ExpertHessians(count, alive, alive_bytes, solve, weights)
+    return ExpertHessians(count, alive, alive_bytes, all_bytes, solve, weights)
+
+
+def moe_layer_hessians(
+    model: torch.nn.Module, settings: RunSettings
+) -> tuple[int, ExpertHessians] | None:
+    """How many MoE layers ``model`` has and the largest one's :class:`ExpertHessians` under
+    ``settings`` (``None`` without fused experts, or for a run that needs no data)."""
+    layers = [m for m in model.modules() if is_fused_experts(m)]
+    if not layers or not settings.needs_data:
+        return None
+    column2, group = settings.hessian_bytes_per_column2, settings.expert_group
+    largest = max((expert_hessians(m, column2, group) for m in layers), key=lambda e: e.all_bytes)
+    return len(layers), largest
 
 
 def _expert_widths(module: torch.nn.Module) -> tuple[int, int, int]:

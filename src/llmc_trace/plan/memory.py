@@ -13,7 +13,13 @@ from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.pipelines.residency import compute_dtype
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
-from llmc_trace.plan.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings, estimate_pipelines
+from llmc_trace.plan.estimate import (
+    PLAN_BATCH,
+    PLAN_SEQ,
+    RunSettings,
+    estimate_pipelines,
+    moe_layer_hessians,
+)
 from llmc_trace.plan.invariants import sample_invariant_names
 from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.traced.twin import verify_on_twin
@@ -53,13 +59,14 @@ def plan_memory(
     estimates = estimate_pipelines(
         traced.model, traced.partitioned, settings, invariant, traced_sizes(traced)
     )
-    return choose_pipeline(
+    plan = choose_pipeline(
         estimates,
         device_memory if device_memory is not None else available_device_memory(),
         host_memory if host_memory is not None else int(psutil.virtual_memory().available),
         needs_data=settings.needs_data,
         excluded=excluded,
     )
+    return dataclasses.replace(plan, experts=moe_layer_hessians(traced.model, settings))
 
 
 def plan_source(
