@@ -112,7 +112,7 @@ def render(
     from llmc_trace.render import render as render_model
 
     if report_path is not None:
-        _render_report(ctx, model, report_path, out)
+        _render_report(ctx, report_path, out)
         return
     if model is None:
         raise click.UsageError("Missing option '--model' / '-m' (or draw a --report).")
@@ -136,8 +136,9 @@ def render(
     ctx.out.print(f"Wrote {out} ({view} view, {nodes}).")
 
 
-def _render_report(ctx: CliContext, model: str | None, report_path: Path, out: Path) -> None:
-    """Draw the compression report in ``report_path`` into ``out`` (page or overview)."""
+def _render_report(ctx: CliContext, report_path: Path, out: Path) -> None:
+    """Draw the compression report in ``report_path`` into ``out`` (page or overview); the
+    options for drawing a model (``--model`` among them) are refused, not ignored."""
     from llmc_trace.render.api import write_atomically
     from llmc_trace.report import read_report, render_report_html, render_report_svg
 
