@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.compress.hessian import damping_diagonal
 from llmc_trace.compress.quantize import rtn
 from llmc_trace.compress.scheme import QuantizationArgs
 from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune
@@ -65,10 +66,8 @@ def damped_error(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> DampedErr
     True
     """
     D = W.to(H.device, torch.float32) - Q.to(H.device, torch.float32)  # (out, in)
-    diagonal = torch.diag(H).float()
-    dead = diagonal == 0
+    diagonal, dead = damping_diagonal(H)
     D[:, dead] = 0
-    diagonal[dead] = 1
     undamped = sum(((rows @ H) * rows).sum().item() for rows in D.split(ROWS_PER_CHUNK))
     return DampedError(float(undamped), D.pow(2).sum().item(), diagonal.mean().item())
 

@@ -85,6 +85,17 @@ class InverseFactor:
         return _damped_copy(H, self.dead, self.damping)
 
 
+def damping_diagonal(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`H`'s diagonal in float32 with dead columns (diag(H) == 0: the input was always 0) set
+    to 1, and the mask of those columns: the diagonal `inverse_factor` damps, whose mean scales
+    `percdamp`. One definition, so a loss computed beside the solver
+    (`llmc_trace.compress.baseline`) is damped exactly as the solver was."""
+    diagonal = torch.diag(H).float()
+    dead = diagonal == 0
+    diagonal[dead] = 1
+    return diagonal, dead
+
+
 def inverse_factor(
     H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4, overwrite: bool = False
 ) -> InverseFactor:
@@ -111,9 +122,7 @@ def inverse_factor(
             "the Hessian contains NaN or inf.",
             hint="check the layer's calibration inputs; a diverged forward pass produces them.",
         )
-    diagonal = torch.diag(H).float()
-    dead = diagonal == 0
-    diagonal[dead] = 1
+    diagonal, dead = damping_diagonal(H)
     mean_diag = diagonal.mean().item()  # dead columns count with H_ii = 1
     work = H if overwrite and H.dtype == torch.float32 else None
     for attempt in range(max_attempts):
