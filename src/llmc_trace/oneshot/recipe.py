@@ -229,34 +229,18 @@ def render_recipe(
         f"  max_shard_size: {_flow(arguments.get('max_shard_size', DEFAULT_MAX_SHARD_SIZE))}",
         "stages:",
     ]
-    for stage in stages:
+    for index, stage in enumerate(stages):
         values = {key: getattr(stage, field) for key, field in STAGE_KEYS.items()}
         values["scheme"] = _scheme_mapping(stage.scheme)
         values["sparsity"] = _sparsity_text(stage.sparsity)
         first, *rest = values.items()
         lines.append(f"  - {first[0]}: {_flow(first[1])}")
         lines += [f"    {key}: {_flow(value)}" for key, value in rest]
-    lines = _with_fallbacks(lines, fallbacks)
+        notes = fallbacks[index] if index < len(fallbacks) else ()
+        if notes:
+            lines.append(f"    # {len(notes)} layers compressed otherwise:")
+            lines += [f"    #   {note}" for note in notes]
     return "\n".join(lines) + "\n"
-
-
-def _with_fallbacks(lines: list[str], fallbacks: Sequence[Sequence[str]]) -> list[str]:
-    """``lines`` with each stage's fallback notes as comments after the stage's keys."""
-    out: list[str] = []
-    stage = -1
-    for line in lines:
-        if line.startswith("  - ") and stage >= 0:
-            out += _notes(fallbacks, stage)
-        stage += line.startswith("  - ")
-        out.append(line)
-    return out + _notes(fallbacks, stage)
-
-
-def _notes(fallbacks: Sequence[Sequence[str]], stage: int) -> list[str]:
-    notes = fallbacks[stage] if 0 <= stage < len(fallbacks) else ()
-    if not notes:
-        return []
-    return [f"    # {len(notes)} layers compressed otherwise:"] + [f"    #   {n}" for n in notes]
 
 
 def installed_versions() -> dict[str, str | None]:
