@@ -106,10 +106,9 @@ class WeightStore:
     ) -> torch.Tensor:
         """A fused experts tensor from its per-expert tensors, each copied into its place as
         soon as it is read, so one expert's tensors are the only extra memory."""
-        first = self.tensors[stacked.parts[0][0]]
-        rows = sum(self.tensors[name].shape[0] for name in stacked.parts[0])
-        kind = dtype if dtype is not None and first.dtype.is_floating_point else first.dtype
-        fused = torch.empty((len(stacked.parts), rows, *first.shape[1:]), dtype=kind, device=device)
+        spec = self.spec(stacked)
+        kind = dtype if dtype is not None and spec.dtype.is_floating_point else spec.dtype
+        fused = torch.empty(spec.shape, dtype=kind, device=device)
         for expert, names in enumerate(stacked.parts):
             start = 0
             read = self.read(names)
