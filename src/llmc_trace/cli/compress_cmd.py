@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 from typing import TYPE_CHECKING
 
 import click
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from llmc_trace.oneshot import CompressRequest
+    from llmc_trace.oneshot.run import CompressionResult
 
 
 @click.command()
@@ -257,7 +257,7 @@ def compress(
     )
 
 
-def _print_coverage(ctx: CliContext, result: Any) -> None:
+def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
     """Which weights the run compressed, by kind, and every layer compressed otherwise than
     its method (experts too few tokens reached); plainly when most were left untouched."""
     from llmc_trace.oneshot.coverage import untouched_share

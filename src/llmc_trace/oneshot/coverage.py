@@ -40,8 +40,7 @@ def kind_of(name: str, module: torch.nn.Module, routers: Collection[str]) -> str
         return "router"
     if isinstance(module, torch.nn.Embedding):
         return "embeddings"
-    leaf = name.rpartition(".")[2]
-    if leaf in ("lm_head", "output", "head") or name.endswith("lm_head"):
+    if name.rpartition(".")[2] in ("lm_head", "output", "head"):
         return "head"
     parts = name.split(".")
     if any(any(word in part for word in _ATTENTION) for part in parts):
