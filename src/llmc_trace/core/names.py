@@ -18,6 +18,9 @@ METHODS = (GPTQ, RTN, SPARSEGPT, MAGNITUDE)
 DATA_METHODS = frozenset({GPTQ, SPARSEGPT})
 #: Methods that prune (they need a sparsity); the others quantize (they need a scheme).
 PRUNING_METHODS = frozenset({SPARSEGPT, MAGNITUDE})
+#: The data-free baseline of each method that calibrates: what a compression report measures
+#: it against, and what a layer too few tokens reached is compressed with instead.
+BASELINE = {GPTQ: RTN, SPARSEGPT: MAGNITUDE}
 
 #: Which tokens an expert's Hessian is built from: every token of the batch, or only those the
 #: router sent it (:mod:`llmc_trace.oneshot.compressor`).

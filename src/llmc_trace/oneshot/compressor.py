@@ -38,6 +38,7 @@ from llmc_trace.core.experts import DOWN, ExpertProjection, ObservedExperts
 from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import (
     ALL_TOKENS,
+    BASELINE,
     DATA_METHODS,
     GPTQ,
     MAGNITUDE,
@@ -271,7 +272,7 @@ class LayerCompressor:
                     layer,
                     entry.accumulator.H if entry and not fallback else None,
                     last_use=entry is not None and last_user[id(entry)] == name,
-                    method=_FALLBACK[self.method] if fallback else self.method,
+                    method=BASELINE[self.method] if fallback else self.method,
                 )
             tokens = entry.accumulator.num_tokens if entry is not None else None
             del entry
@@ -294,7 +295,7 @@ class LayerCompressor:
                 len(few),
                 few[0],
                 done[few[0]].fallback,
-                _FALLBACK[self.method],
+                BASELINE[self.method],
                 self.method,
             )
 
@@ -313,7 +314,7 @@ class LayerCompressor:
         if tokens >= self.min_expert_tokens:
             return None
         return (
-            f"{_FALLBACK[self.method]}: {tokens} routed token{'s' * (tokens != 1)}, "
+            f"{BASELINE[self.method]}: {tokens} routed token{'s' * (tokens != 1)}, "
             f"fewer than {self.min_expert_tokens}"
         )
 
@@ -420,10 +421,6 @@ class LayerCompressor:
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         for name, _ in modules:
             self._hessians.pop(name, None)
-
-
-_FALLBACK = {GPTQ: RTN, SPARSEGPT: MAGNITUDE}
-"""The data-free method an expert too few tokens reached is compressed with instead."""
 
 
 def _stored(quantized: QuantizedWeight) -> tuple[torch.Tensor | None, ...]:

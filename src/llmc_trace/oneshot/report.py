@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from llmc_trace.core.names import DATA_METHODS, GPTQ, SPARSEGPT
+from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
 from llmc_trace.oneshot.compressor import LayerResult
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.stage import Stage
@@ -26,9 +26,6 @@ from llmc_trace.report.schema import (
     SubgraphRow,
 )
 from llmc_trace.traced.model import TracedModel, display_name
-
-#: What each method that calibrates is measured against (see llmc_trace.compress.baseline).
-_BASELINE = {GPTQ: "rtn", SPARSEGPT: "magnitude"}
 
 
 def build_report(
@@ -94,13 +91,13 @@ def _stage_settings(stage: Stage) -> StageSettings:
 
 def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, int]) -> LayerRow:
     calibrated = stage.method in DATA_METHODS and result.fallback is None
-    baseline = _BASELINE.get(stage.method)
-    if baseline == "magnitude" and stage.scheme is not None:
-        baseline = "magnitude+rtn"
+    baseline = BASELINE.get(stage.method)
+    if baseline == MAGNITUDE and stage.scheme is not None:
+        baseline = "magnitude+rtn"  # magnitude pruning rounds what it keeps when quantizing
     return LayerRow(
         name=result.name,
         stage=index,
-        method=stage.method if result.fallback is None else _BASELINE[stage.method],
+        method=stage.method if result.fallback is None else BASELINE[stage.method],
         baseline=baseline,
         loss=result.loss if calibrated else None,
         baseline_loss=result.baseline_loss,
