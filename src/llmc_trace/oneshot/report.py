@@ -115,9 +115,8 @@ def _subgraph_index(traced: TracedModel | None) -> dict[str, int]:
     """Module path -> the subgraph that calls it (its first, if several do)."""
     index: dict[str, int] = {}
     for subgraph in traced.subgraphs if traced is not None else ():
-        for node in subgraph.graph.nodes:
-            if node.op == "call_module":
-                index.setdefault(str(node.target), subgraph.index)
+        for path in subgraph.module_paths():
+            index.setdefault(path, subgraph.index)
     return index
 
 
