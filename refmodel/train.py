@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -296,26 +297,30 @@ def reference_data(stdlib: Path) -> Data:
 # Model, training and measurement
 
 
+#: What the two models share: widths, depth, attention, positions, token ids.
+SHAPE: dict[str, Any] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+    attn_implementation="sdpa",
+)
+
+
 def model_config() -> LlamaConfig:
     """A 6-layer Llama with grouped-query attention whose every Linear input is a multiple of
     128 wide, so group sizes 32, 64 and 128 apply to every layer."""
-    return LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
+    return LlamaConfig(**SHAPE)
 
 
 def moe_config() -> Qwen3MoeConfig:
@@ -330,9 +335,7 @@ def moe_config() -> Qwen3MoeConfig:
     that a few hundred steps suffice to spread the tokens over the experts.
     """
     return Qwen3MoeConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=768,  # unused: every layer is sparse
+        **SHAPE,  # its intermediate_size is unused: every layer is sparse
         moe_intermediate_size=384,
         num_experts=8,
         num_experts_per_tok=2,
@@ -340,18 +343,6 @@ def moe_config() -> Qwen3MoeConfig:
         decoder_sparse_step=1,
         mlp_only_layers=[],
         router_aux_loss_coef=0.01,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        attn_implementation="sdpa",
     )
 
 
