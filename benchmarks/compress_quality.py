@@ -123,7 +123,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one ``compress`` (and, if asked, evaluate its model); seconds and memory."""
     import torch
 
-    from llmc_trace.compress.scheme import W4A16
+    from llmc_trace.algorithms.scheme import W4A16
     from llmc_trace.evaluate import perplexity
     from llmc_trace.oneshot import CompressRequest, Stage, compress
 

@@ -91,7 +91,7 @@ def ideal_bytes(folder: Path) -> tuple[int, int]:
     """(ideal W4A16 checkpoint bytes, the model's bf16 bytes), from its config on ``meta``."""
     import torch
 
-    from llmc_trace.compress.scheme import W4A16
+    from llmc_trace.algorithms.scheme import W4A16
     from llmc_trace.models.build import build_meta_model
     from llmc_trace.models.source import resolve_model
 

@@ -54,8 +54,8 @@ def layer_hessians(model_dir: Path, samples: int, seed: int) -> dict[str, Any]:
     """Every targeted Linear's weight and Hessian, from the unquantized model's forward."""
     import torch
 
-    from llmc_trace.compress import HessianAccumulator
-    from llmc_trace.compress.scheme import W4A16
+    from llmc_trace.algorithms import HessianAccumulator
+    from llmc_trace.algorithms.scheme import W4A16
     from llmc_trace.data import load_calibration
 
     model = load_float32(model_dir)
@@ -88,7 +88,7 @@ def same_inputs(model_dir: Path, samples: int, seed: int, folder: Path) -> None:
     """Part 1: both sweeps on the very same weights, Hessians and scales."""
     import torch
 
-    from llmc_trace.compress import QuantizationArgs, gptq
+    from llmc_trace.algorithms import QuantizationArgs, gptq
 
     layers = layer_hessians(model_dir, samples, seed)
     print(f"\nPart 1: {len(layers)} layers, Hessians from the unquantized model\n")

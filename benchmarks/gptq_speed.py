@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from llmc_trace.compress import W4A16, HessianAccumulator, gptq
+from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq
 
 FULL_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 QUICK_SHAPES = [(1024, 1024), (1024, 3584), (3584, 1024)]

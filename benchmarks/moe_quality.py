@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import refmodel
-from llmc_trace.compress.scheme import W4A16
+from llmc_trace.algorithms.scheme import W4A16
 from llmc_trace.evaluate.perplexity import perplexity
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import resolve_model

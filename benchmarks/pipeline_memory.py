@@ -204,9 +204,9 @@ def gptq_working_bytes(model: Any) -> dict:
     (as the compressor gives a Hessian up to its last Linear)."""
     import torch
 
-    from llmc_trace.compress.gptq import gptq
-    from llmc_trace.compress.hessian import HessianAccumulator
-    from llmc_trace.compress.scheme import resolve_scheme
+    from llmc_trace.algorithms.gptq import gptq
+    from llmc_trace.algorithms.hessian import HessianAccumulator
+    from llmc_trace.algorithms.scheme import resolve_scheme
 
     name, linear = max(
         ((n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)),
@@ -224,7 +224,7 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     """Run ``pipeline`` once with GPTQ listening; its peak memory and what was kept."""
     import torch
 
-    from llmc_trace.compress.scheme import resolve_scheme
+    from llmc_trace.algorithms.scheme import resolve_scheme
     from llmc_trace.oneshot.compressor import LayerCompressor
     from llmc_trace.graph.partition import partition_trace
     from llmc_trace.pipelines.basic import run_basic

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from llmc_trace.checkpoint import unpack_from_int32
-from llmc_trace.compress.hessian import HessianAccumulator
+from llmc_trace.algorithms.hessian import HessianAccumulator
 from llmc_trace.core.world import World, check_shareable, current_world
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import CompressRequest, compress

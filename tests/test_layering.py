@@ -20,7 +20,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "llmc_trace"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"core"},
-    {"models", "tracing", "data", "compress"},
+    {"models", "tracing", "data", "algorithms"},
     {"graph"},
     {"diagnose"},
     {"traced"},

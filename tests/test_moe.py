@@ -21,7 +21,7 @@ from safetensors import safe_open
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from llmc_trace.cli.main import cli
-from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme
+from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme
 from llmc_trace.core.experts import fused_experts, observe_experts, per_expert_names
 from llmc_trace.models.build import build_twin, load_pretrained
 from llmc_trace.models.source import resolve_model

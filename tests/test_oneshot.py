@@ -10,7 +10,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from llmc_trace.compress.scheme import W4A16
+from llmc_trace.algorithms.scheme import W4A16
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate import perplexity
 from llmc_trace.oneshot import CompressRequest, compress, parse_sparsity

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from llmc_trace.compress import W4A16, W8A8
+from llmc_trace.algorithms import W4A16, W8A8
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import Stage
 from llmc_trace.oneshot.recipe import read_recipe, render_recipe

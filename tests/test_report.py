@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from transformers import AutoModelForCausalLM
 
 from llmc_trace.cli.main import cli
-from llmc_trace.compress.baseline import baseline_weight
-from llmc_trace.compress.scheme import W4A16, QuantizationArgs
+from llmc_trace.algorithms.baseline import baseline_weight
+from llmc_trace.algorithms.scheme import W4A16, QuantizationArgs
 from llmc_trace.oneshot import CompressRequest, compress
 from llmc_trace.oneshot.run import CompressionResult
 from llmc_trace.report import SCHEMA, VERSION, read_report
@@ -86,7 +86,7 @@ def test_report_json_holds_the_compressors_numbers_for_every_layer(
 def test_three_bit_gptq_beats_round_to_nearest_on_every_layer(
     three_bit: tuple[Path, CompressionResult],
 ) -> None:
-    """Both losses are the same quantity (tests/compress/test_baseline.py): at 3 bits GPTQ
+    """Both losses are the same quantity (tests/algorithms/test_baseline.py): at 3 bits GPTQ
     leaves a fraction of round-to-nearest's error, far beyond float noise, in every layer."""
     report = read_report(three_bit[0] / "report.json")
     assert report.layers and all(row.baseline == "rtn" for row in report.layers)

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils.quantization_config import CompressedTensorsConfig
 
 from llmc_trace.cli.main import cli
-from llmc_trace.compress import W4A16
+from llmc_trace.algorithms import W4A16
 from llmc_trace.oneshot import CompressRequest, Stage, compress
 
 PRUNE_THEN_QUANTIZE = (Stage("sparsegpt", None, (2, 4)), Stage("gptq", W4A16))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmc_trace.compress import HessianAccumulator, QuantizationScheme
+from llmc_trace.algorithms import HessianAccumulator, QuantizationScheme
 
 
 def load_refmodel(folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -13,7 +13,7 @@ from compressed_tensors.quantization import preset_name_to_scheme
 
 from llmc_trace.checkpoint.layout import module_tensor_specs, module_tensors, quantization_config
 from llmc_trace.core.sizes import TensorSpec
-from llmc_trace.compress import W4A16, W4A16_ASYM, W8A8, W8A16, QuantizationScheme, rtn
+from llmc_trace.algorithms import W4A16, W4A16_ASYM, W8A8, W8A16, QuantizationScheme, rtn
 
 
 # compressed-tensors' compressor re-quantizes the dequantized weight, which gives back the

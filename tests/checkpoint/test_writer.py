@@ -16,7 +16,7 @@ from transformers.utils.quantization_config import CompressedTensorsConfig
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
 from llmc_trace.oneshot import Stage
 from llmc_trace.oneshot.recipe import render_recipe
-from llmc_trace.compress import (
+from llmc_trace.algorithms import (
     W4A16,
     W4A16_ASYM,
     W8A8,

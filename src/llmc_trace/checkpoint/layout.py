@@ -32,9 +32,9 @@ from compressed_tensors.quantization import QuantizationScheme as CtQuantization
 from llmc_trace.checkpoint.pack import pack_to_int32
 from llmc_trace.core.experts import ExpertProjection
 from llmc_trace.core.sizes import TensorSpec
-from llmc_trace.compress.quantize import QuantizedWeight
-from llmc_trace.compress.scheme import QuantizationArgs, QuantizationScheme, matches
-from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.algorithms.quantize import QuantizedWeight
+from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme, matches
+from llmc_trace.algorithms.sparsegpt import Sparsity
 
 _CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 """Our observers under llm-compressor's names: both compute the range from the weight alone."""

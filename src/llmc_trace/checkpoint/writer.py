@@ -60,9 +60,9 @@ from llmc_trace.checkpoint.layout import (
     stores_quantized,
 )
 from llmc_trace.errors import CheckpointError, OutputError
-from llmc_trace.compress.quantize import QuantizedWeight
-from llmc_trace.compress.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
-from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.algorithms.quantize import QuantizedWeight
+from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
+from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
 from llmc_trace.core.experts import per_expert_tensors
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
@@ -347,7 +347,7 @@ def save_compressed(
 
     >>> import tempfile
     >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> from llmc_trace.compress import W4A16, rtn
+    >>> from llmc_trace.algorithms import W4A16, rtn
     >>> config = LlamaConfig(
     ...     hidden_size=128, intermediate_size=256, num_hidden_layers=1,
     ...     num_attention_heads=2, num_key_value_heads=2, vocab_size=64,

@@ -2,7 +2,7 @@
 
 During calibration a forward hook on every targeted linear layer (``Linear``, or GPT-2's
 transposed ``Conv1D``: see :mod:`llmc_trace.core.linear`) folds its inputs into a Hessian
-(:class:`~llmc_trace.compress.hessian.HessianAccumulator`; padding tokens masked out, ``n``
+(:class:`~llmc_trace.algorithms.hessian.HessianAccumulator`; padding tokens masked out, ``n``
 counting tokens). Layers that read the *same input tensor* (q/k/v, gate/up) share one Hessian
 instead of keeping identical copies: the first hook of a forward adds the input, the others see
 the very same tensor object and only join. When the pipeline reports the subgraph calibrated,
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from llmc_trace.compress.baseline import baseline_weight, damped_error
-from llmc_trace.compress.gptq import gptq
+from llmc_trace.algorithms.baseline import baseline_weight, damped_error
+from llmc_trace.algorithms.gptq import gptq
 from llmc_trace.core.experts import DOWN, ExpertProjection, ObservedExperts
 from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import (
@@ -46,10 +46,10 @@ from llmc_trace.core.names import (
     RTN,
     SPARSEGPT,
 )
-from llmc_trace.compress.hessian import HessianAccumulator
-from llmc_trace.compress.quantize import QuantizedWeight, rtn
-from llmc_trace.compress.scheme import QuantizationScheme
-from llmc_trace.compress.sparsegpt import Sparsity, sparsegpt
+from llmc_trace.algorithms.hessian import HessianAccumulator
+from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
+from llmc_trace.algorithms.scheme import QuantizationScheme
+from llmc_trace.algorithms.sparsegpt import Sparsity, sparsegpt
 from llmc_trace.core.device_peak import DevicePeaks, PeakReading
 from llmc_trace.core.world import World
 from llmc_trace.pipelines.callbacks import NamedModules
@@ -77,7 +77,7 @@ class LayerResult:
     #: what was done instead of the stage's method, and why (an expert too few tokens reached)
     fallback: str | None = None
     #: the loss of the method's data-free baseline (round-to-nearest, magnitude pruning) on
-    #: the same weights and damped Hessian (:mod:`llmc_trace.compress.baseline`); None
+    #: the same weights and damped Hessian (:mod:`llmc_trace.algorithms.baseline`); None
     #: without a Hessian
     baseline_loss: float | None = None
     #: tokens in the layer's Hessian; None without one

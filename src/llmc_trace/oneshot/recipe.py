@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
-from llmc_trace.compress.scheme import (
+from llmc_trace.algorithms.scheme import (
     DEFAULT_IGNORE,
     DEFAULT_SCHEME,
     DEFAULT_TARGETS,

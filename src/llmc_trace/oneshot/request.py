@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
-from llmc_trace.compress.scheme import QuantizationScheme
+from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.core.names import ALL_TOKENS, AUTO, DATA_METHODS, GPTQ
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
@@ -45,8 +45,8 @@ class CompressRequest:
     calibrates each subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then
     down), each on inputs from the stages before it already compressed; the sequential
     pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this many
-    passes of coordinate descent after each GPTQ sweep (`llmc_trace.compress.refine`); 0, the
-    default, runs GPTQ alone (why: `llmc_trace.compress.gptq.gptq`). ``expert_tokens``,
+    passes of coordinate descent after each GPTQ sweep (`llmc_trace.algorithms.refine`); 0, the
+    default, runs GPTQ alone (why: `llmc_trace.algorithms.gptq.gptq`). ``expert_tokens``,
     ``min_expert_tokens``, ``expert_group``: how mixture-of-experts layers calibrate
     (:class:`~llmc_trace.oneshot.stage.Stage`). Those ten fields are one stage's; ``stages`` lists several instead (:class:`~llmc_trace.oneshot.stage.Stage`,
     e.g. SparseGPT 2:4 then GPTQ W4A16), and after construction always holds the stages that

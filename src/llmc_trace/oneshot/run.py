@@ -40,7 +40,7 @@ import torch
 
 from llmc_trace.attempt.run import settle
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
-from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.experts import fused_experts, observe_experts, router_layers
 from llmc_trace.core.device_peak import DevicePeaks
 from llmc_trace.core.host_memory import map_large_blocks

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmc_trace.compress.scheme import QuantizationScheme, resolve_scheme
-from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.algorithms.scheme import QuantizationScheme, resolve_scheme
+from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.names import (
     ALL_TOKENS,
     AUTO,

@@ -24,7 +24,7 @@ Schema ``llmc-trace/compression-report``, version 1 (keys sorted, two-space inde
 A layer's ``loss`` is its method's objective, tr((W - Q) H_d (W - Q)^T) / 2 for the damped
 Hessian H_d of its calibration inputs (the output error per token, plus the damping's ridge);
 ``baseline_loss`` is the same quantity for the data-free ``baseline`` (``rtn``, ``magnitude``
-or ``magnitude+rtn``) on the same weights and H_d (:mod:`llmc_trace.compress.baseline`), and
+or ``magnitude+rtn``) on the same weights and H_d (:mod:`llmc_trace.algorithms.baseline`), and
 ``relative_loss`` their ratio: 1 means no gain over the baseline. Methods without data
 (``rtn``, ``magnitude``) have no Hessian, so those three are ``null``, as are ``num_tokens``.
 ``device_peak_bytes`` is CUDA's ``max_memory_allocated`` during the layer's solve (reset before

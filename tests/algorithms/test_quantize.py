@@ -9,7 +9,7 @@ from compressed_tensors.quantization.lifecycle.forward import fake_quantize as c
 from compressed_tensors.quantization.lifecycle.forward import quantize as ct_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
-from llmc_trace.compress import (
+from llmc_trace.algorithms import (
     QuantizationArgs,
     SchemeError,
     compute_qparams,
@@ -18,7 +18,7 @@ from llmc_trace.compress import (
     quantize_to_int,
     rtn,
 )
-from llmc_trace.compress.quantize import MSE_NORM
+from llmc_trace.algorithms.quantize import MSE_NORM
 
 ARGS = [
     QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=128),
@@ -122,7 +122,7 @@ def test_group_size_must_divide_the_input_width() -> None:
 
 def test_a_compressor_keeps_integers_only_and_the_module_the_dense_weight() -> None:
     """The checkpoint needs the grid values; a dense copy per layer would double host memory."""
-    from llmc_trace.compress import W4A16
+    from llmc_trace.algorithms import W4A16
     from llmc_trace.oneshot.compressor import LayerCompressor
     from llmc_trace.pipelines.basic import run_data_free
     from tests.conftest import tiny_llama

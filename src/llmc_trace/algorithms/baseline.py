@@ -7,7 +7,7 @@ leaves W - Q = E U, E holding the columns err, hence
     sum(err^2) / 2 = tr(E E^T) / 2 = tr((W - Q) H_d (W - Q)^T) / 2,
 
 the error of the result under the *damped* Hessian H_d (`InverseFactor.damped`). SparseGPT's
-sweep is the same, so its loss is that too; `tests/compress/test_baseline.py` checks both. The
+sweep is the same, so its loss is that too; `tests/algorithms/test_baseline.py` checks both. The
 comparable loss of round-to-nearest (or of magnitude pruning) is therefore tr(D H_d D^T) / 2 with
 D = W - baseline(W), on the same H and the same damping: a layer's relative loss, method over
 baseline, says how much of the baseline's error the method removed.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.hessian import damping_diagonal
-from llmc_trace.compress.quantize import rtn
-from llmc_trace.compress.scheme import QuantizationArgs
-from llmc_trace.compress.sparsegpt import Sparsity, magnitude_prune
+from llmc_trace.algorithms.hessian import damping_diagonal
+from llmc_trace.algorithms.quantize import rtn
+from llmc_trace.algorithms.scheme import QuantizationArgs
+from llmc_trace.algorithms.sparsegpt import Sparsity, magnitude_prune
 
 ROWS_PER_CHUNK = 1024
 """Rows of D multiplied by H at once: the temporary stays (1024, in) however tall W is."""

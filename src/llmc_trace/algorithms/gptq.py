@@ -2,7 +2,7 @@
 
 Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training Quantization for Generative
 Pre-trained Transformers", 2022, https://arxiv.org/abs/2210.17323 (Algorithm 1, section 3),
-optionally followed by coordinate-descent refinement of its integers (`llmc_trace.compress.refine`).
+optionally followed by coordinate-descent refinement of its integers (`llmc_trace.algorithms.refine`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.grid import SweepGrid
-from llmc_trace.compress.hessian import inverse_factor
-from llmc_trace.compress.quantize import QuantizedWeight
-from llmc_trace.compress.refine import Refinement, coordinate_descent
-from llmc_trace.compress.scheme import QuantizationArgs
+from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.algorithms.hessian import inverse_factor
+from llmc_trace.algorithms.quantize import QuantizedWeight
+from llmc_trace.algorithms.refine import Refinement, coordinate_descent
+from llmc_trace.algorithms.scheme import QuantizationArgs
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def gptq(
     pushes the remaining weights beyond their original range, so a symmetric range refitted to
     them is coarser, while clipping to the original range is itself compensated by later
     columns. Asymmetric grids, which can move their zero point with the drift, go the other
-    way; pass `static_groups=False` for them. `tests/compress/test_gptq.py` checks both
+    way; pass `static_groups=False` for them. `tests/algorithms/test_gptq.py` checks both
     directions. With `actorder="static"` groups are always fitted up front.
 
     `refine_passes` > 0 then runs `coordinate_descent` on the same objective, from the sweep's
@@ -90,7 +90,7 @@ def gptq(
     compensated by the columns after it, as SparseGPT compensates what it prunes; without the
     mask the sweep's updates would fill the pruned weights back in.
 
-    >>> from llmc_trace.compress import rtn
+    >>> from llmc_trace.algorithms import rtn
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(8, 256), torch.randn(512, 256)  # weight (out, in), inputs (tokens, in)
     >>> result = gptq(W, 2 * X.T @ X / 512, QuantizationArgs(num_bits=4))

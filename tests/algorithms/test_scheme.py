@@ -7,7 +7,7 @@ import torch
 from compressed_tensors.quantization import preset_name_to_scheme
 from compressed_tensors.utils import is_match
 
-from llmc_trace.compress import (
+from llmc_trace.algorithms import (
     DEFAULT_IGNORE,
     PRESET_SCHEMES,
     W4A16,

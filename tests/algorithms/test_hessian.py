@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from llmc_trace.compress import HessianAccumulator, HessianError, inverse_factor
+from llmc_trace.algorithms import HessianAccumulator, HessianError, inverse_factor
 
 
 def test_running_mean_equals_the_batch_hessian_whatever_the_batching() -> None:
@@ -65,7 +65,7 @@ def test_dead_columns_become_identity_rows() -> None:
 def test_indefinite_hessian_is_retried_with_more_damping(caplog: pytest.LogCaptureFixture) -> None:
     # Eigenvalues -0.05 and 2.05: 1 % of the mean diagonal is not enough, 10 % is.
     H = torch.tensor([[1.0, 1.05], [1.05, 1.0]])
-    with caplog.at_level(logging.WARNING, logger="llmc_trace.compress.hessian"):
+    with caplog.at_level(logging.WARNING, logger="llmc_trace.algorithms.hessian"):
         factor = inverse_factor(H, percdamp=0.01)
     assert factor.percdamp == pytest.approx(0.1)
     assert "percdamp=0.1" in caplog.text

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from llmc_trace.errors import SchemeError
-from llmc_trace.compress.scheme import QuantizationArgs
+from llmc_trace.algorithms.scheme import QuantizationArgs
 
 MSE_GRID = 100
 MSE_MAXSHRINK = 0.2

@@ -54,7 +54,7 @@ class QuantizationArgs:
     `"channel"` (row), or one per `group_size` consecutive input columns of a row (`"group"`).
     `observer` chooses the clipping range: `"minmax"` uses the full range, `"mse"` searches
     shrink factors of it for the smallest rounding error. `actorder` only changes how GPTQ
-    orders its column sweep; see `llmc_trace.compress.gptq.gptq` for what each value does.
+    orders its column sweep; see `llmc_trace.algorithms.gptq.gptq` for what each value does.
     """
 
     num_bits: int = 4

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llmc_trace.compress import HessianAccumulator
+from llmc_trace.algorithms import HessianAccumulator
 
 
 def make_correlated_inputs(tokens: int, features: int, seed: int) -> torch.Tensor:

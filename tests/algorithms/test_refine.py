@@ -10,9 +10,9 @@ import torch
 from _compress_data import capture_inputs, hessian
 from refmodel import FOLDER as REFMODEL
 
-from llmc_trace.compress import QuantizationArgs, dequantize, gptq
-from llmc_trace.compress.hessian import inverse_factor
-from llmc_trace.compress.refine import MAX_PASSES
+from llmc_trace.algorithms import QuantizationArgs, dequantize, gptq
+from llmc_trace.algorithms.hessian import inverse_factor
+from llmc_trace.algorithms.refine import MAX_PASSES
 
 
 def damped_objective(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> float:

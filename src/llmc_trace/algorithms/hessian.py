@@ -89,7 +89,7 @@ def damping_diagonal(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`H`'s diagonal in float32 with dead columns (diag(H) == 0: the input was always 0) set
     to 1, and the mask of those columns: the diagonal `inverse_factor` damps, whose mean scales
     `percdamp`. One definition, so a loss computed beside the solver
-    (`llmc_trace.compress.baseline`) is damped exactly as the solver was."""
+    (`llmc_trace.algorithms.baseline`) is damped exactly as the solver was."""
     diagonal = torch.diag(H).float()
     dead = diagonal == 0
     diagonal[dead] = 1

@@ -18,7 +18,7 @@ The damping stays in the objective: the descent continues exactly what GPTQ mini
 loss is comparable with GPTQ's, and the damping is a ridge that keeps each weight near its
 original value where the calibration inputs say little about it.
 
-`llmc_trace.compress.gptq.gptq` says what this did and did not do on the reference model.
+`llmc_trace.algorithms.gptq.gptq` says what this did and did not do on the reference model.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.compress.grid import SweepGrid
+from llmc_trace.algorithms.grid import SweepGrid
 
 MAX_PASSES = 20
 """Default limit on passes; the reference model's layers reach a point where no integer can
@@ -65,7 +65,7 @@ def coordinate_descent(
     so a pass costs far less than the first. Stops when no column can move, or after
     `max_passes` passes.
 
-    >>> from llmc_trace.compress.scheme import QuantizationArgs
+    >>> from llmc_trace.algorithms.scheme import QuantizationArgs
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(16, 64), torch.randn(256, 64)
     >>> H = 2 * X.T @ X / 256

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _compress_data import LayerInputs, hessian, output_error
 
-from llmc_trace.compress import (
+from llmc_trace.algorithms import (
     QuantizationArgs,
     dequantize,
     gptq,

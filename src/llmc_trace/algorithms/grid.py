@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from llmc_trace.compress.quantize import (
+from llmc_trace.algorithms.quantize import (
     QuantizedWeight,
     channel_args,
     compute_qparams,
@@ -32,7 +32,7 @@ from llmc_trace.compress.quantize import (
     num_groups,
     round_to_grid,
 )
-from llmc_trace.compress.scheme import QuantizationArgs
+from llmc_trace.algorithms.scheme import QuantizationArgs
 
 
 class SweepGrid:

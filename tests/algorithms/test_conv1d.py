@@ -7,9 +7,9 @@ import torch
 from _compress_data import make_correlated_inputs
 from transformers.pytorch_utils import Conv1D
 
-from llmc_trace.compress import W4A16, HessianAccumulator, gptq, rtn, sparsegpt
-from llmc_trace.compress.scheme import QuantizationScheme
-from llmc_trace.compress.sparsegpt import Sparsity
+from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq, rtn, sparsegpt
+from llmc_trace.algorithms.scheme import QuantizationScheme
+from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.oneshot.compressor import LayerCompressor
 
 SCHEME = W4A16.with_weights(group_size=32)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from _compress_data import LayerInputs, hessian, output_error
 
-from llmc_trace.compress import (
+from llmc_trace.algorithms import (
     QuantizationArgs,
     SchemeError,
     dequantize,

@@ -9,9 +9,9 @@ import pytest
 import torch
 from _compress_data import hessian
 
-from llmc_trace.compress import QuantizationArgs, gptq, inverse_factor, rtn, sparsegpt
-from llmc_trace.compress.baseline import baseline_weight, damped_error
-from llmc_trace.compress.sparsegpt import magnitude_prune
+from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, rtn, sparsegpt
+from llmc_trace.algorithms.baseline import baseline_weight, damped_error
+from llmc_trace.algorithms.sparsegpt import magnitude_prune
 
 PERCDAMP = 0.1
 """Large enough that the damping term is a few percent of the loss, so leaving it out (or

@@ -8,10 +8,10 @@ import importlib
 import pytest
 
 MODULES = [
-    "llmc_trace.compress.scheme",
-    "llmc_trace.compress.hessian",
-    "llmc_trace.compress.gptq",
-    "llmc_trace.compress.refine",
+    "llmc_trace.algorithms.scheme",
+    "llmc_trace.algorithms.hessian",
+    "llmc_trace.algorithms.gptq",
+    "llmc_trace.algorithms.refine",
     "llmc_trace.checkpoint.pack",
     "llmc_trace.checkpoint.writer",
     "llmc_trace.core.linear",

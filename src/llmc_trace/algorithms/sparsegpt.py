@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from llmc_trace.errors import SchemeError
-from llmc_trace.compress.grid import SweepGrid
-from llmc_trace.compress.hessian import inverse_factor
-from llmc_trace.compress.quantize import QuantizedWeight
-from llmc_trace.compress.scheme import QuantizationArgs
+from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.algorithms.hessian import inverse_factor
+from llmc_trace.algorithms.quantize import QuantizedWeight
+from llmc_trace.algorithms.scheme import QuantizationArgs
 
 Sparsity = float | tuple[int, int]
 """A fraction of weights to prune (unstructured, e.g. 0.5), or (N, M): at most N non-zero

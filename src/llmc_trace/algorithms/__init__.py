@@ -6,9 +6,9 @@ and a scheme, and return tensors. Feed `HessianAccumulator.add` with a layer's i
 """
 
 from llmc_trace.errors import CheckpointError, CompressionError, HessianError, SchemeError
-from llmc_trace.compress.gptq import GPTQResult, gptq
-from llmc_trace.compress.hessian import HessianAccumulator, InverseFactor, inverse_factor
-from llmc_trace.compress.quantize import (
+from llmc_trace.algorithms.gptq import GPTQResult, gptq
+from llmc_trace.algorithms.hessian import HessianAccumulator, InverseFactor, inverse_factor
+from llmc_trace.algorithms.quantize import (
     QuantizedWeight,
     compute_qparams,
     dequantize,
@@ -16,7 +16,7 @@ from llmc_trace.compress.quantize import (
     quantize_to_int,
     rtn,
 )
-from llmc_trace.compress.scheme import (
+from llmc_trace.algorithms.scheme import (
     DEFAULT_IGNORE,
     DEFAULT_SCHEME,
     DEFAULT_TARGETS,
@@ -31,7 +31,7 @@ from llmc_trace.compress.scheme import (
     matches,
     resolve_scheme,
 )
-from llmc_trace.compress.sparsegpt import SparseGPTResult, Sparsity, magnitude_prune, sparsegpt
+from llmc_trace.algorithms.sparsegpt import SparseGPTResult, Sparsity, magnitude_prune, sparsegpt
 
 __all__ = [
     "DEFAULT_IGNORE",
