@@ -11,39 +11,37 @@ import yaml
 from llmc_trace.algorithms import W4A16, W8A8
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import Stage
-from llmc_trace.oneshot.recipe import read_recipe, render_recipe
+from llmc_trace.oneshot.recipe import Recipe, read_recipe, render_recipe
+from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 
-ARGUMENTS = {
-    "dataset": "calib.npy",
-    "samples": 256,
-    "seq_len": 512,
-    "batch_size": 2,
-    "seed": 7,
-    "attn_implementation": "sdpa",
-    "sequential_targets": ("LlamaDecoderLayer",),
-    "targets_per_subgraph": 2,
-    "dtype": torch.bfloat16,
-    "max_shard_size": 2_000_000,
-}
-STAGES = [
-    Stage("sparsegpt", None, (2, 4), pipeline="sequential"),
-    Stage("gptq", W4A16.with_weights(actorder=None), pipeline="layer_sequential", refine_passes=3),
-]
+RECIPE = Recipe(
+    CalibrationSettings("calib.npy", 256, 512, 2, 7, "sdpa"),
+    TracingSettings(
+        ("LlamaDecoderLayer",), 2, ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")
+    ),
+    CheckpointSettings(torch.bfloat16, 2_000_000),
+    (
+        Stage("sparsegpt", None, (2, 4), pipeline="sequential"),
+        Stage(
+            "gptq",
+            W4A16.with_weights(actorder=None),
+            pipeline="layer_sequential",
+            refine_passes=3,
+            ignore=("model.layers.0.self_attn.q_proj",),
+        ),
+    ),
+)
 
 
 def test_a_written_recipe_reads_back_as_the_same_run(tmp_path: Path) -> None:
-    text = render_recipe(ARGUMENTS, STAGES, ignore=["re:.*rotary.*", "Qwen2VLModel.get_rope_index"])
-    assert text == render_recipe(
-        ARGUMENTS, STAGES, ignore=["re:.*rotary.*", "Qwen2VLModel.get_rope_index"]
-    )
+    text = render_recipe(RECIPE)
+    assert text == render_recipe(RECIPE)
     (tmp_path / "recipe.yaml").write_text(text)
-    read = read_recipe(tmp_path / "recipe.yaml")
-    assert read.pop("stages") == tuple(STAGES)
-    assert read.pop("ignore") == ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")
-    assert read == ARGUMENTS
+    assert read_recipe(tmp_path / "recipe.yaml") == RECIPE
     parsed = yaml.safe_load(text)  # any YAML reader
     assert set(parsed["versions"]) == {"llmc-trace", "torch", "transformers", "compressed-tensors"}
     assert parsed["stages"][1]["scheme"]["weights"]["actorder"] is None
+    assert "model.layers.0.self_attn.q_proj" in parsed["stages"][1]["scheme"]["ignore"]
     assert parsed["checkpoint"] == {"dtype": "bfloat16", "max_shard_size": 2_000_000}
 
 
@@ -57,10 +55,11 @@ def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
         "  - {method: gptq, scheme: W8A8}\n"
     )
     read = read_recipe(path)
-    assert read["stages"] == (Stage("magnitude", None, 0.5), Stage("gptq", W8A8))
+    assert read.stages == (Stage("magnitude", None, 0.5), Stage("gptq", W8A8))
     path.write_text("stages:\n  - {method: sparsegpt, sparsity: 2:4}\n")  # not base 60
-    assert read_recipe(path)["stages"] == (Stage("sparsegpt", None, (2, 4)),)
-    assert read["samples"] == 64 and "seq_len" not in read
+    assert read_recipe(path).stages == (Stage("sparsegpt", None, (2, 4)),)
+    assert read.calibration.samples == 64
+    assert read.calibration.seq_len == CalibrationSettings().seq_len  # the declared default
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
+from llmc_trace.core.names import DEFAULT_MAX_SHARD_SIZE
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import CheckpointError
 from llmc_trace.models.weight_store import SAFETENSORS_DTYPES
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 """5 GB, the shard size transformers' ``save_pretrained`` uses by default."""
 
 _NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}

@@ -2,183 +2,68 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, split_list
-
-from llmc_trace.core.names import (
-    ALL_TOKENS,
-    AUTO,
-    DTYPES,
-    EXPERT_TOKENS,
-    GPTQ,
-    METHODS,
-    PIPELINES,
-    SPARSEGPT,
-)
+from llmc_trace.core.names import AUTO, DTYPES
+from llmc_trace.oneshot import settings
+from llmc_trace.oneshot.declare import Declared, Float, Int, declared
 
 if TYPE_CHECKING:
     import torch
 
-    from llmc_trace.oneshot import CompressRequest
-    from llmc_trace.oneshot.run import CompressionResult
+    from llmc_trace.oneshot.result import CompressionResult
 
 
-@click.command()
-@click.option(
-    "--model", "-m", required=True, help="Checkpoint folder (config.json + *.safetensors)."
-)
-@click.option(
-    "--dataset",
-    "-d",
-    default=None,
-    help="Calibration data: .npy token array, .jsonl/.json/.parquet/.txt file, or hub id "
-    "(or the recipe's).",
-)
-@click.option(
-    "--recipe",
-    "-r",
-    default=None,
-    type=click.Path(path_type=Path),
-    help="Recipe YAML (e.g. a checkpoint's recipe.yaml); flags given here override its values.",
-)
-@click.option(
-    "--out",
-    "-o",
-    "out_dir",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Output folder (written under a temporary name, renamed when complete).",
-)
-@click.option(
-    "--scheme",
-    default="W4A16",
-    **SHOW_DEFAULT,
-    help="W4A16, W4A16_ASYM, W8A16 or W8A8; 'none' to prune only.",
-)
-@click.option(
-    "--method",
-    default=None,
-    type=click.Choice(METHODS),
-    help="Default: gptq, or sparsegpt when --sparsity is given.",
-)
-@click.option("--sparsity", default=None, help="Fraction such as 0.5, or N:M such as 2:4.")
-@click.option(
-    "--samples", default=128, **SHOW_DEFAULT, type=click.IntRange(1), help="Calibration samples."
-)
-@click.option(
-    "--seq-len", default=512, **SHOW_DEFAULT, type=click.IntRange(2), help="Tokens per sample."
-)
-@click.option(
-    "--batch-size",
-    default=1,
-    **SHOW_DEFAULT,
-    type=click.IntRange(1),
-    help="Samples per forward pass.",
-)
-@click.option(
-    "--pipeline",
-    default="auto",
-    **SHOW_DEFAULT,
-    type=click.Choice([AUTO, *PIPELINES]),
-    help="auto: the memory plan's choice.",
-)
-@click.option(
-    "--no-propagate", is_flag=True, help="Do not rerun compressed subgraphs (no error propagation)."
-)
-@click.option(
-    "--true-sequential",
-    is_flag=True,
-    help="Calibrate each layer's projections in dependency stages (sequential pipeline).",
-)
-@click.option(
-    "--refine-passes",
-    default=0,
-    **SHOW_DEFAULT,
-    type=click.IntRange(0),
-    help="GPTQ: refine by coordinate descent, at most this many passes (e.g. 20).",
-)
-@click.option(
-    "--expert-tokens",
-    default=ALL_TOKENS,
-    **SHOW_DEFAULT,
-    type=click.Choice(EXPERT_TOKENS),
-    help="MoE: build each expert's Hessian from every token, or only those routed to it.",
-)
-@click.option(
-    "--min-expert-tokens",
-    default=8,
-    **SHOW_DEFAULT,
-    type=click.IntRange(1),
-    help="MoE: an expert with fewer tokens is rounded to nearest (and named).",
-)
-@click.option(
-    "--expert-group",
-    default=None,
-    type=click.IntRange(1),
-    help="MoE: calibrate at most this many experts per pass (bounds the Hessians alive).",
-)
-@click.option("--seed", default=0, **SHOW_DEFAULT, type=int, help="Shuffling seed.")
-@click.option(
-    "--attn-implementation",
-    default="sdpa",
-    **SHOW_DEFAULT,
-    type=click.Choice(["sdpa", "eager"]),
-    help="Attention kernel for calibration (eager where the model has no sdpa).",
-)
-@click.option(
-    "--dtype",
-    default=AUTO,
-    **SHOW_DEFAULT,
-    type=click.Choice(DTYPES),
-    help="The checkpoint's dtype (auto: the one config.json declares).",
-)
-@click.option(
-    "--max-shard-size",
-    default="5GB",
-    **SHOW_DEFAULT,
-    help="Bytes of tensors per output shard (e.g. 5GB, 500MiB).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete).")
-@click.option(
-    "--ignore",
-    "-i",
-    "keep_dense",
-    multiple=True,
-    help="Layers to keep in full precision: module paths (as report.html lists them), class "
-    "names or 're:' patterns, added to the scheme's ignore list (comma-separated or repeated).",
-)
-@pass_cli
-def compress(
+def compress_command() -> click.Command:
+    """``llmc-trace compress``, its options derived from the run's declarations
+    (:data:`~llmc_trace.oneshot.settings.SECTIONS`): built when the group is, so an option
+    declared there is a flag here with its help and kind."""
+    command: Callable[..., None] = pass_cli(_compress)  # a new function: options attach to it
+    for entry in reversed(_declared()):
+        if entry.flag is not None:
+            command = click.option(*_flags(entry), entry.name, **_click_settings(entry))(command)
+    for decorator in reversed(_RUN_OPTIONS):
+        command = decorator(command)
+    return click.command(name="compress")(command)
+
+
+_RUN_OPTIONS = [
+    click.option(
+        "--model", "-m", required=True, help="Checkpoint folder (config.json + *.safetensors)."
+    ),
+    click.option(
+        "--recipe",
+        "-r",
+        default=None,
+        type=click.Path(path_type=Path),
+        help="Recipe YAML (e.g. a checkpoint's recipe.yaml); flags given here override its values.",
+    ),
+    click.option(
+        "--out",
+        "-o",
+        "out_dir",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="Output folder (written under a temporary name, renamed when complete).",
+    ),
+    click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete)."),
+]
+
+
+def _compress(
     ctx: CliContext,
     model: str,
-    dataset: str | None,
     recipe: Path | None,
     out_dir: Path,
-    scheme: str,
-    method: str | None,
-    sparsity: str | None,
-    samples: int,
-    seq_len: int,
-    batch_size: int,
-    pipeline: str,
-    no_propagate: bool,
-    true_sequential: bool,
-    refine_passes: int,
-    expert_tokens: str,
-    min_expert_tokens: int,
-    expert_group: int | None,
-    seed: int,
-    attn_implementation: str,
-    dtype: str,
-    max_shard_size: str,
     overwrite: bool,
-    keep_dense: tuple[str, ...],
+    **options: Any,
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
 
@@ -191,53 +76,19 @@ def compress(
     before any heavy work.
     """
     from llmc_trace.cli.display import compression_summary
-    from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.core.world import join_from_environment
-    from llmc_trace.errors import BadInputError
-    from llmc_trace.oneshot import CompressRequest
-    from llmc_trace.oneshot import compress as run_compress
+    from llmc_trace.oneshot.request import CompressRequest
+    from llmc_trace.oneshot.run import compress as run_compress
 
-    values = {
-        "dataset": dataset,
-        "scheme": None if scheme.lower() == "none" else scheme,
-        "method": method or (SPARSEGPT if sparsity else GPTQ),
-        "sparsity": sparsity,
-        "samples": samples,
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "seed": seed,
-        "pipeline": pipeline,
-        "propagate_error": not no_propagate,
-        "true_sequential": true_sequential,
-        "refine_passes": refine_passes,
-        "expert_tokens": expert_tokens,
-        "min_expert_tokens": min_expert_tokens,
-        "expert_group": expert_group,
-        "overwrite": overwrite,
-        "attn_implementation": attn_implementation,
-        "dtype": _dtype(dtype),
-        "max_shard_size": max_shard_size,
-    }
+    given = _given_on_command_line(click.get_current_context(), options)
     world = join_from_environment()  # under torchrun: this rank of the group
     with handle_errors(ctx), ctx.progress("compress") as progress:
-        values["max_shard_size"] = parse_bytes(max_shard_size, "max_shard_size")
         if recipe is None:
-            if dataset is None:
-                raise BadInputError(
-                    "no calibration data given.",
-                    hint="Pass --dataset (a .npy token array, a text file or a hub id), or a "
-                    "--recipe that names one.",
-                    param="dataset",
-                )
-            request = CompressRequest(model, out_dir=out_dir, **values)  # type: ignore[arg-type]
+            request = CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
         else:
-            given = _given_on_command_line(click.get_current_context())
-            if "sparsity" in given and method is None:
-                given.add("method")
-            overrides = {name: value for name, value in values.items() if name in given}
-            request = CompressRequest.from_recipe(recipe, model, out_dir, **overrides)
-        if keep_dense:
-            request = _ignoring(request, split_list(keep_dense) or [])
+            request = CompressRequest.from_recipe(
+                recipe, model, out_dir, overwrite=overwrite, **given
+            )
         result = run_compress(request, progress=progress)
     if not world.is_main:
         return
@@ -255,6 +106,52 @@ def compress(
     ctx.out.print(
         f"[dim]every layer, and the --ignore that keeps it dense: {out_dir}/report.html[/]"
     )
+
+
+def _declared() -> list[Declared]:
+    """Every declared option, section by section (a recipe's order)."""
+    return [entry for section in settings.SECTIONS.values() for entry in declared(section)]
+
+
+def _flags(entry: Declared) -> list[str]:
+    assert entry.flag is not None
+    if entry.kind.is_flag:
+        return [f"{entry.flag}/--no-{entry.flag.removeprefix('--')}"]
+    return [entry.flag, *([entry.option.short] if entry.option.short else [])]
+
+
+def _click_settings(entry: Declared) -> dict[str, Any]:
+    """How click reads the option: its own types where they check as well (integers with a
+    minimum, numbers, choices, flags, lists), the text otherwise (the kind reads it). The
+    declared default is shown; only typed flags override the defaults and a recipe."""
+    kind = entry.kind
+    found: dict[str, Any] = {"help": entry.help, "show_default": True}
+    if kind.is_flag:
+        return {**found, "default": entry.default}
+    if kind.is_list:
+        return {**found, "multiple": True}
+    shown = kind.write(entry.default)
+    if shown is None and kind.choices and AUTO in kind.choices:
+        shown = AUTO
+    found["default"] = shown
+    if kind.choices:
+        found["type"] = click.Choice(kind.choices)
+    elif isinstance(kind, Int):
+        found["type"] = click.INT if kind.minimum is None else click.IntRange(kind.minimum)
+    elif isinstance(kind, Float):
+        found["type"] = click.FLOAT
+    return found
+
+
+def _given_on_command_line(context: click.Context, options: dict[str, Any]) -> dict[str, Any]:
+    """The options whose flags were typed (not defaults), by name: they override a recipe and
+    the declared defaults. Lists typed as ``a,b`` or repeated are split."""
+    given = {}
+    for name, value in options.items():
+        if context.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        given[name] = tuple(split_list(value) or ()) if isinstance(value, tuple) else value
+    return given
 
 
 def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
@@ -283,51 +180,6 @@ def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
                 f"[yellow]{len(others)} layers compressed otherwise ({stage.stage.method}):[/] "
                 f"{shown}{more}; all listed in recipe.yaml"
             )
-
-
-def _ignoring(request: CompressRequest, names: list[str]) -> CompressRequest:
-    """``request`` with ``names`` added to the ignore list of every stage's scheme, so those
-    layers stay in full precision (and so the recipe written beside the checkpoint says)."""
-    import dataclasses
-
-    from llmc_trace.errors import BadInputError
-    from llmc_trace.oneshot import CompressRequest
-    from llmc_trace.oneshot.request import STAGE_FIELDS
-
-    stages = request.stages or ()
-    if all(stage.scheme is None for stage in stages):
-        raise BadInputError(
-            "--ignore keeps layers out of quantization, and this run only prunes.",
-            hint="Leave out --ignore, or give the run a --scheme.",
-            param="ignore",
-        )
-    changed = tuple(
-        dataclasses.replace(
-            stage, scheme=dataclasses.replace(stage.scheme, ignore=(*stage.scheme.ignore, *names))
-        )
-        if stage.scheme is not None
-        else stage
-        for stage in stages
-    )
-    kept = {
-        f.name: getattr(request, f.name)
-        for f in dataclasses.fields(request)
-        if f.init and f.name not in (*STAGE_FIELDS, "stages")
-    }
-    return CompressRequest(**kept, stages=changed)
-
-
-#: command-line parameter -> the request field it sets
-_FIELD_OF = {"no_propagate": "propagate_error"}
-
-
-def _given_on_command_line(context: click.Context) -> set[str]:
-    """The request fields whose flags were typed (not defaults): they override a recipe."""
-    return {
-        _FIELD_OF.get(name, name)
-        for name in context.params
-        if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    }
 
 
 @click.command()

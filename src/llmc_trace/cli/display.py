@@ -102,10 +102,10 @@ def fix_snippet(report: TraceReport) -> str:
         f"{extra_py})\n\n"
         "# recipe.yaml\n"
         "tracing:\n"
-        f"  ignore: [{quoted}]\n{extra_yaml}"
+        f"  tracing_ignore: [{quoted}]\n{extra_yaml}"
         "\n# command line\n"
         f"llmc-trace attempt --model {report.model} --modality {report.modality}{extra_cli} "
-        + " ".join(f"--ignore '{name}'" for name in ignore)
+        + " ".join(f"--tracing-ignore '{name}'" for name in ignore)
         + "".join(rewrite_comment(rewrite) for rewrite in report.applied_fix.rewrites)
     )
 

@@ -12,7 +12,7 @@ import sys
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import model_options, split_list
+from llmc_trace.cli.options import model_options, split_list, tracing_ignore_list
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -48,7 +48,8 @@ def attempt(
     model: str,
     modality: str,
     sequential_targets: tuple[str, ...],
-    ignore: tuple[str, ...],
+    tracing_ignore: tuple[str, ...],
+    renamed_ignore: tuple[str, ...],
     targets_per_subgraph: int,
     seq_len: int,
     image_size: int | None,
@@ -69,7 +70,7 @@ def attempt(
             model,
             modality=modality,
             sequential_targets=split_list(sequential_targets),
-            ignore=split_list(ignore),
+            ignore=tracing_ignore_list(tracing_ignore, renamed_ignore),
             targets_per_subgraph=targets_per_subgraph,
             seq_len=seq_len,
             image_size=image_size,
@@ -88,7 +89,7 @@ def attempt(
 
 
 def _register() -> None:
-    from llmc_trace.cli.compress_cmd import compress, evaluate
+    from llmc_trace.cli.compress_cmd import compress_command, evaluate
     from llmc_trace.cli.coverage_cmd import coverage
     from llmc_trace.cli.plan_cmd import plan
     from llmc_trace.cli.render_cmd import render
@@ -96,7 +97,7 @@ def _register() -> None:
     cli.add_command(plan)
     cli.add_command(coverage)
     cli.add_command(render)
-    cli.add_command(compress)
+    cli.add_command(compress_command())
     cli.add_command(evaluate)
 
 

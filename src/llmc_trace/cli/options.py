@@ -13,6 +13,24 @@ def split_list(values: tuple[str, ...]) -> list[str] | None:
     return items or None
 
 
+def _renamed(old: str, new: str):  # type: ignore[no-untyped-def]
+    """A callback for a flag's earlier spelling: accepted, with a warning naming the new one
+    (``--ignore`` of the tracing commands is ``--tracing-ignore``; in ``compress``, ``--ignore``
+    keeps layers in full precision)."""
+
+    def warn(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value:
+            click.echo(f"warning: {old} is now {new}; use {new}.", err=True)
+        return value
+
+    return warn
+
+
+def tracing_ignore_list(given: tuple[str, ...], renamed: tuple[str, ...]) -> list[str] | None:
+    """The tracing ignore list from ``--tracing-ignore`` and its earlier spelling."""
+    return split_list(given + renamed)
+
+
 def model_options(fn=None, *, model_required: bool = True):  # type: ignore[no-untyped-def]
     """Options every command that traces a model shares. ``@model_options(model_required=False)``
     for a command that also works without a model (``render --report``), which then checks
@@ -41,11 +59,18 @@ def model_options(fn=None, *, model_required: bool = True):  # type: ignore[no-u
             "repeated). Default: the language model's repeated blocks.",
         ),
         click.option(
-            "--ignore",
-            "-i",
+            "--tracing-ignore",
             multiple=True,
             help="Modules (class or 're:' pattern) to keep as leaves, or functions to "
             "record as opaque calls. Default: transformers' mask builders.",
+        ),
+        click.option(
+            "--ignore",
+            "-i",
+            "renamed_ignore",
+            multiple=True,
+            hidden=True,
+            callback=_renamed("--ignore", "--tracing-ignore"),
         ),
         click.option(
             "--targets-per-subgraph",

@@ -97,11 +97,11 @@ def plan(
             read = read_recipe(recipe)
             given = click.get_current_context().get_parameter_source
             for name in sizes:
-                if name in read and given(name) != click.core.ParameterSource.COMMANDLINE:
-                    sizes[name] = read[name]
+                if given(name) != click.core.ParameterSource.COMMANDLINE:
+                    sizes[name] = getattr(read.calibration, name)
             stages = [
                 (f"stage {i + 1}: {s.method}", s.method in DATA_METHODS, s.quantizes)
-                for i, s in enumerate(read["stages"])
+                for i, s in enumerate(read.stages)
             ]
         if ranks > 1:
             from llmc_trace.core.world import World, check_shareable

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT, model_options, split_list
+from llmc_trace.cli.options import SHOW_DEFAULT, model_options, split_list, tracing_ignore_list
 from llmc_trace.core.names import VIEWS
 
 _INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -93,7 +93,8 @@ def render(
     model: str | None,
     modality: str,
     sequential_targets: tuple[str, ...],
-    ignore: tuple[str, ...],
+    tracing_ignore: tuple[str, ...],
+    renamed_ignore: tuple[str, ...],
     targets_per_subgraph: int,
     seq_len: int,
     image_size: int | None,
@@ -126,7 +127,7 @@ def render(
             expand=expand,
             modality=modality,
             sequential_targets=split_list(sequential_targets),
-            ignore=split_list(ignore),
+            ignore=tracing_ignore_list(tracing_ignore, renamed_ignore),
             targets_per_subgraph=targets_per_subgraph,
             seq_len=seq_len,
             image_size=image_size,
@@ -145,7 +146,7 @@ def _render_report(ctx: CliContext, report_path: Path, out: Path) -> None:
     context = click.get_current_context()
     given = [
         f"--{name.replace('_', '-')}"
-        for name in ("model", "view", "subgraphs", "expand", "sequential_targets", "ignore")
+        for name in ("model", "view", "subgraphs", "expand", "sequential_targets", "tracing_ignore")
         if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     ]
     if given:

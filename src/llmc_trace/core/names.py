@@ -37,6 +37,11 @@ AUTO = "auto"
 #: Several stages, each a calibration with its own pipeline on the model the stage before left.
 INDEPENDENT = "independent"
 
+#: The quantization presets by name (``algorithms.scheme.PRESET_SCHEMES`` defines each).
+SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8")
+#: Bytes of tensors per checkpoint shard unless told otherwise (transformers' own default).
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
+
 #: dtypes a model may be compressed or evaluated in; ``auto`` is the one its config declares.
 DTYPES = (AUTO, "bfloat16", "float16", "float32")
 #: Pipelines that calibrate on data, in order of preference: quality first, then memory.

@@ -5,101 +5,71 @@ One format both ways::
 
     calibration: {dataset: "calib.npy", samples: 128, seq_len: 512, batch_size: 1, seed: 0,
                   attn_implementation: "sdpa"}
-    tracing: {sequential_targets: null, targets_per_subgraph: 1, ignore: []}
+    tracing: {sequential_targets: null, targets_per_subgraph: 1, tracing_ignore: []}
     checkpoint: {dtype: "bfloat16", max_shard_size: 5000000000}
     stages:
       - {method: "sparsegpt", sparsity: "2:4"}
       - {method: "gptq", scheme: "W4A16"}
 
-Stage keys are the command line's (``method``, ``scheme``, ``sparsity``, ``pipeline``,
-``propagate``, ``true_sequential``, ``refine_passes``, ``expert_tokens``, ``min_expert_tokens``,
-``expert_group``, plus ``percdamp`` and ``blocksize``); a
-scheme is a preset's name or the full mapping a written recipe holds. ``versions`` (written,
-never required) records what made the checkpoint. Every mistake is bad input that names the key
-and its line: an unknown or repeated key, a value of the wrong type, a missing method, an empty
-stage list, an impossible combination.
+A recipe is a request's options, serialised: each section is one of
+:data:`~llmc_trace.oneshot.settings.SECTIONS` and its keys are that section's declared options
+(:mod:`~llmc_trace.oneshot.declare`), the same names as ``compress``'s flags; a scheme is a
+preset's name or the full mapping a written recipe holds. ``versions`` (written, never
+required) records what made the checkpoint. A key under an earlier name (``ignore`` under
+``tracing``) is read with a warning naming the new one. Every mistake is bad input that names
+the key and its line: an unknown or repeated key, a value of the wrong kind, an empty stage
+list, an impossible combination.
 
 The written form (:func:`render_recipe`) spells out every value, resolved: the scheme in full,
-the pipeline that actually ran, the ignore list including the fixes tracing needed. Values are
-JSON scalars and flow collections, which YAML reads unchanged, so the same run always gives the
-same bytes.
+the pipeline that actually ran, the tracing ignore list including the fixes tracing needed.
+Values are JSON scalars and flow collections, which YAML reads unchanged, so the same run always
+gives the same bytes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
-from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
-from llmc_trace.algorithms.scheme import (
-    DEFAULT_IGNORE,
-    DEFAULT_SCHEME,
-    DEFAULT_TARGETS,
-    DynamicActivationArgs,
-    QuantizationArgs,
-    QuantizationScheme,
-    resolve_scheme,
-)
-from llmc_trace.core.names import AUTO, DTYPES, PRUNING_METHODS
 from llmc_trace.errors import BadInputError
-from llmc_trace.oneshot.stage import Stage, check_order, parse_sparsity
+from llmc_trace.oneshot.declare import Declared, declared
+from llmc_trace.oneshot.settings import (
+    SECTIONS,
+    CalibrationSettings,
+    CheckpointSettings,
+    TracingSettings,
+)
+from llmc_trace.oneshot.stage import Stage, check_order
 
-CALIBRATION_KEYS = ("dataset", "samples", "seq_len", "batch_size", "seed", "attn_implementation")
-TRACING_KEYS = ("sequential_targets", "targets_per_subgraph", "ignore")
-CHECKPOINT_KEYS = ("dtype", "max_shard_size")
-#: recipe key -> Stage field, in the order a written recipe lists them
-STAGE_KEYS = {
-    "method": "method",
-    "scheme": "scheme",
-    "sparsity": "sparsity",
-    "pipeline": "pipeline",
-    "propagate": "propagate_error",
-    "true_sequential": "true_sequential",
-    "refine_passes": "refine_passes",
-    "percdamp": "percdamp",
-    "blocksize": "blocksize",
-    "expert_tokens": "expert_tokens",
-    "min_expert_tokens": "min_expert_tokens",
-    "expert_group": "expert_group",
-}
-SCHEME_KEYS = ("name", "weights", "input_activations", "targets", "ignore")
-TOP_KEYS = ("versions", "calibration", "tracing", "checkpoint", "stages")
+TOP_KEYS = ("versions", *SECTIONS)
 VERSIONED = ("llmc-trace", "torch", "transformers", "compressed-tensors")
-_TYPES: dict[str, tuple[type, ...]] = {
-    "dataset": (str,),
-    "samples": (int,),
-    "seq_len": (int,),
-    "batch_size": (int,),
-    "seed": (int,),
-    "attn_implementation": (str,),
-    "targets_per_subgraph": (int,),
-    "method": (str,),
-    "pipeline": (str,),
-    "propagate": (bool,),
-    "true_sequential": (bool,),
-    "refine_passes": (int,),
-    "percdamp": (float, int),
-    "blocksize": (int,),
-    "expert_tokens": (str,),
-    "min_expert_tokens": (int,),
-    "expert_group": (int,),
-    "max_shard_size": (int,),
-}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A run's options by section, as a recipe file holds them."""
+
+    calibration: CalibrationSettings
+    tracing: TracingSettings
+    checkpoint: CheckpointSettings
+    stages: tuple[Stage, ...]
 
 
 class _Located(dict):  # type: ignore[type-arg]
     """A YAML mapping that remembers the line of each key (and its own)."""
 
-    line: int = 0
-    lines: dict[str, int]
+    def __init__(self) -> None:
+        super().__init__()
+        self.line = 0
+        self.lines: dict[str, int] = {}
 
 
 class _Loader(yaml.SafeLoader):
@@ -140,12 +110,78 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Located:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """``CompressRequest`` keyword arguments from the recipe at ``path`` (see module docstring).
+def read_recipe(path: str | Path) -> Recipe:
+    """The recipe at ``path`` (see the module docstring); options it leaves out keep their
+    declared defaults.
 
     Raises :class:`BadInputError` naming the key and its line for anything it cannot use.
     """
-    path = Path(path)
+    document = _load(Path(path))
+    _known(document, TOP_KEYS, "the recipe", {})
+    if "stages" not in document:
+        raise _error(
+            "the recipe has no `stages` list.",
+            "stages",
+            document.line,
+            "Add `stages:` with at least one stage.",
+        )
+    sections: dict[str, Any] = {}
+    for name, section in SECTIONS.items():
+        if name == "stages":
+            continue
+        values = document.get(name) or _Located()
+        if not isinstance(values, _Located):
+            raise _error(f"`{name}` must be a mapping.", name, document.lines[name])
+        sections[name] = _located(lambda: section(**_values(values, section, f"`{name}`")),
+                                  None, values.line, values.lines)
+    stages = document["stages"]
+    line = document.lines["stages"]
+    if not isinstance(stages, list):
+        raise _error("`stages` must be a list of stages.", "stages", line)
+    parsed = tuple(_stage(entry, line, index) for index, entry in enumerate(stages))
+    _located(lambda: check_order(parsed), "stages", line)
+    return Recipe(stages=parsed, **sections)
+
+
+def render_recipe(recipe: Recipe, *, fallbacks: Sequence[Sequence[str]] = ()) -> str:
+    """A run's ``recipe.yaml``: every option of ``recipe`` written out, resolved (the run
+    passes its stages with the pipeline each actually ran, its tracing ignore list with the
+    fixes that were applied, the checkpoint's dtype). ``fallbacks[i]`` lists the layers stage
+    ``i`` compressed otherwise than its method says, and why (experts too few tokens reached),
+    written as comments under the stage: a record, which a rerun decides anew."""
+    lines = [
+        "# How this checkpoint was made (written by llmc-trace); a valid --recipe.",
+        f"versions: {_flow(installed_versions())}",
+    ]
+    for name in SECTIONS:
+        if name != "stages":
+            lines.append(f"{name}:")
+            lines += [f"  {key}: {_flow(value)}" for key, value in _written(getattr(recipe, name))]
+    lines.append("stages:")
+    for index, stage in enumerate(recipe.stages):
+        first, *rest = _written(stage)
+        lines.append(f"  - {first[0]}: {_flow(first[1])}")
+        lines += [f"    {key}: {_flow(value)}" for key, value in rest]
+        notes = fallbacks[index] if index < len(fallbacks) else ()
+        if notes:
+            lines.append(f"    # {len(notes)} layers compressed otherwise:")
+            lines += [f"    #   {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The versions that decide a checkpoint's bytes (a rerun under others may differ)."""
+    found: dict[str, str | None] = {}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _load(path: Path) -> _Located:
+    """The recipe's YAML document, with lines; unreadable or malformed files are bad input."""
     try:
         text = path.read_text()
     except OSError as err:
@@ -170,169 +206,58 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
             hint="Start from the recipe.yaml written beside a checkpoint, or the README's example.",
             param="recipe",
         )
-    _known(document, TOP_KEYS, "the recipe")
-    if "stages" not in document:
-        raise _error(
-            "the recipe has no `stages` list.",
-            "stages",
-            document.line,
-            "Add `stages:` with at least one stage.",
-        )
-    arguments: dict[str, Any] = {}
-    for section, keys in (
-        ("calibration", CALIBRATION_KEYS),
-        ("tracing", TRACING_KEYS),
-        ("checkpoint", CHECKPOINT_KEYS),
-    ):
-        values = document.get(section) or _Located()
-        if not isinstance(values, _Located):
-            raise _error(f"`{section}` must be a mapping.", section, document.lines[section])
-        _known(values, keys, f"`{section}`")
-        for key, value in values.items():
-            arguments[key] = _checked(key, value, values.lines[key])
-    stages = document["stages"]
-    line = document.lines["stages"]
-    if not isinstance(stages, list):
-        raise _error("`stages` must be a list of stages.", "stages", line)
-    parsed = [_stage(entry, line, index) for index, entry in enumerate(stages)]
-    _located(lambda: check_order(parsed), "stages", line)
-    arguments["stages"] = tuple(parsed)
-    return arguments
+    return document
 
 
-def render_recipe(
-    arguments: Mapping[str, Any],
-    stages: Sequence[Stage],
-    *,
-    ignore: Sequence[str],
-    fallbacks: Sequence[Sequence[str]] = (),
-) -> str:
-    """A run's ``recipe.yaml``: ``arguments`` holds the calibration and tracing keys as the run
-    used them, ``stages`` the stages with the pipeline each actually ran, ``ignore`` the tracing
-    ignore list including the fixes that were applied. ``fallbacks[i]`` lists the layers stage
-    ``i`` compressed otherwise than its method says, and why (experts too few tokens reached),
-    written as comments under the stage: a record, which a rerun decides anew."""
-    tracing = {
-        "sequential_targets": _plain(arguments.get("sequential_targets")),
-        "targets_per_subgraph": arguments.get("targets_per_subgraph", 1),
-        "ignore": list(ignore),
-    }
-    lines = [
-        "# How this checkpoint was made (written by llmc-trace); a valid --recipe.",
-        f"versions: {_flow(installed_versions())}",
-        "calibration:",
-        *(f"  {key}: {_flow(_plain(arguments.get(key)))}" for key in CALIBRATION_KEYS),
-        "tracing:",
-        *(f"  {key}: {_flow(value)}" for key, value in tracing.items()),
-        "checkpoint:",
-        f"  dtype: {_flow(_dtype_name(arguments.get('dtype')))}",
-        f"  max_shard_size: {_flow(arguments.get('max_shard_size', DEFAULT_MAX_SHARD_SIZE))}",
-        "stages:",
-    ]
-    for index, stage in enumerate(stages):
-        values = {key: getattr(stage, field) for key, field in STAGE_KEYS.items()}
-        values["scheme"] = _scheme_mapping(stage.scheme)
-        values["sparsity"] = _sparsity_text(stage.sparsity)
-        first, *rest = values.items()
-        lines.append(f"  - {first[0]}: {_flow(first[1])}")
-        lines += [f"    {key}: {_flow(value)}" for key, value in rest]
-        notes = fallbacks[index] if index < len(fallbacks) else ()
-        if notes:
-            lines.append(f"    # {len(notes)} layers compressed otherwise:")
-            lines += [f"    #   {note}" for note in notes]
-    return "\n".join(lines) + "\n"
+def _values(mapping: _Located, section: type, where: str) -> dict[str, Any]:
+    """The options ``mapping`` gives for ``section``, each read through its kind."""
+    entries = {entry.name: entry for entry in declared(section)}
+    renamed = {old: entry.name for entry in entries.values() for old in entry.option.renamed_from}
+    _known(mapping, tuple(entries), where, renamed)
+    values: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = renamed.get(key, key) if key not in entries else key
+        if name != key:
+            warnings.warn(
+                f"recipe line {mapping.lines[key]}: {where} key `{key}` is now `{name}`; "
+                f"write `{name}`.",
+                FutureWarning,
+                stacklevel=2,
+            )
+        values[name] = _read(entries[name], value, mapping.lines[key])
+    return values
 
 
-def installed_versions() -> dict[str, str | None]:
-    """The versions that decide a checkpoint's bytes (a rerun under others may differ)."""
-    found: dict[str, str | None] = {}
-    for name in VERSIONED:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
+def _read(entry: Declared, value: object, line: int) -> Any:
+    try:
+        return entry.kind.read(value)
+    except ValueError as err:
+        raise _error(f"`{entry.name}` {err}.", entry.name, line) from None
+    except BadInputError as err:
+        raise _error(err.message, entry.name, line, err.hint) from None
+
+
+def _written(section: Any) -> list[tuple[str, object]]:
+    """Every option of ``section`` as a recipe writes it."""
+    return [(entry.name, entry.kind.write(getattr(section, entry.name))) for entry in declared(type(section))]
 
 
 def _stage(entry: object, line: int, index: int) -> Stage:
     if not isinstance(entry, _Located):
         raise _error(f"stage {index + 1} is not a mapping of method, scheme, ...", "stages", line)
-    _known(entry, tuple(STAGE_KEYS), f"stage {index + 1}")
     if "method" not in entry:
         raise _error(
             f"stage {index + 1} has no `method`.", "method", entry.line, "Add e.g. `method: gptq`."
         )
-    options: dict[str, Any] = {}
-    for key, value in entry.items():
-        at = entry.lines[key]
-        if key == "scheme":
-            options["scheme"] = _scheme(value, at)
-        elif key == "sparsity":
-            options["sparsity"] = _located(lambda text=value: parse_sparsity(text), key, at)
-        else:
-            options[STAGE_KEYS[key]] = _checked(key, value, at)
-    if "scheme" not in options and options["method"] not in PRUNING_METHODS:
-        options["scheme"] = DEFAULT_SCHEME
-    return _located(lambda: Stage(**options), None, entry.line, entry.lines)
+    values = _values(entry, Stage, f"stage {index + 1}")
+    return _located(lambda: Stage(**values), None, entry.line, entry.lines)
 
 
-def _scheme(value: object, line: int) -> QuantizationScheme | None:
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
-        return None
-    if isinstance(value, str):
-        return _located(lambda: resolve_scheme(value), "scheme", line)
-    if not isinstance(value, _Located):
-        raise _error("`scheme` must be a preset's name or a mapping.", "scheme", line)
-    _known(value, SCHEME_KEYS, "`scheme`")
-    for key in ("name", "weights"):
-        if key not in value:
-            raise _error(f"the scheme has no `{key}`.", "scheme", value.line)
-
-    def build() -> QuantizationScheme:
-        activations = value.get("input_activations")
-        try:
-            return QuantizationScheme(
-                str(value["name"]),
-                QuantizationArgs(**value["weights"]),
-                DynamicActivationArgs(**activations) if activations is not None else None,
-                tuple(value.get("targets", DEFAULT_TARGETS)),
-                tuple(value.get("ignore", DEFAULT_IGNORE)),
-            )
-        except TypeError as err:  # an unknown argument of the weights or activations
-            raise BadInputError(
-                f"the scheme's arguments are not valid ({err}).",
-                hint="Use the keys a written recipe.yaml has.",
-                param="scheme",
-            ) from None
-
-    return _located(build, "scheme", line)
-
-
-def _checked(key: str, value: object, line: int) -> Any:
-    if key == "dtype":
-        if value is None or value == AUTO:
-            return None
-        if value not in DTYPES:
-            raise _error(f"`dtype` must be one of {', '.join(DTYPES)}, not {value!r}.", key, line)
-        return getattr(torch, str(value))
-    if key == "expert_group" and value is None:
-        return None
-    if key in ("sequential_targets", "ignore"):
-        if value is None and key == "sequential_targets":
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _error(f"`{key}` must be a list of strings.", key, line)
-        return tuple(value)
-    types = _TYPES[key]
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        wanted = " or ".join(t.__name__ for t in types)
-        raise _error(f"`{key}` must be {wanted}, not {value!r}.", key, line)
-    return float(value) if key == "percdamp" else value
-
-
-def _known(mapping: _Located, keys: Sequence[str], where: str) -> None:
+def _known(
+    mapping: _Located, keys: Sequence[str], where: str, renamed: Mapping[str, str]
+) -> None:
     for key in mapping:
-        if key not in keys:
+        if key not in keys and key not in renamed:
             raise _error(
                 f"{where} has an unknown key {key!r}.",
                 str(key),
@@ -346,9 +271,10 @@ def _located(build: Any, key: str | None, line: int, lines: Mapping[str, int] | 
     try:
         return build()
     except BadInputError as err:
-        param = err.param or key
-        recipe_key = next((k for k, f in STAGE_KEYS.items() if f == param), param)
-        at = (lines or {}).get(recipe_key, line)
+        if err.message.startswith("recipe line"):
+            raise
+        recipe_key = err.param or key
+        at = (lines or {}).get(recipe_key or "", line)
         raise _error(err.message, recipe_key or "recipe", at, err.hint) from None
 
 
@@ -356,33 +282,6 @@ def _error(message: str, key: str, line: int, hint: str = "") -> BadInputError:
     """Bad input in the recipe (``param``: on the command line, ``--recipe``), naming the key
     and its line."""
     return BadInputError(f"recipe line {line}, `{key}`: {message}", hint=hint, param="recipe")
-
-
-def _dtype_name(dtype: object) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def _scheme_mapping(scheme: QuantizationScheme | None) -> dict[str, Any] | None:
-    if scheme is None:
-        return None
-    activations = scheme.input_activations
-    return {
-        "name": scheme.name,
-        "weights": dataclasses.asdict(scheme.weights),
-        "input_activations": None if activations is None else dataclasses.asdict(activations),
-        "targets": list(scheme.targets),
-        "ignore": list(scheme.ignore),
-    }
-
-
-def _sparsity_text(sparsity: object) -> object:
-    return f"{sparsity[0]}:{sparsity[1]}" if isinstance(sparsity, tuple) else sparsity
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, tuple):
-        return list(value)
-    return str(value) if isinstance(value, Path) else value
 
 
 def _flow(value: object) -> str:

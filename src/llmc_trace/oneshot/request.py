@@ -1,135 +1,115 @@
-"""``CompressRequest``: every input of a compression run, checked once before any heavy work."""
+"""``CompressRequest``: every input of a compression run, checked once before any heavy work.
+
+A request is a model, an output folder and the run's options in their sections
+(:mod:`~llmc_trace.oneshot.settings`, :class:`~llmc_trace.oneshot.stage.Stage`); a recipe is
+its serialised form (:mod:`~llmc_trace.oneshot.recipe`), and the command line's flags are
+overrides on it (:meth:`CompressRequest.with_options`). Options are given by name, flat, and
+find their section through their declarations, so no option is listed here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+import dataclasses
+import difflib
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE
-from llmc_trace.algorithms.scheme import QuantizationScheme
-from llmc_trace.core.names import ALL_TOKENS, AUTO, DATA_METHODS, GPTQ
+from llmc_trace.core.names import AUTO, DATA_METHODS
 from llmc_trace.data import validate_source
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
-from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
-from llmc_trace.oneshot.recipe import read_recipe
+from llmc_trace.models.weights import check_weight_files
+from llmc_trace.oneshot.declare import Declared, declared
+from llmc_trace.oneshot.recipe import Recipe, read_recipe
+from llmc_trace.oneshot.settings import (
+    SECTIONS,
+    CalibrationSettings,
+    CheckpointSettings,
+    TracingSettings,
+)
 from llmc_trace.oneshot.stage import Stage, check_order
 
 
-#: The fields that describe one stage; ``stages`` replaces them all.
-STAGE_FIELDS = (
-    "scheme",
-    "method",
-    "sparsity",
-    "pipeline",
-    "propagate_error",
-    "true_sequential",
-    "refine_passes",
-    "expert_tokens",
-    "min_expert_tokens",
-    "expert_group",
-)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CompressRequest:
     """What to compress, how, and where to; constructing one checks all of it.
 
-    ``model``: a folder with weights. ``method``: ``gptq`` (with ``scheme``), ``sparsegpt``
-    (with ``sparsity``, and ``scheme`` to also quantize), ``rtn`` or ``magnitude`` (the
-    baselines). ``pipeline="auto"`` takes the memory plan's choice. ``true_sequential``
-    calibrates each subgraph's layers in dependency stages (q/k/v, then o, then gate/up, then
-    down), each on inputs from the stages before it already compressed; the sequential
-    pipeline only, about 1.5x the calibration time. ``refine_passes``: at most this many
-    passes of coordinate descent after each GPTQ sweep (`llmc_trace.algorithms.refine`); 0, the
-    default, runs GPTQ alone (why: `llmc_trace.algorithms.gptq.gptq`). ``expert_tokens``,
-    ``min_expert_tokens``, ``expert_group``: how mixture-of-experts layers calibrate
-    (:class:`~llmc_trace.oneshot.stage.Stage`). Those ten fields are one stage's; ``stages`` lists several instead (:class:`~llmc_trace.oneshot.stage.Stage`,
-    e.g. SparseGPT 2:4 then GPTQ W4A16), and after construction always holds the stages that
-    will run.
-
-    ``out_dir=None`` compresses in memory only (for evaluation). ``attn_implementation``: the
-    attention kernel calibration runs, ``sdpa`` by default (what transformers and vLLM serve
-    with: the same function as ``eager`` without holding each head's full attention matrix, so
-    calibration is faster and peaks lower); architectures without it fall back to ``eager``.
-    ``dtype``: the checkpoint's dtype, ``None`` for the one the model's ``config.json`` declares
-    (what it was saved in); ``max_shard_size``: bytes of tensors per output shard. ``ignore``,
-    ``sequential_targets``, ``targets_per_subgraph``: how the model is traced, as for
-    ``attempt`` (fixes the trace needs are searched and added either way).
+    ``model``: a folder with weights. ``dataset``: the calibration data. ``out_dir=None``
+    compresses in memory only (for evaluation). Every other option is a keyword named as its
+    declaration names it (``samples=8``, ``scheme="W4A16"``, ``sparsity="2:4"``,
+    ``tracing_ignore=[...]``: see ``llmc-trace compress --help``, or the fields of
+    :class:`~llmc_trace.oneshot.settings.CalibrationSettings`, ``TracingSettings``,
+    ``CheckpointSettings`` and :class:`~llmc_trace.oneshot.stage.Stage`). The stage's options
+    describe one stage; ``stages`` lists several instead (e.g. SparseGPT 2:4 then GPTQ
+    W4A16), and after construction always holds the stages that will run.
 
     Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter (names,
     combinations, the model's weights, the output folder, the dataset's shape) and resolves
     the derived fields: ``source``, ``out_path`` and ``data_kind``.
+
+    >>> CompressRequest("tiny-llama/", "calib.npy", "out/", samples=64, scheme="W8A16")  # doctest: +SKIP
     """
 
     model: str | Path | ModelSource
-    dataset: str | Path
-    out_dir: str | Path | None = None
-    scheme: str | QuantizationScheme | None = "W4A16"
-    method: str = GPTQ
-    sparsity: str | float | None = None
-    samples: int = 128
-    seq_len: int = 512
-    batch_size: int = 1
-    seed: int = 0
-    pipeline: str = AUTO
-    propagate_error: bool = True
-    true_sequential: bool = False
-    refine_passes: int = 0
-    expert_tokens: str = ALL_TOKENS
-    min_expert_tokens: int = 8
-    expert_group: int | None = None
-    stages: Sequence[Stage] | None = None
-    attn_implementation: str = "sdpa"
-    dtype: torch.dtype | None = None
-    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
-    overwrite: bool = False
-    ignore: Sequence[str] = ()
-    sequential_targets: Sequence[str] | None = None
-    targets_per_subgraph: int = 1
-    source: ModelSource = field(init=False, repr=False)
-    out_path: Path | None = field(init=False, repr=False)
+    out_dir: str | Path | None
+    overwrite: bool
+    calibration: CalibrationSettings
+    tracing: TracingSettings
+    checkpoint: CheckpointSettings
+    stages: tuple[Stage, ...]
+    source: ModelSource = field(repr=False)
+    out_path: Path | None = field(repr=False)
     #: what the dataset is: "npy" token ids, a text file, a hub dataset...
-    data_kind: str = field(init=False, repr=False)
+    data_kind: str = field(repr=False)
 
-    @property
-    def needs_data(self) -> bool:
-        return any(stage.method in DATA_METHODS for stage in self.stages or ())
-
-    def __post_init__(self) -> None:
-        if self.stages is None:
-            stages: tuple[Stage, ...] = (
-                Stage.parse(
-                    self.method,
-                    self.scheme,
-                    self.sparsity,
-                    pipeline=self.pipeline,
-                    propagate_error=self.propagate_error,
-                    true_sequential=self.true_sequential,
-                    refine_passes=self.refine_passes,
-                    expert_tokens=self.expert_tokens,
-                    min_expert_tokens=self.min_expert_tokens,
-                    expert_group=self.expert_group,
-                ),
+    def __init__(
+        self,
+        model: str | Path | ModelSource,
+        dataset: str | Path | None = None,
+        out_dir: str | Path | None = None,
+        *,
+        overwrite: bool = False,
+        stages: Sequence[Stage] | None = None,
+        **options: Any,
+    ) -> None:
+        if dataset is not None:
+            options["dataset"] = dataset
+        grouped = group_options(options)
+        stage_options = grouped.pop("stages")
+        if stages is None:
+            stages = (Stage(**stage_options),)
+        elif stage_options:
+            given = next(iter(stage_options))
+            raise BadInputError(
+                f"{', '.join(stage_options)} describe one stage, and stages were given too.",
+                hint="Put them in the stages (or give no stages).",
+                param=given,
             )
-        else:
-            defaults = {f.name: f.default for f in fields(self) if f.name in STAGE_FIELDS}
-            given = [name for name, value in defaults.items() if getattr(self, name) != value]
-            if given:
-                raise BadInputError(
-                    f"{', '.join(given)} describe one stage, and stages were given too.",
-                    hint="Put them in the stages (or give no stages).",
-                    param=given[0],
-                )
-            stages = tuple(self.stages)
+        sections = {name: SECTIONS[name](**values) for name, values in grouped.items()}
+        self._set(model, out_dir, overwrite, sections, tuple(stages))
+
+    def _set(
+        self,
+        model: str | Path | ModelSource,
+        out_dir: str | Path | None,
+        overwrite: bool,
+        sections: Mapping[str, Any],
+        stages: tuple[Stage, ...],
+    ) -> None:
+        """Assign every field and check the whole request (see the class docstring)."""
         check_order(stages)
-        object.__setattr__(self, "stages", stages)
-        self._check_run()
-        model = self.model
+        calibration: CalibrationSettings = sections["calibration"]
+        if calibration.dataset is None:
+            raise BadInputError(
+                "no calibration data given.",
+                hint="Pass --dataset (a .npy token array, a text file or a hub id), or a "
+                "--recipe that names one.",
+                param="dataset",
+            )
         source = model if isinstance(model, ModelSource) else resolve_model(str(model))
         if source.folder is None:
             raise BadInputError(
@@ -138,64 +118,130 @@ class CompressRequest:
                 param="model",
             )
         check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
-        check_seq_len(source.config(), self.seq_len)
-        out_path = Path(self.out_dir) if self.out_dir is not None else None
-        if out_path is not None and out_path.exists() and not self.overwrite:
+        check_seq_len(source.config(), calibration.seq_len)
+        out_path = Path(out_dir) if out_dir is not None else None
+        if out_path is not None and out_path.exists() and not overwrite:
             raise BadInputError(
                 f"the output folder {out_path} already exists.",
                 hint="Choose another --out, or pass --overwrite.",
                 param="out",
             )
-        data = validate_source(self.dataset, samples=self.samples, seq_len=self.seq_len)
-        for name, value in (("source", source), ("out_path", out_path), ("data_kind", data.kind)):
+        data = validate_source(
+            calibration.dataset, samples=calibration.samples, seq_len=calibration.seq_len
+        )
+        values = {
+            "model": model,
+            "out_dir": out_dir,
+            "overwrite": overwrite,
+            **sections,
+            "stages": stages,
+            "source": source,
+            "out_path": out_path,
+            "data_kind": data.kind,
+        }
+        for name, value in values.items():
             object.__setattr__(self, name, value)
+
+    @property
+    def needs_data(self) -> bool:
+        return any(stage.method in DATA_METHODS for stage in self.stages)
 
     @classmethod
     def from_recipe(
         cls,
-        recipe: str | Path,
+        recipe: str | Path | Recipe,
         model: str | Path | ModelSource,
         out_dir: str | Path | None = None,
-        **overrides: object,
+        *,
+        overwrite: bool = False,
+        **overrides: Any,
     ) -> CompressRequest:
-        """The request a recipe file describes (:mod:`llmc_trace.oneshot.recipe`), with
-        ``overrides`` (any field) taking the place of its values; the seven stage fields
-        (``method``, ``scheme``, ...) change the stage of a one-stage recipe.
+        """The request a recipe describes, with ``overrides`` (options by name, as
+        :class:`CompressRequest` takes them) in the place of its values.
+
+        A stage option changes the stage of a one-stage recipe; one that applies to every
+        stage (``ignore``) changes each stage that quantizes. A sparsity given without a
+        method lets the stage's method follow it (SparseGPT).
 
         >>> CompressRequest.from_recipe("out/recipe.yaml", "tiny-llama/", "again/")  # doctest: +SKIP
         """
-        arguments = read_recipe(recipe)
-        changes = {name: overrides.pop(name) for name in list(overrides) if name in STAGE_FIELDS}
-        if changes:
-            stages = arguments["stages"]
-            if len(stages) != 1:
-                raise BadInputError(
-                    f"{', '.join(changes)} change one stage, and the recipe has {len(stages)}.",
-                    hint="Edit the recipe's stages instead.",
-                    param=next(iter(changes)),
-                )
-            current = {f.name: getattr(stages[0], f.name) for f in fields(Stage)}
-            arguments["stages"] = (Stage.parse(**{**current, **changes}),)  # type: ignore[arg-type]
-        arguments.update(overrides)
-        if arguments.get("dataset") is None:
-            raise BadInputError(
-                f"no calibration data: the recipe {recipe} names no dataset.",
-                hint="Pass --dataset, or add `dataset:` under the recipe's `calibration`.",
-                param="dataset",
-            )
-        return cls(model, out_dir=out_dir, **arguments)
+        read = recipe if isinstance(recipe, Recipe) else read_recipe(recipe)
+        grouped = group_options(overrides)
+        stages = _override_stages(read.stages, grouped.pop("stages"))
+        sections = {
+            name: dataclasses.replace(getattr(read, name), **values)
+            for name, values in grouped.items()
+        }
+        request = cls.__new__(cls)
+        request._set(model, out_dir, overwrite, sections, stages)
+        return request
 
-    def _check_run(self) -> None:
-        """What holds for every stage, checked before anything is loaded."""
-        if self.max_shard_size < 1:
+    def recipe(self) -> Recipe:
+        """This request's options as a recipe (what ``recipe.yaml`` serialises)."""
+        return Recipe(self.calibration, self.tracing, self.checkpoint, self.stages)
+
+
+def group_options(options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``options`` by name -> ``{section: {name: value}}`` for every section of
+    :data:`~llmc_trace.oneshot.settings.SECTIONS` (``stages`` for a stage's). A renamed
+    option is taken under its new name with a warning; an unknown one is bad input naming
+    the closest."""
+    by_name, renamed = _declared_names()
+    grouped: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for name, value in options.items():
+        if name not in by_name and name in renamed:
+            new = renamed[name]
+            warnings.warn(f"{name} is now called {new}; use {new}.", FutureWarning, stacklevel=3)
+            name = new
+        if name not in by_name:
+            close = difflib.get_close_matches(name, list(by_name), n=3)
             raise BadInputError(
-                f"the shard size must be positive (got {self.max_shard_size} bytes).",
-                hint="Pass e.g. --max-shard-size 5GB.",
-                param="max_shard_size",
+                f"unknown option {name!r}.",
+                hint=f"Did you mean {', '.join(close)}?" if close else "See compress --help.",
+                param=name,
             )
-        if self.targets_per_subgraph < 1:
+        grouped[by_name[name][0]][name] = value
+    return grouped
+
+
+def _declared_names() -> tuple[dict[str, tuple[str, Declared]], dict[str, str]]:
+    """Every option's name -> (its section, its declaration), and earlier names -> new."""
+    by_name: dict[str, tuple[str, Declared]] = {}
+    renamed: dict[str, str] = {}
+    for section, dataclass_type in SECTIONS.items():
+        for entry in declared(dataclass_type):
+            by_name[entry.name] = (section, entry)
+            renamed.update({old: entry.name for old in entry.option.renamed_from})
+    return by_name, renamed
+
+
+def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tuple[Stage, ...]:
+    """The recipe's stages with command-line ``changes`` (see :meth:`CompressRequest.from_recipe`)."""
+    if not changes:
+        return stages
+    options = {entry.name: entry.option for entry in declared(Stage)}
+    every = {name: value for name, value in changes.items() if options[name].every_stage}
+    one = {name: value for name, value in changes.items() if name not in every}
+    if one and len(stages) != 1:
+        raise BadInputError(
+            f"{', '.join(one)} change one stage, and the recipe has {len(stages)}.",
+            hint="Edit the recipe's stages instead.",
+            param=next(iter(one)),
+        )
+    if "sparsity" in one and "method" not in one:
+        one["method"] = AUTO
+    changed = list(stages)
+    if one:
+        changed[0] = dataclasses.replace(changed[0], **one)
+    if every:
+        quantizing = [index for index, stage in enumerate(changed) if stage.quantizes]
+        if not quantizing:
             raise BadInputError(
-                f"targets_per_subgraph must be at least 1 (got {self.targets_per_subgraph}).",
-                hint="Use 1 for one decoder layer per subgraph.",
-                param="targets_per_subgraph",
+                f"--{next(iter(every))} keeps layers out of quantization, and this run only "
+                "prunes.",
+                hint="Leave it out, or give the run a --scheme.",
+                param=next(iter(every)),
             )
+        for index in quantizing:
+            changed[index] = dataclasses.replace(changed[index], **every)
+    return tuple(changed)

@@ -5,15 +5,19 @@ it left it (the ``independent`` way of running several methods: SparseGPT 2:4 ov
 model, then GPTQ over the pruned one), so a later stage's Hessians see the earlier stages'
 weights. A stage that prunes comes first; one that quantizes ends the run, because quantized
 integers are what the checkpoint stores and a later stage would have to change them again.
+
+Every field is an option of ``compress`` (:mod:`~llmc_trace.oneshot.declare`): its flag, its
+key in a recipe's stage and its keyword in a request are the field's name. Torch-free at
+import (the schemes load when a stage is made), so the command line answers ``--help`` fast.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from llmc_trace.algorithms.scheme import QuantizationScheme, resolve_scheme
-from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.names import (
     ALL_TOKENS,
     AUTO,
@@ -22,117 +26,108 @@ from llmc_trace.core.names import (
     METHODS,
     PIPELINES,
     PRUNING_METHODS,
+    SCHEMES,
     SEQUENTIAL,
+    SPARSEGPT,
 )
 from llmc_trace.errors import BadInputError
+from llmc_trace.oneshot.declare import Flag, Float, Int, Names, Parsed, Text, normalize, option
+
+if TYPE_CHECKING:
+    from llmc_trace.algorithms.scheme import QuantizationScheme
+    from llmc_trace.algorithms.sparsegpt import Sparsity
+
+SCHEME_KEYS = ("name", "weights", "input_activations", "targets", "ignore")
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One method over the whole model: the keys and meanings of ``compress``'s flags.
+    """One method over the whole model (see the module docstring).
 
-    ``scheme``: the quantization (``None`` to prune only); ``sparsity``: 0.5 or (2, 4)
-    (``None`` to quantize only); ``pipeline``: ``auto`` for the memory plan's choice;
-    ``propagate_error``, ``true_sequential``, ``refine_passes``: as ``CompressRequest``
-    documents them; ``percdamp`` and ``blocksize``: the GPTQ/SparseGPT damping and sweep
-    block, recorded so that a recipe pins them. For mixture-of-experts layers:
-    ``expert_tokens`` (``all``: every expert's Hessian from every token; ``routed``: only the
-    tokens routed to it), ``min_expert_tokens`` (an expert with fewer is rounded to nearest,
-    and says so) and ``expert_group`` (at most this many experts calibrated per pass; ``None``:
-    all of a layer's at once), as :class:`~llmc_trace.oneshot.compressor.LayerCompressor`
-    documents them.
+    ``method`` and ``scheme`` may be ``auto``: the method is SparseGPT when a sparsity is
+    given and GPTQ otherwise; the scheme is W4A16 for a method that quantizes and none for
+    one that prunes. After construction both are resolved (``scheme`` a
+    :class:`QuantizationScheme` or ``None``, ``sparsity`` a fraction, an ``(N, M)`` pair or
+    ``None``), and ``scheme.ignore`` holds ``ignore`` too.
     """
 
-    method: str = GPTQ
-    scheme: QuantizationScheme | None = None
-    sparsity: Sparsity | None = None
-    pipeline: str = AUTO
-    propagate_error: bool = True
-    true_sequential: bool = False
-    refine_passes: int = 0
-    percdamp: float = 0.01
-    blocksize: int = 128
-    expert_tokens: str = ALL_TOKENS
-    min_expert_tokens: int = 8
-    expert_group: int | None = None
+    method: str = option(
+        AUTO,
+        "gptq, rtn, sparsegpt or magnitude (auto: sparsegpt when --sparsity is given, else gptq).",
+        Text(choices=(AUTO, *METHODS)),
+    )
+    scheme: Any = option(
+        AUTO,
+        f"{', '.join(SCHEMES)} or 'none' (auto: {SCHEMES[0]} for a method that "
+        "quantizes, none for one that prunes); a recipe may give the full mapping.",
+        Parsed(lambda value: _scheme_spelling(value), lambda value: _scheme_mapping(value)),
+    )
+    sparsity: Any = option(
+        None,
+        "Fraction such as 0.5, or N:M such as 2:4.",
+        Parsed(lambda value: parse_sparsity(value), lambda value: _sparsity_text(value)),
+    )
+    pipeline: str = option(
+        AUTO, "auto: the memory plan's choice.", Text(choices=(AUTO, *PIPELINES))
+    )
+    propagate: bool = option(
+        True,
+        "Rerun each compressed subgraph so later ones calibrate on compressed outputs (error "
+        "propagation).",
+        Flag(),
+        renamed_from=("propagate_error",),
+    )
+    true_sequential: bool = option(
+        False,
+        "Calibrate each layer's projections in dependency stages (sequential pipeline).",
+        Flag(),
+    )
+    refine_passes: int = option(
+        0, "GPTQ: refine by coordinate descent, at most this many passes (e.g. 20).", Int(0)
+    )
+    percdamp: float = option(
+        0.01, "GPTQ/SparseGPT damping, a share of the Hessian's mean diagonal.", Float()
+    )
+    blocksize: int = option(128, "GPTQ/SparseGPT: columns per lazy-update block.", Int(1))
+    expert_tokens: str = option(
+        ALL_TOKENS,
+        "MoE: build each expert's Hessian from every token, or only those routed to it.",
+        Text(choices=EXPERT_TOKENS),
+    )
+    min_expert_tokens: int = option(
+        8, "MoE: an expert with fewer tokens is rounded to nearest (and named).", Int(1)
+    )
+    expert_group: int | None = option(
+        None,
+        "MoE: calibrate at most this many experts per pass (bounds the Hessians alive).",
+        Int(1, optional=True),
+    )
+    ignore: tuple[str, ...] = option(
+        (),
+        "Layers to keep in full precision: module paths (as report.html lists them), class "
+        "names or 're:' patterns, added to the scheme's ignore list (comma-separated or "
+        "repeated).",
+        Names(),
+        short="-i",
+        every_stage=True,
+    )
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise BadInputError(
-                f"unknown method {self.method!r}.",
-                hint=f"Use one of {', '.join(METHODS)}.",
-                param="method",
-            )
-        if self.method in PRUNING_METHODS and self.sparsity is None:
-            raise BadInputError(
-                f"{self.method} needs a sparsity.",
-                hint="Pass --sparsity 0.5 or 2:4.",
-                param="sparsity",
-            )
-        if self.method not in PRUNING_METHODS and self.scheme is None:
-            raise BadInputError(
-                f"{self.method} needs a quantization scheme.",
-                hint="Pass --scheme W4A16.",
-                param="scheme",
-            )
-        if self.method not in PRUNING_METHODS and self.sparsity is not None:
-            raise BadInputError(
-                f"{self.method} quantizes and does not prune, but a sparsity was given.",
-                hint="Prune in a sparsegpt or magnitude stage before it.",
-                param="sparsity",
-            )
-        if self.pipeline not in (AUTO, *PIPELINES):
-            raise BadInputError(
-                f"unknown pipeline {self.pipeline!r}.",
-                hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
-                param="pipeline",
-            )
-        if self.true_sequential and (
-            self.pipeline not in (AUTO, SEQUENTIAL) or not self.propagate_error
-        ):
-            raise BadInputError(
-                "true-sequential calibration needs the sequential pipeline with error "
-                f"propagation (got pipeline {self.pipeline!r}"
-                f"{', no propagation' if not self.propagate_error else ''}).",
-                hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
-                param="true_sequential",
-            )
-        if self.refine_passes < 0:
-            raise BadInputError(
-                f"refine passes must be 0 or more (got {self.refine_passes}).",
-                hint="Pass --refine-passes 0 for GPTQ without refinement, or a positive limit.",
-                param="refine_passes",
-            )
-        if not 0 < self.percdamp < 1:
-            raise BadInputError(
-                f"percdamp must lie in (0, 1) (got {self.percdamp}).",
-                hint="0.01 (1 % of the Hessian's mean diagonal) is the usual damping.",
-                param="percdamp",
-            )
-        if self.expert_tokens not in EXPERT_TOKENS:
-            raise BadInputError(
-                f"unknown expert tokens {self.expert_tokens!r}.",
-                hint=f"Use one of {', '.join(EXPERT_TOKENS)}.",
-                param="expert_tokens",
-            )
-        if self.min_expert_tokens < 1:
-            raise BadInputError(
-                f"min expert tokens must be positive (got {self.min_expert_tokens}).",
-                hint="8 is the default; 1 rounds only experts no token reached.",
-                param="min_expert_tokens",
-            )
-        if self.expert_group is not None and self.expert_group < 1:
-            raise BadInputError(
-                f"the expert group must hold at least one expert (got {self.expert_group}).",
-                hint="Leave it unset to calibrate a layer's experts together.",
-                param="expert_group",
-            )
-        if self.blocksize < 1:
-            raise BadInputError(
-                f"blocksize must be positive (got {self.blocksize}).",
-                hint="128 is the usual sweep block.",
-                param="blocksize",
-            )
+        normalize(self)
+        sparsity = self.sparsity
+        method = self.method
+        if method == AUTO:
+            method = SPARSEGPT if sparsity is not None else GPTQ
+        scheme = self.scheme
+        if isinstance(scheme, str) or isinstance(scheme, Mapping):
+            scheme = _read_scheme(scheme, method)
+        if scheme is not None and self.ignore:
+            kept = tuple(dict.fromkeys((*scheme.ignore, *self.ignore)))
+            scheme = dataclasses.replace(scheme, ignore=kept)
+        for name, value in (("method", method), ("scheme", scheme), ("sparsity", sparsity)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "ignore", tuple(self.ignore))
+        _check(self)
 
     @property
     def prunes(self) -> bool:
@@ -142,21 +137,76 @@ class Stage:
     def quantizes(self) -> bool:
         return self.scheme is not None
 
-    @classmethod
-    def parse(
-        cls,
-        method: str,
-        scheme: str | QuantizationScheme | None,
-        sparsity: str | float | Sparsity | None,
-        **options: object,
-    ) -> Stage:
-        """A stage from the command line's spellings: a scheme by name (``none`` for no
-        quantization), a sparsity as ``0.5`` or ``2:4``."""
-        if isinstance(scheme, str):
-            scheme = None if scheme.lower() == "none" else resolve_scheme(scheme)
-        if not isinstance(sparsity, tuple):
-            sparsity = parse_sparsity(sparsity)
-        return cls(method, scheme, sparsity, **options)  # type: ignore[arg-type]
+
+def _check(stage: Stage) -> None:
+    """Combinations and ranges the kinds alone cannot check."""
+    if stage.method not in METHODS:
+        raise BadInputError(
+            f"unknown method {stage.method!r}.",
+            hint=f"Use one of {', '.join(METHODS)}.",
+            param="method",
+        )
+    if stage.method in PRUNING_METHODS and stage.sparsity is None:
+        raise BadInputError(
+            f"{stage.method} needs a sparsity.", hint="Pass --sparsity 0.5 or 2:4.", param="sparsity"
+        )
+    if stage.method not in PRUNING_METHODS and stage.scheme is None:
+        raise BadInputError(
+            f"{stage.method} needs a quantization scheme.",
+            hint="Pass --scheme W4A16.",
+            param="scheme",
+        )
+    if stage.method not in PRUNING_METHODS and stage.sparsity is not None:
+        raise BadInputError(
+            f"{stage.method} quantizes and does not prune, but a sparsity was given.",
+            hint="Prune in a sparsegpt or magnitude stage before it.",
+            param="sparsity",
+        )
+    if stage.ignore and stage.scheme is None:
+        raise BadInputError(
+            "--ignore keeps layers out of quantization, and this run only prunes.",
+            hint="Leave out --ignore, or give the run a --scheme.",
+            param="ignore",
+        )
+    if stage.pipeline not in (AUTO, *PIPELINES):
+        raise BadInputError(
+            f"unknown pipeline {stage.pipeline!r}.",
+            hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
+            param="pipeline",
+        )
+    if stage.true_sequential and (stage.pipeline not in (AUTO, SEQUENTIAL) or not stage.propagate):
+        raise BadInputError(
+            "true-sequential calibration needs the sequential pipeline with error "
+            f"propagation (got pipeline {stage.pipeline!r}"
+            f"{', no propagation' if not stage.propagate else ''}).",
+            hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
+            param="true_sequential",
+        )
+    _check_ranges(stage)
+
+
+def _check_ranges(stage: Stage) -> None:
+    """Numbers the command line's types check, checked again for a request made in Python."""
+    for name, value, wrong, hint in (
+        ("refine_passes", stage.refine_passes, stage.refine_passes < 0,
+         "Pass --refine-passes 0 for GPTQ without refinement, or a positive limit."),
+        ("percdamp", stage.percdamp, not 0 < stage.percdamp < 1,
+         "0.01 (1 % of the Hessian's mean diagonal) is the usual damping."),
+        ("min_expert_tokens", stage.min_expert_tokens, stage.min_expert_tokens < 1,
+         "8 is the default; 1 rounds only experts no token reached."),
+        ("expert_group", stage.expert_group,
+         stage.expert_group is not None and stage.expert_group < 1,
+         "Leave it unset to calibrate a layer's experts together."),
+        ("blocksize", stage.blocksize, stage.blocksize < 1, "128 is the usual sweep block."),
+    ):  # fmt: skip
+        if wrong:
+            raise BadInputError(f"{name} {value} is out of range.", hint=hint, param=name)
+    if stage.expert_tokens not in EXPERT_TOKENS:
+        raise BadInputError(
+            f"unknown expert tokens {stage.expert_tokens!r}.",
+            hint=f"Use one of {', '.join(EXPERT_TOKENS)}.",
+            param="expert_tokens",
+        )
 
 
 def check_order(stages: Sequence[Stage]) -> None:
@@ -186,10 +236,12 @@ def check_order(stages: Sequence[Stage]) -> None:
             )
 
 
-def parse_sparsity(text: str | float | None) -> Sparsity | None:
+def parse_sparsity(text: object) -> Sparsity | None:
     """``0.5`` (unstructured) or ``2:4`` (N:M); a fraction must lie strictly between 0 and 1."""
     if text is None or text == "":
         return None
+    if isinstance(text, tuple):
+        text = f"{text[0]}:{text[1]}"
     if isinstance(text, str) and ":" in text:
         n_text, _, m_text = text.partition(":")
         if not (n_text.isdigit() and m_text.isdigit()) or not 0 < int(n_text) < int(m_text):
@@ -200,8 +252,10 @@ def parse_sparsity(text: str | float | None) -> Sparsity | None:
             )
         return (int(n_text), int(m_text))
     try:
-        value = float(text)
-    except ValueError:
+        if isinstance(text, bool):
+            raise TypeError
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         raise BadInputError(
             f"sparsity {text!r} is neither a fraction nor N:M.",
             hint="Use e.g. 0.5 or 2:4.",
@@ -214,3 +268,85 @@ def parse_sparsity(text: str | float | None) -> Sparsity | None:
             param="sparsity",
         )
     return value
+
+
+def _scheme_spelling(value: object) -> object:
+    """A scheme as written (a name or a mapping), kept as it is: the stage resolves it,
+    since ``auto`` depends on the stage's method."""
+    from llmc_trace.algorithms.scheme import QuantizationScheme
+
+    if value is not None and not isinstance(value, (str, Mapping, QuantizationScheme)):
+        raise ValueError(f"must be a preset's name or a mapping, not {value!r}")
+    return value
+
+
+def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None:
+    """A scheme as a request, a recipe or the command line gives it: a preset's name,
+    ``none``, ``auto`` (the method's default), the full mapping a written recipe holds, or a
+    :class:`QuantizationScheme`."""
+    from llmc_trace.algorithms.scheme import (
+        DEFAULT_IGNORE,
+        DEFAULT_SCHEME,
+        DEFAULT_TARGETS,
+        DynamicActivationArgs,
+        QuantizationArgs,
+        QuantizationScheme,
+        resolve_scheme,
+    )
+
+    if value is None or isinstance(value, QuantizationScheme):
+        return value
+    if isinstance(value, str):
+        if value.lower() == "none":
+            return None
+        if value == AUTO:
+            return None if method in PRUNING_METHODS else DEFAULT_SCHEME
+        return resolve_scheme(value)
+    if not isinstance(value, Mapping):
+        raise BadInputError(
+            "`scheme` must be a preset's name or a mapping.",
+            hint="Use e.g. W4A16, or the mapping a written recipe.yaml has.",
+            param="scheme",
+        )
+    unknown = [key for key in value if key not in SCHEME_KEYS]
+    missing = [key for key in ("name", "weights") if key not in value]
+    if unknown or missing:
+        raise BadInputError(
+            f"the scheme has {'an unknown key ' + repr(unknown[0]) if unknown else 'no ' + repr(missing[0])}.",
+            hint=f"A scheme mapping has {', '.join(SCHEME_KEYS)}.",
+            param="scheme",
+        )
+    activations = value.get("input_activations")
+    try:
+        return QuantizationScheme(
+            str(value["name"]),
+            QuantizationArgs(**value["weights"]),
+            DynamicActivationArgs(**activations) if activations is not None else None,
+            tuple(value.get("targets", DEFAULT_TARGETS)),
+            tuple(value.get("ignore", DEFAULT_IGNORE)),
+        )
+    except TypeError as err:  # an unknown argument of the weights or activations
+        raise BadInputError(
+            f"the scheme's arguments are not valid ({err}).",
+            hint="Use the keys a written recipe.yaml has.",
+            param="scheme",
+        ) from None
+
+
+def _scheme_mapping(scheme: QuantizationScheme | str | None) -> object:
+    """A resolved scheme as a written recipe holds it: the full mapping (a name, such as the
+    declared default ``auto``, stays a name)."""
+    if scheme is None or isinstance(scheme, str):
+        return scheme
+    activations = scheme.input_activations
+    return {
+        "name": scheme.name,
+        "weights": dataclasses.asdict(scheme.weights),
+        "input_activations": None if activations is None else dataclasses.asdict(activations),
+        "targets": list(scheme.targets),
+        "ignore": list(scheme.ignore),
+    }
+
+
+def _sparsity_text(sparsity: Sparsity | None) -> object:
+    return f"{sparsity[0]}:{sparsity[1]}" if isinstance(sparsity, tuple) else sparsity

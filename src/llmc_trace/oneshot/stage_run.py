@@ -1,0 +1,109 @@
+"""One stage of a run, as its steps: compressor, trace, plan, calibrate (into a checkpoint or
+in memory), result."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from llmc_trace.core.experts import router_layers
+from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
+from llmc_trace.core.sizes import parameter_dtype
+from llmc_trace.models.weight_store import WeightStore
+from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.oneshot.coverage import parameter_coverage
+from llmc_trace.oneshot.planning import plan_stage
+from llmc_trace.oneshot.result import StageResult
+from llmc_trace.oneshot.stage import Stage
+from llmc_trace.oneshot.state import Pruned, RunState
+from llmc_trace.oneshot.targets import check_ignore, check_targets
+from llmc_trace.oneshot.write import calibrate_into_checkpoint
+from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
+from llmc_trace.pipelines.residency import InMemory, Residency, compute_dtype
+
+
+def run_stage(
+    run: RunState,
+    stage: Stage,
+    model: torch.nn.Module,
+    store: WeightStore | None,
+    out: Path | None,
+    *,
+    last: bool,
+) -> None:
+    """Compress ``model`` as ``stage`` says (every fused expert already visible as its own
+    projections), streamed from ``store`` into ``out`` or in memory; its result joins
+    ``run.results``."""
+    storage = parameter_dtype(model)
+    assert storage is not None  # loading refuses a model without floating-point weights
+    batches = run.calibration_set(model).batches
+    routers = router_layers(model)
+    compressor = _compressor(run, stage, storage, routers)
+    targets = check_targets(model, compressor, run.request.source.name)
+    check_ignore(model, stage)
+    run.progress("trace", 0, 1)
+    needs_data = stage.method in DATA_METHODS
+    traced, check = run.trace.trace(model, batches[0], needs_data=needs_data)
+    compute = compute_dtype(storage, device=run.device)
+    plan, stage = plan_stage(
+        traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
+        compute=compute, streamed=store is not None, device=run.device,
+    )  # fmt: skip
+    compressor.expert_group = stage.expert_group
+    order = fallback_order(plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines())
+
+    def calibrate(residency: Residency):  # type: ignore[no-untyped-def]
+        calibration = Calibration(
+            traced, run.world.shard(batches), compressor, run.device,
+            propagate_error=stage.propagate, true_sequential=stage.true_sequential,
+            progress=run.progress, residency=residency, twin=check.twin if check else None,
+        )  # fmt: skip
+        return run_pipelines(order, calibration)
+
+    if stage.prunes:
+        run.pruned = Pruned(stage.sparsity, targets)
+    if store is None or out is None:
+        outcome = calibrate(InMemory(torch.device("cpu"), compute))
+    else:
+        outcome = calibrate_into_checkpoint(
+            run, stage, model, store, out, calibrate=calibrate, compressor=compressor,
+            targets=targets, storage=storage, compute=compute, last=last,
+        )  # fmt: skip
+    fallbacks = list(outcome.fallbacks)
+    if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
+        fallbacks.append(
+            f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "
+            "each target in one stage"
+        )
+    compressed = {layer.name for layer in compressor.results}
+    if run.pruned is not None:
+        compressed |= set(run.pruned.layers)
+    ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
+    coverage = parameter_coverage(model, compressed, routers)
+    run.results.append(
+        StageResult(ran, plan, outcome.stats, compressor.results, fallbacks, coverage)
+    )
+
+
+def _compressor(
+    run: RunState, stage: Stage, storage: torch.dtype, routers: list[str]
+) -> LayerCompressor:
+    """The callbacks that compress this stage's layers, holding an earlier stage's zeros."""
+    return LayerCompressor(
+        stage.method,
+        stage.scheme,
+        stage.sparsity,
+        blocksize=stage.blocksize,
+        percdamp=stage.percdamp,
+        refine_passes=stage.refine_passes,
+        storage_dtype=storage,
+        world=run.world,
+        device_peaks=run.device_peaks,
+        keep_zeros=frozenset(run.pruned.layers) if run.pruned else frozenset(),
+        skip=frozenset(routers),
+        expert_tokens=stage.expert_tokens,
+        min_expert_tokens=stage.min_expert_tokens,
+        expert_group=stage.expert_group,
+    )

@@ -1,0 +1,88 @@
+"""What the stages of one ``compress`` run share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmc_trace.algorithms.sparsegpt import Sparsity
+from llmc_trace.core.device_peak import DevicePeaks
+from llmc_trace.core.progress import Progress
+from llmc_trace.core.world import World
+from llmc_trace.data import CalibrationSet, load_calibration
+from llmc_trace.models.source import ModelSource
+from llmc_trace.oneshot.compressor import LayerResult
+from llmc_trace.oneshot.report import build_report
+from llmc_trace.oneshot.request import CompressRequest
+from llmc_trace.oneshot.result import StageResult
+from llmc_trace.oneshot.settle import RunTrace
+from llmc_trace.oneshot.stage import Stage
+from llmc_trace.report.schema import CompressionReport
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """The mask an earlier stage left: which layers, to what structure (a quantizing stage
+    after it keeps those zeros, and the checkpoint records the sparsity)."""
+
+    sparsity: Sparsity
+    layers: list[str]
+
+
+@dataclass
+class RunState:
+    """The request, where it runs, and what its stages leave for the ones after them: the
+    calibration rows (loaded once), the settled trace, the pruning mask, each stage's result
+    and, once the checkpoint is written, the report written into it."""
+
+    request: CompressRequest
+    device: torch.device
+    progress: Progress
+    world: World
+    trace: RunTrace
+    calibration: CalibrationSet | None = None
+    pruned: Pruned | None = None
+    results: list[StageResult] = field(default_factory=list)
+    device_peaks: DevicePeaks = field(default_factory=DevicePeaks)
+    written_report: CompressionReport | None = None
+
+    def calibration_set(self, model: torch.nn.Module) -> CalibrationSet:
+        """The calibration rows, loaded once for every stage (token ids need no tokenizer:
+        they are checked against the embedding table instead)."""
+        if self.calibration is None:
+            request, settings = self.request, self.request.calibration
+            assert settings.dataset is not None  # a request has a dataset
+            self.calibration = load_calibration(
+                settings.dataset,
+                _tokenizer(request.source) if request.data_kind != "npy" else None,
+                samples=settings.samples,
+                seq_len=settings.seq_len,
+                seed=settings.seed,
+                batch_size=settings.batch_size,
+                vocab_size=model.get_input_embeddings().num_embeddings,
+            )
+        return self.calibration
+
+    def report(
+        self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None
+    ) -> CompressionReport:
+        """The report of ``stages`` as they ran, with their compressed layers."""
+        assert dtype is not None  # loading refuses a model without floating-point weights
+        return build_report(
+            self.request,
+            stages,
+            self.trace.traced,
+            device=self.device,
+            dtype=dtype,
+            device_peak_bytes=self.device_peaks.current(self.device),
+        )
+
+
+def _tokenizer(source: ModelSource) -> Any:
+    if not source.has_tokenizer:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.folder)

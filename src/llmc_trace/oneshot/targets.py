@@ -1,0 +1,69 @@
+"""The layers a stage compresses, checked before calibration: something is targeted, every
+group fits its layer, and every layer the user asked to keep in full precision exists."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import torch
+
+from llmc_trace.algorithms.scheme import matches
+from llmc_trace.errors import BadInputError
+from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.oneshot.stage import Stage
+
+
+def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:
+    """The paths of the targeted layers: something must be targeted, and every group must
+    fit its layer, before calibration."""
+    targets = compressor.targets(list(model.named_modules()))
+    if not targets:
+        raise BadInputError(
+            f"no layer of {name} is targeted by the scheme.",
+            hint="Check the scheme's targets and ignore patterns.",
+            param="scheme",
+        )
+    args = compressor.scheme.weights if compressor.scheme is not None else None
+    if args is not None and args.strategy == "group" and args.group_size:
+        misfits = [n for n, layer in targets if layer.in_features % args.group_size]
+        if misfits:
+            raise BadInputError(
+                f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "
+                f"not a multiple of the group size {args.group_size}.",
+                hint="Use a per-channel scheme or a smaller group size, or ignore those layers.",
+                param="scheme",
+            )
+    return [n for n, _ in targets]
+
+
+def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
+    """Every entry of ``stage.ignore`` (keep in full precision) names a module of ``model``:
+    a typo would otherwise keep nothing dense and say nothing. An entry spelled as a tracing
+    name (``Class.method``) says where those go now."""
+    modules = list(model.named_modules())
+    for pattern in stage.ignore:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern.removeprefix("re:"))
+            except re.error as err:
+                raise BadInputError(
+                    f"--ignore {pattern!r} is not a valid regular expression ({err}).",
+                    hint="Write 're:' followed by a Python regular expression.",
+                    param="ignore",
+                ) from None
+        if any(matches(name, module, (pattern,)) for name, module in modules):
+            continue
+        candidates = sorted({name for name, _ in modules if name} | {type(m).__name__ for _, m in modules})
+        close = difflib.get_close_matches(pattern, candidates, n=3)
+        head = pattern.split(".")[0]
+        if "." in pattern and head in {type(m).__name__ for _, m in modules}:
+            hint = (
+                f"{pattern} looks like a tracing name: --ignore keeps layers in full precision; "
+                "modules and functions not to trace into go to --tracing-ignore (tracing_ignore)."
+            )
+        else:
+            hint = f"Did you mean {', '.join(close)}?" if close else "Use a module path, a class name or 're:'."
+        raise BadInputError(
+            f"--ignore {pattern!r} matches no layer of the model.", hint=hint, param="ignore"
+        )

@@ -1,0 +1,89 @@
+"""One declaration per option: a field declared once reaches the command line, the recipe and
+the request, and the public names are the documented ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmc_trace.cli.compress_cmd import compress_command
+from llmc_trace.oneshot import settings
+from llmc_trace.oneshot.declare import Int, option
+from llmc_trace.oneshot.recipe import read_recipe, render_recipe
+from llmc_trace.oneshot.request import CompressRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationWithPasses(settings.CalibrationSettings):
+    """The calibration section with one more option, declared as every option is."""
+
+    warmup_passes: int = option(3, "Throwaway: passes before calibration.", Int(0))
+
+
+@pytest.fixture
+def declared_option(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setitem(settings.SECTIONS, "calibration", CalibrationWithPasses)
+    return "warmup_passes"
+
+
+def test_an_option_declared_once_is_a_flag_a_recipe_key_and_a_request_field(
+    declared_option: str, saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    command = compress_command()
+    result = CliRunner().invoke(command, ["--help"], obj=None)
+    assert "--warmup-passes" in result.output and "Throwaway: passes" in result.output
+
+    request = CompressRequest(folder, data, samples=4, seq_len=32, warmup_passes=7)
+    assert request.calibration.warmup_passes == 7
+
+    text = render_recipe(request.recipe())
+    assert "  warmup_passes: 7\n" in text
+    (tmp_path / "recipe.yaml").write_text(text)
+    read = read_recipe(tmp_path / "recipe.yaml")
+    assert read == request.recipe()
+    again = CompressRequest.from_recipe(read, folder, warmup_passes=9)
+    assert again.calibration.warmup_passes == 9 and again.calibration.samples == 4
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("calibration:\n  warmup_passes: -1\nstages: [{method: gptq}]\n")
+    with pytest.raises(ValueError, match="recipe line 2, `warmup_passes`"):
+        read_recipe(bad)
+
+
+def test_earlier_names_are_read_with_a_warning_naming_the_new_one(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = saved_llama
+    with pytest.warns(FutureWarning, match="propagate_error is now called propagate"):
+        request = CompressRequest(folder, data, samples=4, seq_len=32, propagate_error=False)
+    assert request.stages[0].propagate is False
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("tracing: {ignore: [Foo.bar]}\nstages: [{method: gptq}]\n")
+    with pytest.warns(FutureWarning, match="`ignore` is now `tracing_ignore`"):
+        assert read_recipe(recipe).tracing.tracing_ignore == ("Foo.bar",)
+
+
+def test_an_unknown_option_names_the_closest(saved_llama: tuple[Path, Path]) -> None:
+    folder, data = saved_llama
+    with pytest.raises(ValueError, match="unknown option 'sample'") as info:
+        CompressRequest(folder, data, sample=4)
+    assert "samples" in info.value.hint  # type: ignore[attr-defined]
+
+
+def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:
+    code = (
+        "from llmc_trace import compress, CompressRequest\n"
+        "import llmc_trace.algorithms, llmc_trace\n"
+        "print(callable(compress), compress.__module__, llmc_trace.compress is compress,\n"
+        "      CompressRequest.__module__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == [
+        "True", "llmc_trace.oneshot.run", "True", "llmc_trace.oneshot.request"
+    ], result.stderr
