@@ -153,7 +153,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         options["refine_passes"] = spec["refine_passes"]
     if spec["then_quantize"]:
         quantizer = "gptq" if spec["method"] == "sparsegpt" else "rtn"
-        prune = Stage.parse(spec["method"], None, spec["sparsity"])
+        prune = Stage(spec["method"], None, spec["sparsity"])
         options = {"stages": (prune, Stage(quantizer, scheme))}
     request = CompressRequest(
         model_dir,

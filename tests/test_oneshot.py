@@ -102,7 +102,7 @@ def test_interrupted_write_leaves_no_folder(
         ({"scheme": W4A16.with_weights(group_size=256)}, "scheme"),
         ({"scheme": W4A16.__class__("none", W4A16.weights, targets=("Conv2d",))}, "scheme"),
         ({"true_sequential": True, "pipeline": "basic"}, "true_sequential"),
-        ({"true_sequential": True, "propagate_error": False}, "true_sequential"),
+        ({"true_sequential": True, "propagate": False}, "true_sequential"),
         ({"refine_passes": -1}, "refine_passes"),
     ],
 )

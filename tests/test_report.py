@@ -17,7 +17,7 @@ from llmc_trace.cli.main import cli
 from llmc_trace.algorithms.baseline import baseline_weight
 from llmc_trace.algorithms.scheme import W4A16, QuantizationArgs
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.run import CompressionResult
+from llmc_trace.oneshot.result import CompressionResult
 from llmc_trace.report import SCHEMA, VERSION, read_report
 from tests.render.cdp import find_chromium, open_page
 

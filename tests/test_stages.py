@@ -177,5 +177,5 @@ def test_flags_override_a_one_stage_recipe(
     request = CompressRequest.from_recipe(
         tmp_path / "recipe.yaml", folder, None, samples=16, method="rtn"
     )
-    assert request.samples == 16 and request.seq_len == 64
+    assert request.calibration.samples == 16 and request.calibration.seq_len == 64
     assert request.stages == (Stage("rtn", W4A16),)

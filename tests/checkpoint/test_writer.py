@@ -15,7 +15,8 @@ from transformers.utils.quantization_config import CompressedTensorsConfig
 
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
 from llmc_trace.oneshot import Stage
-from llmc_trace.oneshot.recipe import render_recipe
+from llmc_trace.oneshot.recipe import Recipe, render_recipe
+from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 from llmc_trace.algorithms import (
     W4A16,
     W4A16_ASYM,
@@ -32,9 +33,12 @@ from llmc_trace.algorithms import (
 )
 
 RECIPE = render_recipe(
-    {"dataset": "calib.npy", "samples": 4, "seq_len": 512, "seed": 0},
-    [Stage("gptq", W4A16, pipeline="sequential")],
-    ignore=[],
+    Recipe(
+        CalibrationSettings("calib.npy", samples=4, seq_len=512, seed=0),
+        TracingSettings(),
+        CheckpointSettings(),
+        (Stage("gptq", W4A16, pipeline="sequential"),),
+    )
 )
 
 

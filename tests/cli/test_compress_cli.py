@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from llmc_trace.cli.compress_cmd import compress as compress_command
+from llmc_trace.cli.compress_cmd import compress_command
 from llmc_trace.cli.main import cli
 from llmc_trace.oneshot import CompressRequest
 
@@ -49,6 +48,7 @@ def test_negative_refine_passes_exit_2_before_loading(
     assert not out.exists()
 
 
-def test_the_default_is_the_library_default() -> None:
-    option = next(p for p in compress_command.params if p.name == "refine_passes")
-    assert option.default == inspect.signature(CompressRequest).parameters["refine_passes"].default
+def test_the_default_is_the_library_default(saved_llama: tuple[Path, Path]) -> None:
+    folder, data = saved_llama
+    option = next(p for p in compress_command().params if p.name == "refine_passes")
+    assert option.default == CompressRequest(folder, data, seq_len=64).stages[0].refine_passes

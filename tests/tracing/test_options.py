@@ -33,7 +33,7 @@ def test_a_mistyped_class_name_is_refused_with_the_closest_names() -> None:
     """It used to become a function name that matched nothing, silently."""
     with pytest.raises(BadInputError, match="matches no module class") as info:
         TracingOptions.parse(tiny_llama(), ["LlamaRotaryEmbeding"])
-    assert info.value.param == "ignore"
+    assert info.value.param == "tracing_ignore"
     assert "'LlamaRotaryEmbedding'" in info.value.hint
 
 

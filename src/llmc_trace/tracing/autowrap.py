@@ -65,7 +65,7 @@ def parse_entry(entry: str) -> tuple[str, int]:
         raise BadInputError(
             f"The ignore entry {entry!r} is not of the form 'autowrap:<function>@<line>'.",
             hint="Copy it from `llmc-trace attempt --fix`, e.g. 'autowrap:MyModel.forward@120'.",
-            param="ignore",
+            param="tracing_ignore",
         )
     return function, int(line)
 
@@ -128,7 +128,7 @@ def plan_rewrites(
                 f"{type(model).__name__} defines at line {function_lines[0]}.",
                 hint="The model code changed since the entry was made: run "
                 "`llmc-trace attempt --fix` again for a current one.",
-                param="ignore",
+                param="tracing_ignore",
             )
         planned.append((function, function_lines))
     return planned
@@ -171,7 +171,7 @@ def install_autowraps(
                 raise BadInputError(
                     f"Autowrap cannot rewrite {function.__code__.co_qualname}: {err.message}",
                     hint="Drop the entry from ignore; `llmc-trace attempt --fix` tries others.",
-                    param="ignore",
+                    param="tracing_ignore",
                 ) from err
             namespace = function.__globals__
             for name, extracted in rewritten.extracted.items():

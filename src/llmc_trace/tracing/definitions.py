@@ -131,7 +131,7 @@ def use_definitions(model: torch.nn.Module, entries: list[str]) -> Iterator[list
                 f"No definition in tracing_models/ is registered for a class of "
                 f"{type(model).__name__} named {', '.join(sorted(wanted - found))}.",
                 hint="Drop the entry from ignore, or add a definition (tracing_models/README.md).",
-                param="ignore",
+                param="tracing_ignore",
             )
         yield paths
     finally:

@@ -84,7 +84,7 @@ class TracingOptions:
                     f"{entry!r} in ignore matches no module class, function or method of "
                     f"{type(model).__name__}.",
                     hint=_closest(entry, model, classes),
-                    param="ignore",
+                    param="tracing_ignore",
                 )
         return cls(
             sequential_targets=None if sequential_targets is None else tuple(sequential_targets),

@@ -208,7 +208,7 @@ def plan_leaves(
                 raise BadInputError(
                     f"Ignoring {path!r} would hide the sequential targets inside it.",
                     hint="Ignore a smaller module, or choose targets outside it.",
-                    param="ignore",
+                    param="tracing_ignore",
                 )
             if not any(path.startswith(t + ".") or path == t for t in targets):
                 ignored.append(path)

@@ -116,7 +116,7 @@ def trace_graph(
             f"targets {', '.join(sorted(hidden)[:3])}{', ...' if len(hidden) > 3 else ''} "
             "inside one graph call.",
             hint="Autowrap a statement that does not call the targets.",
-            param="ignore",
+            param="tracing_ignore",
         )
     return TraceResult(
         graph=graph,
