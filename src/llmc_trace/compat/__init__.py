@@ -51,7 +51,10 @@ Where the behaviour differs, and why:
 
 from __future__ import annotations
 
+from llmc_trace.compat.arguments import PipelineArguments, pipeline_arguments
 from llmc_trace.compat.cache import IntermediatesCache
+from llmc_trace.compat.callbacks import CalibrationCallbacks
+from llmc_trace.compat.dispatch import dispatch_for_sequential
 from llmc_trace.compat.helpers import (
     Subgraph,
     find_target_nodes,
@@ -63,16 +66,39 @@ from llmc_trace.compat.helpers import (
     trace_consumed_names,
     trace_subgraphs,
 )
+from llmc_trace.compat.pipelines import (
+    BasicPipeline,
+    CalibrationPipeline,
+    DataFreePipeline,
+    IndependentPipeline,
+    LayerSequentialPipeline,
+    SequentialPipeline,
+)
+from llmc_trace.compat.targets import get_sequential_targets, match_modules
+from llmc_trace.compat.tracer import SequentialTracer
 from llmc_trace.graph.subgraph import MODEL_OUTPUT
 
 __all__ = [
     "MODEL_OUTPUT",
+    "BasicPipeline",
+    "CalibrationCallbacks",
+    "CalibrationPipeline",
+    "DataFreePipeline",
+    "IndependentPipeline",
     "IntermediatesCache",
+    "LayerSequentialPipeline",
+    "PipelineArguments",
+    "SequentialPipeline",
+    "SequentialTracer",
     "Subgraph",
+    "dispatch_for_sequential",
     "find_target_nodes",
     "get_sequential_ancestors",
+    "get_sequential_targets",
     "graph_is_well_formed",
+    "match_modules",
     "partition_graph",
+    "pipeline_arguments",
     "populate_concrete_args",
     "topological_partition",
     "trace_consumed_names",
