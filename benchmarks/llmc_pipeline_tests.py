@@ -12,7 +12,7 @@ reference environment, which has llm-compressor 0.14 (``bash benchmarks/referenc
     git -C /tmp/llmc-src checkout 871643836  # the tests as of 0.14.0.1's pipelines
     benchmarks/.venv-llmc/bin/python benchmarks/llmc_pipeline_tests.py /tmp/llmc-src
 
-It prints pytest's summary line and one line per test that did not pass; exit status 0.
+It prints one line per test that did not pass, then pytest's summary line; exit status 0.
 """
 
 from __future__ import annotations
@@ -69,13 +69,15 @@ def main() -> int:
             target.write_text(rewrite_imports(path.read_text()))
         env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--continue-on-collection-errors", scratch],
+            [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
+            + ["--continue-on-collection-errors", scratch],
             cwd=scratch,
             env=env,
             capture_output=True,
             text=True,
         )
-    report = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
+    outcomes = ("FAILED", "ERROR", "SKIPPED")
+    report = [line for line in result.stdout.splitlines() if line.startswith(outcomes)]
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr
     print("\n".join([*report, summary]))
     return 0

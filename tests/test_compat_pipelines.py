@@ -167,6 +167,33 @@ def test_basic_pipeline_hands_every_target_its_eager_inputs() -> None:
     assert_same_calls(actual, expected, paths, len(batches))
 
 
+def test_output_hooks_hear_what_eager_outputs_are() -> None:
+    """A hook on a layer's output, and on its last-called child's, hears every batch: a
+    calibration pass runs to its end even when a propagation pass will follow."""
+    model, batches = tiny_llama(layers=2), llama_batches(2)
+    paths = [p for i in range(2) for p in (f"model.layers.{i}", f"model.layers.{i}.mlp.down_proj")]
+
+    def keep(outputs: Calls, path: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            outputs[path].append(tree_map(lambda v: v.clone(), output))
+
+        return hook
+
+    expected: Calls = defaultdict(list)
+    handles = [model.get_submodule(p).register_forward_hook(keep(expected, p)) for p in paths]
+    with torch.no_grad():
+        for batch in batches:
+            model(**batch, use_cache=False)
+    for handle in handles:
+        handle.remove()
+    actual: Calls = defaultdict(list)
+    callbacks = CalibrationCallbacks()
+    for path in paths:
+        callbacks.register_hook(model.get_submodule(path), keep(actual, path), "forward")
+    SequentialPipeline(callbacks)(model, batches, {"propagate_error": True})
+    assert_same_calls(actual, expected, paths, len(batches))
+
+
 def round_linears(modules: list[torch.nn.Module]) -> None:
     """A stand-in compressor: every Linear weight rounded to multiples of 1/4."""
     for module in modules:

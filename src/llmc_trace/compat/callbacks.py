@@ -15,8 +15,8 @@ calibrates (and, outside pipelines, always, as llm-compressor's do)::
             callbacks.register_hook(module, lambda m, args, n=name: inputs[n].append(args[0]))
     SequentialPipeline(callbacks)(model, batches, {"sequential_targets": ["LlamaDecoderLayer"]})
 
-:class:`Listening` turns any number of them into the :class:`~llmc_trace.pipelines.callbacks.Callbacks`
-llmc-trace's own pipelines call.
+:class:`Listening` turns any number of them into the
+:class:`~llmc_trace.pipelines.callbacks.Callbacks` llmc-trace's own pipelines call.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.pipelines.callbacks import NamedModules
 
 HookType = Literal["forward_pre", "forward"]
+
+#: Belongs to no model: a pass told to wait for it runs every batch to the end
+#: (:meth:`Listening.passes`).
+_NEVER_CALLED = torch.nn.Identity()
 
 
 @dataclass
@@ -56,6 +60,7 @@ class CalibrationCallbacks:
     batch_index: int = field(default=-1, init=False)
     batch: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _hooked: dict[int, torch.nn.Module] = field(default_factory=dict, init=False, repr=False)
+    _outputs_hooked: set[int] = field(default_factory=set, init=False, repr=False)
     _handles: list[RemovableHandle] = field(default_factory=list, init=False, repr=False)
     _enabled: bool = field(default=True, init=False, repr=False)
 
@@ -82,6 +87,7 @@ class CalibrationCallbacks:
             handle = module.register_forward_pre_hook(gated, with_kwargs=with_kwargs)
         elif hook_type == "forward":
             handle = module.register_forward_hook(gated, with_kwargs=with_kwargs)
+            self._outputs_hooked.add(id(module))
         else:
             raise BadInputError(
                 f"hook_type must be 'forward_pre' or 'forward', got {hook_type!r}.",
@@ -98,6 +104,7 @@ class CalibrationCallbacks:
             handle.remove()
         self._handles.clear()
         self._hooked.clear()
+        self._outputs_hooked.clear()
 
     def listens_to(self, modules: Sequence[torch.nn.Module]) -> bool:
         """Does this algorithm calibrate any of ``modules``? Yes when it compresses at every
@@ -105,6 +112,10 @@ class CalibrationCallbacks:
         if self.sequential_epoch_end is not None:
             return True
         return any(id(module) in self._hooked for module in modules)
+
+    def hears_outputs_of(self, modules: Sequence[torch.nn.Module]) -> bool:
+        """Does a hook of this algorithm read the outputs of any of ``modules``?"""
+        return any(id(module) in self._outputs_hooked for module in modules)
 
 
 @contextlib.contextmanager
@@ -155,6 +166,17 @@ class Listening:
         return any(callbacks.listens_to(plain) for callbacks in self.callbacks)
 
     def passes(self, modules: NamedModules) -> list[NamedModules]:
+        """One pass over the batches; when a hook reads a module's outputs, the pass also
+        waits on a module the step never calls.
+
+        A sequential pipeline that will propagate stops each calibration forward as soon as
+        every module of the step has received its inputs (the outputs would be recomputed
+        anyway), so the outputs of the last module called, and of the modules enclosing it,
+        would never reach a hook; llm-compressor runs every calibration forward to its end.
+        """
+        plain = [module for _, module in modules]
+        if any(callbacks.hears_outputs_of(plain) for callbacks in self.callbacks):
+            return [[*modules, ("", _NEVER_CALLED)]]
         return [modules]
 
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
@@ -168,7 +190,7 @@ class Listening:
             callbacks.batch = batch
 
     def on_calibrated(self, index: int, modules: NamedModules) -> None:
-        plain = [module for _, module in modules]
+        plain = [module for _, module in modules if module is not _NEVER_CALLED]
         for callbacks in self.callbacks:
             if callbacks.sequential_epoch_end is not None:
                 callbacks.sequential_epoch_end(plain)
