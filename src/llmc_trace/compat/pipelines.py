@@ -30,7 +30,6 @@ from llmc_trace.compat.helpers import known_ignore
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.errors import BadInputError
 from llmc_trace.pipelines.registry import RUNNERS, Calibration
-from llmc_trace.pipelines.sequential import PipelineStats
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.targets import plan_leaves
@@ -38,7 +37,7 @@ from llmc_trace.tracing.targets import plan_leaves
 logger = logging.getLogger(__name__)
 
 Pipeline = TypeVar("Pipeline", bound="type[CalibrationPipeline]")
-Callbacks = CalibrationCallbacks | Sequence[CalibrationCallbacks] | None
+CallbacksArgument = CalibrationCallbacks | Sequence[CalibrationCallbacks] | None
 
 
 def standardize_lookup_name(name: str) -> str:
@@ -57,7 +56,7 @@ class CalibrationPipeline(abc.ABC):
 
     _registry: ClassVar[dict[str, type[CalibrationPipeline]]] = {}
 
-    def __init__(self, callbacks: Callbacks = None) -> None:
+    def __init__(self, callbacks: CallbacksArgument = None) -> None:
         if callbacks is None:
             self.callbacks: list[CalibrationCallbacks] = []
         elif isinstance(callbacks, CalibrationCallbacks):
@@ -232,7 +231,7 @@ def _calibrate(
     dataloader: Iterable[Mapping[str, Any]] | None,
     dataset_args: Any,
     callbacks: list[CalibrationCallbacks],
-) -> PipelineStats:
+) -> None:
     """Run llmc-trace's pipeline ``name`` on ``model`` with ``callbacks`` listening; the model
     is in eval mode for the run (dropout off, as in llm-compressor's calibration context)."""
     arguments = pipeline_arguments(dataset_args)
@@ -255,7 +254,7 @@ def _calibrate(
     else:
         traced = _leaves_only(model, batches, options)
     with _evaluating(model), Listening(callbacks) as listening:
-        return RUNNERS[name](
+        RUNNERS[name](
             Calibration(
                 traced,
                 batches,
