@@ -386,6 +386,39 @@ def test_dispatch_for_sequential_leaves_outputs_unchanged() -> None:
         torch.testing.assert_close(model(**batch).logits, expected, rtol=0, atol=0)
 
 
+def test_dispatch_for_sequential_removes_accelerate_offloading() -> None:
+    """accelerate's hooks move weights on every call; after dispatching, the weights stay on
+    the CPU, no hook is left, and the outputs are what they were (runs where accelerate is
+    installed, as in the reference venv)."""
+    accelerate = pytest.importorskip("accelerate")
+    model, batch = tiny_llama(layers=2), token_batch()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert any(hasattr(m, "_hf_hook") for m in model.modules())
+    dispatch_for_sequential(model)
+    assert not any(hasattr(m, "_hf_hook") for m in model.modules())
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, expected, rtol=0, atol=0)
+
+
+def test_llm_compressor_dataset_arguments_drive_the_pipeline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """llm-compressor's own DatasetArguments object (where it is installed) is read without
+    a warning, and its fields take effect: Linear targets and no error propagation."""
+    dataset_arguments = pytest.importorskip("llmcompressor.args.dataset_arguments")
+    model, batches = tiny_llama(layers=2), llama_batches(2)
+    args = dataset_arguments.DatasetArguments(sequential_targets=["Linear"], propagate_error=False)
+    paths = target_paths(model, "Linear")
+    expected = eager_calls(model, paths, batches)
+    with caplog.at_level(logging.WARNING, logger="llmc_trace"):
+        actual = pipeline_calls(SequentialPipeline, model, paths, batches, args, round_linears)
+    assert not caplog.records
+    assert_same_calls(actual, expected, paths, len(batches))  # inputs of the original model
+
+
 def test_sequential_tracer_stops_at_targets_and_beside_them() -> None:
     model, batch = tiny_llama(layers=2), token_batch()
     targets = match_modules(model, ["LlamaDecoderLayer"])

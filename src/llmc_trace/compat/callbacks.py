@@ -39,7 +39,7 @@ HookType = Literal["forward_pre", "forward"]
 _NEVER_CALLED = torch.nn.Identity()
 
 
-@dataclass
+@dataclass(eq=False)  # a stateful listener: two are the same only when they are one
 class CalibrationCallbacks:
     """A calibration algorithm as a compat pipeline sees it: three events and some hooks.
 
