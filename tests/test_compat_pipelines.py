@@ -143,17 +143,20 @@ def test_sequential_pipeline_hands_every_target_its_eager_inputs(case: str) -> N
     model, batches, cls, targets = CASES[case]()
     paths = target_paths(model, cls)
     if case == "qwen2-vl-image":
-        paths = [p for p in paths if ".language_model." in p]  # the default targets
-        assert "pixel_values" in batches[0]
+        paths = [p for p in paths if ".visual." not in p]  # the default targets
+        assert "pixel_values" in batches[0] and paths
     expected = eager_calls(model, paths, batches)
     args = {"sequential_targets": targets}
     actual = pipeline_calls(SequentialPipeline, model, paths, batches, args)
     assert_same_calls(actual, expected, paths, len(batches))
 
 
-def test_layer_sequential_pipeline_hands_every_target_its_eager_inputs() -> None:
-    model, batches = tiny_llama(layers=3), llama_batches()
-    paths = target_paths(model, "LlamaDecoderLayer")
+@pytest.mark.parametrize("case", ["llama-layers", "qwen2-vl-image"])
+def test_layer_sequential_pipeline_hands_every_target_its_eager_inputs(case: str) -> None:
+    """Where each layer receives the previous one's output and the same other arguments:
+    Llama, and Qwen2-VL's language model behind its vision tower."""
+    model, batches, cls, _ = CASES[case]()
+    paths = [p for p in target_paths(model, cls) if ".visual." not in p]
     expected = eager_calls(model, paths, batches)
     actual = pipeline_calls(LayerSequentialPipeline, model, paths, batches, None)
     assert_same_calls(actual, expected, paths, len(batches))

@@ -77,7 +77,8 @@ class CalibrationCallbacks:
         arguments), firing only while it is enabled: a pipeline enables it for calibration
         passes and disables it while it propagates, as llm-compressor's ``HooksMixin`` does.
 
-        A module with a hook is one a sequential pipeline must calibrate.
+        A module hooked here (until :meth:`remove_hooks`) is one a sequential pipeline
+        calibrates, not only runs.
         """
 
         def gated(*args: Any) -> Any:
