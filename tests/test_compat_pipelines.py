@@ -436,6 +436,20 @@ def test_sequential_tracer_stops_at_targets_and_beside_them() -> None:
     logits = traced["logits"] if isinstance(traced, dict) else traced.logits
     torch.testing.assert_close(logits, expected, rtol=0, atol=0)
 
+    class IntoFirstLayer(SequentialTracer):
+        def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+            inside = module_qualified_name == "model.layers.0"
+            return not inside and super().is_leaf_module(m, module_qualified_name)
+
+    tracer = IntoFirstLayer(get_sequential_ancestors(model, targets))
+    graph = fx.GraphModule(model, tracer.trace(model, dummy_inputs=batch))
+    called = {n.target for n in graph.graph.nodes if n.op == "call_module"}
+    assert "model.layers.0" not in called and "model.layers.0.mlp" in called
+    with torch.no_grad():
+        traced = graph(**batch)
+    logits = traced["logits"] if isinstance(traced, dict) else traced.logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+
 
 @dataclass
 class DatasetArguments:
