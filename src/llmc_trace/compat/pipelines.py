@@ -233,7 +233,8 @@ def _calibrate(
     callbacks: list[CalibrationCallbacks],
 ) -> None:
     """Run llmc-trace's pipeline ``name`` on ``model`` with ``callbacks`` listening; the model
-    is in eval mode for the run (dropout off, as in llm-compressor's calibration context)."""
+    is in eval mode for the trace and the run (dropout off, as in llm-compressor's
+    calibration context)."""
     arguments = pipeline_arguments(dataset_args)
     batches = _batches(dataloader)
     if not batches and name != DATA_FREE:
@@ -248,21 +249,22 @@ def _calibrate(
         arguments.sequential_targets,
         arguments.sequential_targets_per_subgraph,
     )
-    if name == SEQUENTIAL:
-        with hooks_disabled(callbacks):  # tracing runs modules on example values
-            traced = trace_instance(model, batches[0], options)
-    else:
-        traced = _leaves_only(model, batches, options)
-    with _evaluating(model), Listening(callbacks) as listening:
-        RUNNERS[name](
-            Calibration(
-                traced,
-                batches,
-                listening,
-                onload_device(model),
-                propagate_error=arguments.propagate_error,
+    with _evaluating(model):
+        if name == SEQUENTIAL:
+            with hooks_disabled(callbacks):  # tracing runs modules on example values
+                traced = trace_instance(model, batches[0], options)
+        else:
+            traced = _leaves_only(model, batches, options)
+        with Listening(callbacks) as listening:
+            RUNNERS[name](
+                Calibration(
+                    traced,
+                    batches,
+                    listening,
+                    onload_device(model),
+                    propagate_error=arguments.propagate_error,
+                )
             )
-        )
 
 
 def _batches(dataloader: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
