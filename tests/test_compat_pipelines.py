@@ -162,6 +162,20 @@ def test_layer_sequential_pipeline_hands_every_target_its_eager_inputs(case: str
     assert_same_calls(actual, expected, paths, len(batches))
 
 
+def test_a_model_in_training_mode_calibrates_as_in_eval_and_stays_in_training() -> None:
+    """Attention dropout would make every batch's inputs random: the pipelines run the model
+    in eval mode, as llm-compressor's calibration context does, and restore its mode."""
+    model, batches = tiny_llama(layers=2), llama_batches(2)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    paths = target_paths(model, "LlamaDecoderLayer")
+    expected = eager_calls(model, paths, batches)  # tiny_llama is in eval mode
+    model.train()
+    actual = pipeline_calls(SequentialPipeline, model, paths, batches, None)
+    assert all(module.training for module in model.modules())
+    assert_same_calls(actual, expected, paths, len(batches))
+
+
 def test_basic_pipeline_hands_every_target_its_eager_inputs() -> None:
     model, batches = tiny_llama(layers=2), llama_batches(2)
     paths = target_paths(model, "Linear")
