@@ -55,9 +55,18 @@ def trace_subgraphs(
     was tried) on it.
     """
     options = TracingOptions.parse(model, ignore or [], sequential_targets, targets_per_subgraph)
-    traced = trace_model(model, sample_input, options, name=type(model).__name__)
+    return trace_instance(model, sample_input, options, fix=fix).subgraphs
+
+
+def trace_instance(
+    model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions, *, fix: bool = True
+) -> TracedModel:
+    """:func:`trace_subgraphs`'s trace, as the :class:`TracedModel` the pipelines run: traced
+    as written, else with the first fix that verifies (logged); raises
+    :class:`~llmc_trace.errors.NotTraceableError` when neither traces."""
+    traced = trace_model(model, sample, options, name=type(model).__name__)
     if traced.traced:
-        return traced.subgraphs
+        return traced
     settled = settle(traced, verify_instance, fix=True) if fix else None
     if settled is not None and settled.applied is not None:
         logger.warning(
@@ -66,7 +75,7 @@ def trace_subgraphs(
             settled.applied.description,
             settled.applied.ignore,
         )
-        return settled.fixed.traced.subgraphs
+        return settled.fixed.traced
     raise not_traceable(traced.failure, settled.tried if settled else [], traced.name)
 
 

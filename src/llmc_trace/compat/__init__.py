@@ -1,12 +1,17 @@
-"""llm-compressor's sequential helpers and intermediates cache, over llmc-trace's own.
+"""llm-compressor's sequential helpers, pipelines and intermediates cache, over llmc-trace's own.
 
 For code written against llm-compressor: change the imports and it runs on llmc-trace's
-tracer, partition and cache. The names, parameters and return types mirror llm-compressor
-0.14's ``llmcompressor.pipelines.sequential.helpers`` (:func:`trace_subgraphs`,
+tracer, partition, pipelines and cache. The names, parameters and return types mirror
+llm-compressor 0.14's ``llmcompressor.pipelines.sequential.helpers`` (:func:`trace_subgraphs`,
 :class:`Subgraph`, :func:`get_sequential_ancestors`, :func:`populate_concrete_args`,
 :func:`find_target_nodes`, :func:`topological_partition`, :func:`partition_graph`,
-:func:`trace_consumed_names`, :func:`graph_is_well_formed`) and
-``llmcompressor.pipelines.cache.IntermediatesCache``; each is a thin adapter::
+:func:`trace_consumed_names`, :func:`graph_is_well_formed`, :class:`SequentialTracer`, and
+from its documented API up to 0.10 :func:`dispatch_for_sequential`,
+:func:`get_sequential_targets`, :func:`match_modules`), ``llmcompressor.pipelines.cache.IntermediatesCache`` and the
+pipelines of ``llmcompressor.pipelines`` (:class:`CalibrationPipeline` with
+``from_modifiers``, :class:`SequentialPipeline`, :class:`LayerSequentialPipeline`,
+:class:`BasicPipeline`, :class:`DataFreePipeline`, :class:`IndependentPipeline`); each is a
+thin adapter::
 
     from llmc_trace.compat import IntermediatesCache, trace_subgraphs
 
@@ -18,6 +23,13 @@ tracer, partition and cache. The names, parameters and return types mirror llm-c
             outputs = subgraph.forward(model, **inputs)
             cache.update(batch_index, outputs)
             cache.delete(batch_index, subgraph.consumed_names)
+
+or, with a pipeline and a hook-based algorithm of one's own (:mod:`llmc_trace.compat.callbacks`)::
+
+    callbacks = CalibrationCallbacks(sequential_epoch_end=compress)
+    for module in match_modules(model, ["Linear"]):
+        callbacks.register_hook(module, collect_inputs)
+    SequentialPipeline(callbacks)(model, batches, {"sequential_targets": ["LlamaDecoderLayer"]})
 
 Where the behaviour differs, and why:
 
@@ -38,6 +50,42 @@ Where the behaviour differs, and why:
   the sample lacks (there it became a concrete ``inspect.Parameter.empty``).
 * **graph_is_well_formed** also runs torch.fx's ``Graph.lint``: a node used before it is
   defined, or reading a node of another graph, is refused too.
+* **No session.** llm-compressor's pipelines announce calibration start, each step's end
+  and calibration end through its session (``LifecycleCallbacks``) and disable modifier hooks
+  (``HooksMixin``) while they propagate. Here a pipeline is built with the
+  :class:`CalibrationCallbacks` to tell: ``SequentialPipeline(callbacks)(model, dataloader,
+  dataset_args)``, the events ``calibration_epoch_start``, ``sequential_epoch_end(modules)``
+  and ``calibration_epoch_end``, and hooks registered through ``callbacks.register_hook``
+  (silent while a pipeline traces or propagates). ``from_modifiers`` makes the callbacks among
+  the modifiers the pipeline's; ``IndependentPipeline`` runs each callbacks object in turn.
+* **Which subgraphs run.** A subgraph whose modules no callbacks object listens to (no hook
+  there and no ``sequential_epoch_end``) runs once, unheard, to feed the next; the subgraphs
+  after the last one listened to (the head) do not run. With a ``sequential_epoch_end``, every
+  subgraph is calibrated, as in llm-compressor.
+* **Memory.** Weights wait on the CPU and each step's modules come to the execution device
+  (:func:`dispatch_for_sequential`'s, else the first accelerator) for their step; the
+  intermediates wait on the CPU, pinned on a GPU host, so ``sequential_offload_device`` other
+  than ``"cpu"`` is warned about and ``sequential_prefetch`` has nothing to do. There is no
+  out-of-memory handler suggesting smaller targets to try: ``llmc-trace plan`` (or
+  :func:`llmc_trace.plan.plan_memory`) sizes each pipeline for a model, its targets and data
+  before a run, where llm-compressor leaves it to trial and error.
+* **Tracing in the pipeline.** :class:`SequentialPipeline` traces with the first fix that
+  verifies when the model does not trace as written (``NotTraceableError``, located, when none
+  does); :class:`LayerSequentialPipeline`, :class:`BasicPipeline` and
+  :class:`DataFreePipeline` trace nothing. Default targets are llmc-trace's
+  (``_no_split_modules`` outside vision and audio towers), where llm-compressor's include a
+  vision tower's blocks.
+* **Per pipeline.** :class:`BasicPipeline` and :class:`LayerSequentialPipeline` hand
+  ``sequential_epoch_end`` the sequential targets' modules (embeddings and head are not
+  calibrated), where llm-compressor's basic pipeline hands every module of the model;
+  :class:`DataFreePipeline` calls it once per target and once for the rest, where
+  llm-compressor calls it once with every module. :class:`LayerSequentialPipeline` (removed
+  from llm-compressor in 0.9, documented before) checks on the first batch that each target
+  receives the previous one's output unchanged and raises ``RuntimeError`` where it does not.
+  Every pipeline runs the model in eval mode and under ``torch.no_grad``.
+* **dataset_args** is a ``DatasetArguments``, any object with its attributes, a mapping or
+  ``None`` (:func:`pipeline_arguments`); names ``DatasetArguments`` does not have are named
+  in one warning.
 * **The cache** stores a value equal in every batch once and per-batch tensors in slabs
   (:mod:`llmc_trace.pipelines.cache`). ``fetch`` therefore hands out copies the caller
   owns even where llm-compressor would hand out the cached tensor (model and offload device
@@ -51,7 +99,10 @@ Where the behaviour differs, and why:
 
 from __future__ import annotations
 
+from llmc_trace.compat.arguments import PipelineArguments, pipeline_arguments
 from llmc_trace.compat.cache import IntermediatesCache
+from llmc_trace.compat.callbacks import CalibrationCallbacks
+from llmc_trace.compat.dispatch import dispatch_for_sequential
 from llmc_trace.compat.helpers import (
     Subgraph,
     find_target_nodes,
@@ -63,16 +114,39 @@ from llmc_trace.compat.helpers import (
     trace_consumed_names,
     trace_subgraphs,
 )
+from llmc_trace.compat.pipelines import (
+    BasicPipeline,
+    CalibrationPipeline,
+    DataFreePipeline,
+    IndependentPipeline,
+    LayerSequentialPipeline,
+    SequentialPipeline,
+)
+from llmc_trace.compat.targets import get_sequential_targets, match_modules
+from llmc_trace.compat.tracer import SequentialTracer
 from llmc_trace.graph.subgraph import MODEL_OUTPUT
 
 __all__ = [
     "MODEL_OUTPUT",
+    "BasicPipeline",
+    "CalibrationCallbacks",
+    "CalibrationPipeline",
+    "DataFreePipeline",
+    "IndependentPipeline",
     "IntermediatesCache",
+    "LayerSequentialPipeline",
+    "PipelineArguments",
+    "SequentialPipeline",
+    "SequentialTracer",
     "Subgraph",
+    "dispatch_for_sequential",
     "find_target_nodes",
     "get_sequential_ancestors",
+    "get_sequential_targets",
     "graph_is_well_formed",
+    "match_modules",
     "partition_graph",
+    "pipeline_arguments",
     "populate_concrete_args",
     "topological_partition",
     "trace_consumed_names",

@@ -101,17 +101,22 @@ def trace_subgraphs(
     that this model does not have are dropped, as llm-compressor passes one list of names
     gathered from many models; llmc-trace would refuse them as mistyped.
     """
-    known = [entry for entry in ignore if _names_something(model, entry)]
+    known = known_ignore(model, ignore)
     subgraphs = trace_llmc_subgraphs(
         model, sample_input, sequential_targets, known, targets_per_subgraph
     )
     return [Subgraph.adopt(subgraph) for subgraph in subgraphs]
 
 
+def known_ignore(model: torch.nn.Module, ignore: Iterable[str]) -> list[str]:
+    """The entries of ``ignore`` that name a module class, function or method of ``model``:
+    llm-compressor passes one list gathered from many models, where llmc-trace would refuse
+    a name the model lacks as mistyped. Entries in llmc-trace's own forms (``autowrap:...``,
+    ``tracing_models:...``) are kept, so that a malformed one is reported, not dropped."""
+    return [entry for entry in ignore if _names_something(model, entry)]
+
+
 def _names_something(model: torch.nn.Module, entry: str) -> bool:
-    """Does ``entry`` name a module class, function or method of ``model``? Entries in
-    llmc-trace's own forms (``autowrap:...``, ``tracing_models:...``) are kept, so that a
-    malformed one is reported rather than dropped."""
     if ":" in entry:
         return True
     try:
