@@ -85,5 +85,8 @@ def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.split() == [
-        "True", "llmc_trace.oneshot.run", "True", "llmc_trace.oneshot.request"
+        "True",
+        "llmc_trace.oneshot.run",
+        "True",
+        "llmc_trace.oneshot.request",
     ], result.stderr

@@ -16,9 +16,7 @@ from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings,
 
 RECIPE = Recipe(
     CalibrationSettings("calib.npy", 256, 512, 2, 7, "sdpa"),
-    TracingSettings(
-        ("LlamaDecoderLayer",), 2, ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")
-    ),
+    TracingSettings(("LlamaDecoderLayer",), 2, ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")),
     CheckpointSettings(torch.bfloat16, 2_000_000),
     (
         Stage("sparsegpt", None, (2, 4), pipeline="sequential"),

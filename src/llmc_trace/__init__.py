@@ -12,8 +12,7 @@ Names are imported when first used (PEP 562), so ``import llmc_trace`` and ``llm
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from llmc_trace.core.lazy import lazy_attributes
 
 _WHERE = {
     "attempt_trace": "llmc_trace.attempt.run",
@@ -34,11 +33,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'llmc_trace' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_attributes("llmc_trace", _WHERE)

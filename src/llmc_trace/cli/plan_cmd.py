@@ -12,6 +12,7 @@ from rich.table import Table
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 
 if TYPE_CHECKING:
+    from llmc_trace.plan import MemoryPlan
     from llmc_trace.plan.estimate import ExpertHessians
 
 
@@ -84,7 +85,7 @@ def plan(
     import torch
 
     from llmc_trace.core.names import DATA_METHODS
-    from llmc_trace.core.sizes import human_bytes, parse_bytes
+    from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.oneshot.recipe import read_recipe
     from llmc_trace.plan import RunSettings, plan_source
 
@@ -130,38 +131,57 @@ def plan(
         )
     if as_json:
         documents = [
-            {
-                "stage": label or None,
-                "chosen": result.chosen,
-                "reason": result.reason,
-                "fits": result.fits,
-                "device_memory": result.device_memory,
-                "host_memory": result.host_memory,
-                "estimates": [vars(e) for e in result.estimates],
-            }
+            _plan_document(label, result)
             for (label, _, _), result in zip(stages, plans, strict=True)
         ]
         ctx.print_json(documents[0] if recipe is None else {"stages": documents})
         return
     for (label, _, _), result in zip(stages, plans, strict=True):
-        title = f"memory plan: {model}, {sizes['samples']} samples × {sizes['seq_len']} tokens"
-        table = Table(title=f"{title}, {label}" if label else title, title_justify="left")
-        for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
-            table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
-        for e in result.estimates:
-            style = "bold green" if e.pipeline == result.chosen else ""
-            table.add_row(
-                e.pipeline,
-                human_bytes(e.device_bytes),
-                human_bytes(e.host_bytes),
-                human_bytes(e.cache_bytes),
-                e.detail,
-                style=style,
-            )
-        ctx.out.print(table)
-        ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
-        if result.experts is not None:
-            ctx.out.print(_experts_line(*result.experts, expert_group))
+        _print_plan(
+            ctx,
+            f"memory plan: {model}, {sizes['samples']} samples × {sizes['seq_len']} tokens",
+            label,
+            result,
+            expert_group,
+        )
+
+
+def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:
+    """One plan as ``--json`` prints it."""
+    return {
+        "stage": label or None,
+        "chosen": result.chosen,
+        "reason": result.reason,
+        "fits": result.fits,
+        "device_memory": result.device_memory,
+        "host_memory": result.host_memory,
+        "estimates": [vars(e) for e in result.estimates],
+    }
+
+
+def _print_plan(
+    ctx: CliContext, title: str, label: str, result: MemoryPlan, expert_group: int | None
+) -> None:
+    """One plan as a table: each pipeline's peaks, the chosen one highlighted, and why."""
+    from llmc_trace.core.sizes import human_bytes
+
+    table = Table(title=f"{title}, {label}" if label else title, title_justify="left")
+    for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
+        table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
+    for e in result.estimates:
+        style = "bold green" if e.pipeline == result.chosen else ""
+        table.add_row(
+            e.pipeline,
+            human_bytes(e.device_bytes),
+            human_bytes(e.host_bytes),
+            human_bytes(e.cache_bytes),
+            e.detail,
+            style=style,
+        )
+    ctx.out.print(table)
+    ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
+    if result.experts is not None:
+        ctx.out.print(_experts_line(*result.experts, expert_group))
 
 
 def _experts_line(layers: int, experts: ExpertHessians, group: int | None) -> str:

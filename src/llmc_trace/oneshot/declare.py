@@ -247,7 +247,5 @@ def normalize(section: Any) -> None:
         try:
             read = entry.kind.read(value)
         except ValueError as err:
-            raise BadInputError(
-                f"{entry.name} {err}.", hint=entry.help, param=entry.name
-            ) from None
+            raise BadInputError(f"{entry.name} {err}.", hint=entry.help, param=entry.name) from None
         object.__setattr__(section, entry.name, read)

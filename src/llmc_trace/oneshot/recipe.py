@@ -132,8 +132,7 @@ def read_recipe(path: str | Path) -> Recipe:
         values = document.get(name) or _Located()
         if not isinstance(values, _Located):
             raise _error(f"`{name}` must be a mapping.", name, document.lines[name])
-        sections[name] = _located(lambda: section(**_values(values, section, f"`{name}`")),
-                                  None, values.line, values.lines)
+        sections[name] = _section(values, section, name)
     stages = document["stages"]
     line = document.lines["stages"]
     if not isinstance(stages, list):
@@ -209,6 +208,13 @@ def _load(path: Path) -> _Located:
     return document
 
 
+def _section(values: _Located, section: type, name: str) -> Any:
+    """The ``section`` dataclass from a recipe's mapping of its options, located."""
+    return _located(
+        lambda: section(**_values(values, section, f"`{name}`")), None, values.line, values.lines
+    )
+
+
 def _values(mapping: _Located, section: type, where: str) -> dict[str, Any]:
     """The options ``mapping`` gives for ``section``, each read through its kind."""
     entries = {entry.name: entry for entry in declared(section)}
@@ -239,7 +245,10 @@ def _read(entry: Declared, value: object, line: int) -> Any:
 
 def _written(section: Any) -> list[tuple[str, object]]:
     """Every option of ``section`` as a recipe writes it."""
-    return [(entry.name, entry.kind.write(getattr(section, entry.name))) for entry in declared(type(section))]
+    return [
+        (entry.name, entry.kind.write(getattr(section, entry.name)))
+        for entry in declared(type(section))
+    ]
 
 
 def _stage(entry: object, line: int, index: int) -> Stage:
@@ -253,9 +262,7 @@ def _stage(entry: object, line: int, index: int) -> Stage:
     return _located(lambda: Stage(**values), None, entry.line, entry.lines)
 
 
-def _known(
-    mapping: _Located, keys: Sequence[str], where: str, renamed: Mapping[str, str]
-) -> None:
+def _known(mapping: _Located, keys: Sequence[str], where: str, renamed: Mapping[str, str]) -> None:
     for key in mapping:
         if key not in keys and key not in renamed:
             raise _error(

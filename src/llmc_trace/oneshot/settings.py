@@ -60,8 +60,7 @@ class TracingSettings:
 
     sequential_targets: tuple[str, ...] | None = option(
         None,
-        "Target class names or 're:' path patterns. Default: the language model's repeated "
-        "blocks.",
+        "Target class names or 're:' path patterns. Default: the language model's repeated blocks.",
         Names(optional=True),
         short="-t",
     )

@@ -148,7 +148,9 @@ def _check(stage: Stage) -> None:
         )
     if stage.method in PRUNING_METHODS and stage.sparsity is None:
         raise BadInputError(
-            f"{stage.method} needs a sparsity.", hint="Pass --sparsity 0.5 or 2:4.", param="sparsity"
+            f"{stage.method} needs a sparsity.",
+            hint="Pass --sparsity 0.5 or 2:4.",
+            param="sparsity",
         )
     if stage.method not in PRUNING_METHODS and stage.scheme is None:
         raise BadInputError(

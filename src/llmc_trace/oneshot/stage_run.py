@@ -52,7 +52,9 @@ def run_stage(
         compute=compute, streamed=store is not None, device=run.device,
     )  # fmt: skip
     compressor.expert_group = stage.expert_group
-    order = fallback_order(plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines())
+    order = fallback_order(
+        plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
+    )
 
     def calibrate(residency: Residency):  # type: ignore[no-untyped-def]
         calibration = Calibration(

@@ -54,7 +54,9 @@ def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
                 ) from None
         if any(matches(name, module, (pattern,)) for name, module in modules):
             continue
-        candidates = sorted({name for name, _ in modules if name} | {type(m).__name__ for _, m in modules})
+        candidates = sorted(
+            {name for name, _ in modules if name} | {type(m).__name__ for _, m in modules}
+        )
         close = difflib.get_close_matches(pattern, candidates, n=3)
         head = pattern.split(".")[0]
         if "." in pattern and head in {type(m).__name__ for _, m in modules}:
@@ -63,7 +65,11 @@ def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
                 "modules and functions not to trace into go to --tracing-ignore (tracing_ignore)."
             )
         else:
-            hint = f"Did you mean {', '.join(close)}?" if close else "Use a module path, a class name or 're:'."
+            hint = (
+                f"Did you mean {', '.join(close)}?"
+                if close
+                else "Use a module path, a class name or 're:'."
+            )
         raise BadInputError(
             f"--ignore {pattern!r} matches no layer of the model.", hint=hint, param="ignore"
         )
