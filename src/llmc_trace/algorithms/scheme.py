@@ -18,7 +18,7 @@ from typing import Literal, get_args
 import torch
 
 from llmc_trace.core.linear import is_linear
-from llmc_trace.core.names import regex_matches
+from llmc_trace.core.names import module_matches
 from llmc_trace.errors import SchemeError
 
 Strategy = Literal["channel", "group", "tensor"]
@@ -195,15 +195,7 @@ def matches(module_name: str, module: torch.nn.Module, patterns: tuple[str, ...]
     (it quantizes no `Conv1D`); `llmc_trace.checkpoint.layout.stores_quantized` says what the
     checkpoint does about that.
     """
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            if regex_matches(pattern, module_name):
-                return True
-        elif pattern == "Linear" and is_linear(module):
-            return True
-        elif pattern == module_name or any(
-            issubclass(cls, torch.nn.Module) and cls.__name__ == pattern
-            for cls in type(module).__mro__
-        ):
-            return True
-    return False
+    return any(
+        module_matches(pattern, module_name, module) or (pattern == "Linear" and is_linear(module))
+        for pattern in patterns
+    )

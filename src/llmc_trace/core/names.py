@@ -58,3 +58,15 @@ def regex_matches(pattern: str, path: str) -> bool:
     means the same in a recipe, a trace and a checkpoint's ``ignore``. Anchor the end with
     ``$`` to keep a layer's children out (``re:model\\.layers\\.\\d+$``)."""
     return re.match(pattern.removeprefix("re:"), path) is not None
+
+
+def module_matches(pattern: str, path: str, module: object) -> bool:
+    """Whether ``pattern`` names the module ``module`` at ``path``: ``re:`` followed by a
+    regular expression matched from the start of the path (:func:`regex_matches`), an exact
+    path (``lm_head``), or a class name anywhere in the module's class hierarchy (``Linear``
+    matches every subclass of ``nn.Linear``). The one rule for every module pattern a user
+    types: sequential targets, ``tracing_ignore`` and a scheme's ``targets``/``ignore``, which
+    are also the rules compressed-tensors and vLLM apply when they read a checkpoint."""
+    if pattern.startswith("re:"):
+        return regex_matches(pattern, path)
+    return pattern == path or any(cls.__name__ == pattern for cls in type(module).__mro__)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmc_trace.core.names import regex_matches
+from llmc_trace.core.names import module_matches
 from llmc_trace.errors import BadInputError
 
 logger = logging.getLogger(__name__)
@@ -65,12 +65,9 @@ class LeafPlan:
 
 
 def matches(pattern: str, path: str, module: torch.nn.Module) -> bool:
-    """A class name matches the module's class or any class it derives from (``Linear``
-    matches a subclass of ``nn.Linear``, as llm-compressor matches); ``re:`` matches from
-    the start of the module path (:func:`~llmc_trace.core.names.regex_matches`)."""
-    if pattern.startswith("re:"):
-        return regex_matches(pattern, path)
-    return any(cls.__name__ == pattern for cls in type(module).__mro__)
+    """Whether a target or ignore pattern names this module
+    (:func:`~llmc_trace.core.names.module_matches`, the rule every module pattern follows)."""
+    return module_matches(pattern, path, module)
 
 
 #: Every ``(path, module)`` of a model, walked once: a model with thousands of experts makes
