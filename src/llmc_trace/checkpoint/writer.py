@@ -205,6 +205,7 @@ class CheckpointWriter:
         self.ignore = ignored_modules(model, self.schemes, self.assignment)
         self.specs = planned_tensors(model, self.assignment, dtype)
         self._experts = per_expert_tensors(model)
+        remove_stale_staging(self.out_dir)
         self.staging = self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
         self._zeros = 0
         self._counted = 0
@@ -475,6 +476,17 @@ def check_quantized(
             hint="quantize the weight in the dtype the model is saved in.",
             location=name,
         )
+
+
+def remove_stale_staging(out_dir: Path) -> list[Path]:
+    """Remove the hidden ``.partial`` folders an earlier writer of ``out_dir`` left when it was
+    killed outright (SIGKILL, a lost machine: nothing could unwind), naming each in a warning;
+    every other way a write ends removes its own. Returns the folders removed."""
+    stale = sorted(out_dir.parent.glob(f".{out_dir.name}.*.partial")) if out_dir.parent.is_dir() else []
+    for folder in stale:
+        logger.warning("removing %s, left by an earlier run that was killed while writing", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 def _replace(out_dir: Path, staging: Path) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, split_list
 from llmc_trace.core.names import AUTO, DTYPES
 from llmc_trace.oneshot import settings
@@ -82,7 +82,7 @@ def _compress(
 
     given = _given_on_command_line(click.get_current_context(), options)
     world = join_from_environment()  # under torchrun: this rank of the group
-    with handle_errors(ctx), ctx.progress("compress") as progress:
+    with interruptible(ctx, "compress"), handle_errors(ctx), ctx.progress("compress") as progress:
         if recipe is None:
             request = CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -97,3 +98,31 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
         if err.hint:
             ctx.err.print(f"[dim]Hint:[/] {err.hint}")
         sys.exit(1)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is so that every ``with`` and ``finally`` unwinds
+    (the checkpoint writer removes its staging folder) instead of the process vanishing."""
+
+
+@contextlib.contextmanager
+def interruptible(ctx: CliContext, what: str) -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into an orderly end: the work unwinds (nothing half written
+    stays: staging folders are removed, an existing output is untouched), one sentence says
+    so, and the exit code is the shell's for the signal (130, 143)."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as err:
+        name, code = ("SIGINT", 130) if isinstance(err, KeyboardInterrupt) else ("SIGTERM", 143)
+        ctx.err.print(
+            f"[bold red]Interrupted[/] ({name}): {what} stopped; nothing was written and any "
+            "earlier output is as it was."
+        )
+        sys.exit(code)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -50,6 +50,8 @@ from llmc_trace.oneshot.settings import (
 from llmc_trace.oneshot.stage import Stage, check_order
 
 TOP_KEYS = ("versions", *SECTIONS)
+#: the first line of every recipe a run writes: how ``--overwrite`` knows a checkpoint is ours
+RECIPE_HEADER = "# How this checkpoint was made (written by llmc-trace)"
 VERSIONED = ("llmc-trace", "torch", "transformers", "compressed-tensors")
 
 
@@ -149,7 +151,7 @@ def render_recipe(recipe: Recipe, *, fallbacks: Sequence[Sequence[str]] = ()) ->
     ``i`` compressed otherwise than its method says, and why (experts too few tokens reached),
     written as comments under the stage: a record, which a rerun decides anew."""
     lines = [
-        "# How this checkpoint was made (written by llmc-trace); a valid --recipe.",
+        f"{RECIPE_HEADER}; a valid --recipe.",
         f"versions: {_flow(installed_versions())}",
     ]
     for name in SECTIONS:

@@ -24,7 +24,7 @@ from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.oneshot.declare import Declared, declared
-from llmc_trace.oneshot.recipe import Recipe, read_recipe
+from llmc_trace.oneshot.recipe import RECIPE_HEADER, Recipe, read_recipe
 from llmc_trace.oneshot.settings import (
     SECTIONS,
     CalibrationSettings,
@@ -120,12 +120,8 @@ class CompressRequest:
         check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
         check_seq_len(source.config(), calibration.seq_len)
         out_path = Path(out_dir) if out_dir is not None else None
-        if out_path is not None and out_path.exists() and not overwrite:
-            raise BadInputError(
-                f"the output folder {out_path} already exists.",
-                hint="Choose another --out, or pass --overwrite.",
-                param="out",
-            )
+        if out_path is not None:
+            check_output(out_path, overwrite=overwrite)
         data = validate_source(
             calibration.dataset, samples=calibration.samples, seq_len=calibration.seq_len
         )
@@ -179,6 +175,35 @@ class CompressRequest:
     def recipe(self) -> Recipe:
         """This request's options as a recipe (what ``recipe.yaml`` serialises)."""
         return Recipe(self.calibration, self.tracing, self.checkpoint, self.stages)
+
+
+def check_output(out: Path, *, overwrite: bool) -> None:
+    """``out`` is free, or (with ``overwrite``) a checkpoint folder this tool wrote: its
+    ``recipe.yaml`` says so. A file, a link, or a folder of anything else is never replaced
+    (nothing is deleted before the new checkpoint is complete either way)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise BadInputError(
+            f"the output folder {out} already exists.",
+            hint="Choose another --out, or pass --overwrite.",
+            param="out",
+        )
+    recipe = out / "recipe.yaml"
+    written = (
+        out.is_dir()
+        and not out.is_symlink()
+        and recipe.is_file()
+        and recipe.read_text(errors="replace").startswith(RECIPE_HEADER)
+    )
+    if not written:
+        what = "a link" if out.is_symlink() else "a folder" if out.is_dir() else "a file"
+        raise BadInputError(
+            f"--overwrite replaces only a checkpoint llmc-trace wrote, and {out} is {what} "
+            "without its recipe.yaml.",
+            hint="Choose another --out, or remove it yourself if it is yours to remove.",
+            param="out",
+        )
 
 
 def group_options(options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

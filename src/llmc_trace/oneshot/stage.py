@@ -14,6 +14,7 @@ import (the schemes load when a stage is made), so the command line answers ``--
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,16 @@ def _check(stage: Stage) -> None:
             hint="Leave out --ignore, or give the run a --scheme.",
             param="ignore",
         )
+    for pattern in stage.ignore:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern.removeprefix("re:"))
+            except re.error as err:
+                raise BadInputError(
+                    f"--ignore {pattern!r} is not a valid regular expression ({err}).",
+                    hint="Write 're:' followed by a Python regular expression.",
+                    param="ignore",
+                ) from None
     if stage.pipeline not in (AUTO, *PIPELINES):
         raise BadInputError(
             f"unknown pipeline {stage.pipeline!r}.",

@@ -4,7 +4,6 @@ group fits its layer, and every layer the user asked to keep in full precision e
 from __future__ import annotations
 
 import difflib
-import re
 
 import torch
 
@@ -43,15 +42,6 @@ def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
     name (``Class.method``) says where those go now."""
     modules = list(model.named_modules())
     for pattern in stage.ignore:
-        if pattern.startswith("re:"):
-            try:
-                re.compile(pattern.removeprefix("re:"))
-            except re.error as err:
-                raise BadInputError(
-                    f"--ignore {pattern!r} is not a valid regular expression ({err}).",
-                    hint="Write 're:' followed by a Python regular expression.",
-                    param="ignore",
-                ) from None
         if any(matches(name, module, (pattern,)) for name, module in modules):
             continue
         candidates = sorted(

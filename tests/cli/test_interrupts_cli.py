@@ -1,0 +1,116 @@
+"""A run that is stopped, pointed at the wrong place or given a layer that does not exist ends
+with one sentence and leaves nothing behind; an existing checkpoint survives it byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmc_trace.cli.main import cli
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--quiet", *args], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert "Traceback" not in result.output
+    return result.exit_code, " ".join(result.output.split())
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def common(saved: tuple[Path, Path]) -> list[str]:
+    folder, data = saved
+    return ["compress", "-m", str(folder), "-d", str(data), "--samples", "2", "--seq-len", "32"]
+
+
+@pytest.mark.parametrize(
+    ("ignore", "said"),
+    [
+        ("model.layers.99.mlp", "matches no layer"),
+        ("Linaer", "Did you mean Linear"),
+        ("re:[", "not a valid regular expression"),
+        ("LlamaModel.rotary_fn", "looks like a tracing name"),
+    ],
+)
+def test_an_ignore_that_names_nothing_exits_2_saying_so(
+    saved_llama: tuple[Path, Path], tmp_path: Path, ignore: str, said: str
+) -> None:
+    out = tmp_path / "out"
+    code, output = invoke(*common(saved_llama), "-o", str(out), "--ignore", ignore)
+    assert code == 2 and said in output and "--ignore" in output, output
+    assert not out.exists()
+
+
+def test_overwrite_replaces_only_a_checkpoint_it_wrote(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my own work")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for out, what in ((mine, "a folder"), (a_file, "a file"), (link, "a link")):
+        code, output = invoke(*common(saved_llama), "-o", str(out), "--overwrite")
+        assert code == 2 and f"is {what} without its recipe.yaml" in output, output
+    assert (mine / "notes.txt").read_text() == "my own work" and a_file.read_text() == "x"
+
+    ours = tmp_path / "ours"
+    assert invoke(*common(saved_llama), "-o", str(ours))[0] == 0
+    code, output = invoke(*common(saved_llama), "-o", str(ours), "--overwrite", "--seed", "3")
+    assert code == 0, output
+
+
+def test_a_stale_staging_folder_is_named_and_removed(
+    saved_llama: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stale = tmp_path / ".out.deadbeef.partial"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    out = tmp_path / "out"
+    code, output = invoke(*common(saved_llama), "-o", str(out))
+    assert code == 0, output
+    assert not stale.exists() and "killed while writing" in caplog.text
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_sigterm_while_calibrating_removes_the_staging_and_keeps_the_old_checkpoint(
+    saved_llama: tuple[Path, Path], tmp_path: Path, overwrite: bool
+) -> None:
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    arguments = [*common(saved_llama)[1:], "-o", str(out)]
+    before = None
+    if overwrite:
+        assert invoke("compress", *arguments)[0] == 0
+        before = digest(out)
+    slow = [*arguments, "--samples", "8", "--seq-len", "64", "--true-sequential"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from llmc_trace.cli.main import main; main()", "--quiet",
+         "compress", *slow, *(["--overwrite", "--seed", "5"] if overwrite else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.*.partial")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 143, output
+    assert "Interrupted (SIGTERM)" in output and "Traceback" not in output
+    assert not list(tmp_path.glob(".out.*"))
+    if overwrite:
+        assert digest(out) == before
+    else:
+        assert not out.exists()
+    assert os.listdir(tmp_path)  # the fixture's files are still there
