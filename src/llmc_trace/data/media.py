@@ -129,6 +129,12 @@ def _bytes_of(value: object, *, base: Path, where: str, source: str, kind: str) 
         )
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base / path
+    if path.exists() and not path.is_file():
+        raise DataError(
+            f"{where}: {kind} path {value} is not a file ({path})",
+            hint=f"Point the row at the {kind} file itself.",
+            source=source,
+        )
     if not path.is_file():
         raise DataError(
             f"{where}: {kind} file {value} does not exist (looked for {path})",

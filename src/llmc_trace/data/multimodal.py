@@ -56,7 +56,8 @@ class MultimodalCalibrationSet(CalibrationSet):
     and whatever else the model's processor returns (`pixel_values`, `image_grid_thw`,
     `mm_token_type_ids`, `input_features`, ...), ready for `model(**batch)`. `modality` is the
     one calibrated with and `modality_reason` what decided it (a column, or forced);
-    `placeholder_ids` the token ids standing for media (never scored by `evaluate`).
+    `placeholder_ids` the token ids standing for media of any modality the model takes (never
+    scored by `evaluate`), `media_token_id` the one of `modality`.
     `shortened` samples lost text to fit `seq_len`; `dropped` rows could not fit without
     cutting media tokens and were skipped. `processor_built_from` says how the processor was
     loaded (`"AutoProcessor"` or `"parts"`).
@@ -65,6 +66,7 @@ class MultimodalCalibrationSet(CalibrationSet):
     modality: str
     modality_reason: str
     placeholder_ids: tuple[int, ...]
+    media_token_id: int
     batch_stats: tuple[BatchStats, ...]
     shortened: int
     dropped: int
@@ -135,7 +137,8 @@ def load_multimodal_calibration(
         chunk = kept[first : first + batch_size]
         batch = encoder.batch(chunk)
         batches.append(batch)
-        stats.append(_stats(batch, encoder.placeholders, sum(_items(row) for row, _ in chunk)))
+        media_token = loaded.placeholder_ids[choice.modality]
+        stats.append(_stats(batch, media_token, sum(_items(row) for row, _ in chunk)))
     return MultimodalCalibrationSet(
         batches=batches,
         num_samples=len(kept),
@@ -146,6 +149,7 @@ def load_multimodal_calibration(
         modality=choice.modality,
         modality_reason=choice.reason,
         placeholder_ids=encoder.placeholders,
+        media_token_id=loaded.placeholder_ids[choice.modality],
         batch_stats=tuple(stats),
         shortened=shortened,
         dropped=dropped,
@@ -174,7 +178,7 @@ def _fitted_rows(
         fit = fit_tokens(
             ids,
             protected_mask(ids, encoder.protected),
-            torch.isin(ids, torch.tensor(encoder.placeholders)),
+            ids == encoder.media_token_id,
             seq_len=seq_len,
             where=f"{description}, row {int(row)}",
             source=description,
@@ -203,6 +207,7 @@ class _Encoder:
         self.processor = loaded.processor
         self.modality = modality
         self.placeholders = tuple(sorted(loaded.placeholder_ids.values()))
+        self.media_token_id = loaded.placeholder_ids[modality]
         tokenizer = loaded.tokenizer
         specials = set(tokenizer.all_special_ids)
         specials |= {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
@@ -262,11 +267,9 @@ def _items(row: MediaRow) -> int:
     return len(row.images) + len(row.videos) + len(row.audios)
 
 
-def _stats(
-    batch: dict[str, torch.Tensor], placeholders: tuple[int, ...], media_items: int
-) -> BatchStats:
+def _stats(batch: dict[str, torch.Tensor], media_token_id: int, media_items: int) -> BatchStats:
     real = batch["attention_mask"].bool()
-    media = torch.isin(batch["input_ids"], torch.tensor(placeholders)) & real
+    media = (batch["input_ids"] == media_token_id) & real
     return BatchStats(
         num_samples=int(batch["input_ids"].shape[0]),
         num_tokens=int(real.sum()),

@@ -65,18 +65,35 @@ class ProcessorPlan:
     processor: dict[str, Any] = field(default_factory=dict)
 
 
-def save_twin(name: str, folder: str | Path, seed: int = 0) -> Path:
+def save_twin(
+    name: str,
+    folder: str | Path,
+    seed: int = 0,
+    *,
+    adjust: Callable[[PretrainedConfig], None] | None = None,
+) -> Path:
     """Write the tiny twin of built-in `name` (weights, config, processor files) to `folder`.
 
-    Returns the folder. Raises `BadInputError` for an architecture without a twin processor
-    (`TWIN_PROCESSORS` lists those that have one).
+    `adjust` may change the twin's config before the model is built (a test that needs a
+    still smaller text stack). Returns the folder. Raises `BadInputError` for an architecture
+    without a twin processor (`TWIN_PROCESSORS` lists those that have one).
     """
-    from llmc_trace.models.build import build_twin
+    import torch
+
+    from llmc_trace.models.build import model_class, prepare_config
+    from llmc_trace.models.shrink import shrink_config
     from llmc_trace.models.source import resolve_model
 
     folder = Path(folder)
-    model = build_twin(resolve_model(name), seed=seed)
-    plan = processor_plan(model.config)
+    config = shrink_config(resolve_model(name).config())
+    if adjust is not None:
+        adjust(config)
+    plan = processor_plan(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config, name)._from_config(
+            prepare_config(config), attn_implementation="eager"
+        )
     model.save_pretrained(folder)
     write_processor(model.config, plan, folder)
     return folder
