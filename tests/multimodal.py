@@ -101,7 +101,9 @@ def write_tones(folder: Path, count: int = 4) -> Path:
     for index in range(count):
         rate = (16000, 8000)[index % 2]  # 8 kHz rows are resampled to the extractor's 16 kHz
         write_tone(folder / f"audio/{index}.wav", 1.0 + index / 2, rate, 220.0 * (index + 1))
-        rows.append({"audio": f"audio/{index}.wav", "text": f"{('one', 'two', 'three')[index % 3]} tone ."})
+        rows.append(
+            {"audio": f"audio/{index}.wav", "text": f"{('one', 'two', 'three')[index % 3]} tone ."}
+        )
     path = folder / "audio.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

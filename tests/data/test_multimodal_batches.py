@@ -152,7 +152,9 @@ def test_rows_that_cannot_fit_are_dropped_and_counted(twins, drawn_rows):
     assert calibration.dropped == fits[:last].count(False) > 0
     for kept, reference in zip(calibration.batches, fitting):
         assert torch.equal(kept["image_grid_thw"], reference["image_grid_thw"])
-        assert int((kept["input_ids"] == image).sum()) == int((reference["input_ids"] == image).sum())
+        assert int((kept["input_ids"] == image).sum()) == int(
+            (reference["input_ids"] == image).sum()
+        )
 
 
 @pytest.mark.skipif(

@@ -102,11 +102,17 @@ def test_chat_messages_with_image_parts_and_inline_images(twins, drawn_rows):
 
     hub = write_jsonl(
         drawn_rows.parent / "hub.jsonl",
-        [{"messages": conversation({"type": "image"}, r["text"]), "images": [r["image"]]} for r in rows],
+        [
+            {"messages": conversation({"type": "image"}, r["text"]), "images": [r["image"]]}
+            for r in rows
+        ],
     )
     inline = write_jsonl(
         drawn_rows.parent / "inline.jsonl",
-        [{"messages": conversation({"type": "image", "image": r["image"]}, r["text"])} for r in rows],
+        [
+            {"messages": conversation({"type": "image", "image": r["image"]}, r["text"])}
+            for r in rows
+        ],
     )
     reference = load(drawn_rows, twins(QWEN))
     from_hub, from_inline = load(hub, twins(QWEN)), load(inline, twins(QWEN))
@@ -149,8 +155,10 @@ def test_prompt_joins_the_image_in_the_user_turn(twins, drawn_rows):
     calibration = load(prompted, twins(QWEN), samples=1, batch_size=1)
     tokenizer = load_processor(twins(QWEN)).tokenizer
     text = tokenizer.decode(calibration.batches[0]["input_ids"][0])
-    assert text.index("<|vision_end|>") < text.index("describe this picture") < text.index(
-        rows[0]["text"].split()[0]
+    assert (
+        text.index("<|vision_end|>")
+        < text.index("describe this picture")
+        < text.index(rows[0]["text"].split()[0])
     )
 
 
@@ -181,7 +189,10 @@ def test_several_modalities_need_forcing(twins, drawn_rows, tmp_path):
     rows = read_rows(drawn_rows)
     mixed = write_jsonl(
         drawn_rows.parent / "mixed.jsonl",
-        [{"image": r["image"], "audio": [0.0] * 160, "sampling_rate": 16000, "text": r["text"]} for r in rows],
+        [
+            {"image": r["image"], "audio": [0.0] * 160, "sampling_rate": 16000, "text": r["text"]}
+            for r in rows
+        ],
     )
     with pytest.raises(DataError, match="several modalities"):
         load(mixed, twins(QWEN))

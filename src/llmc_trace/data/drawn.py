@@ -54,9 +54,7 @@ CAPTION_WORDS: tuple[str, ...] = tuple(
 SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (112, 196))
 
 
-def draw_captioned_image(
-    rng: np.random.Generator, size: tuple[int, int]
-) -> tuple[object, str]:
+def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[object, str]:
     """One image of `size` (width, height) and its caption, drawn from `rng`.
 
     Returns a `PIL.Image.Image` in RGB and a caption such as "two red circles at the top left.".

@@ -112,7 +112,9 @@ def read_audio(
     return _resample(samples, rate, target_rate)
 
 
-def _bytes_of(value: object, *, base: Path, where: str, source: str, kind: str) -> tuple[bytes, str]:
+def _bytes_of(
+    value: object, *, base: Path, where: str, source: str, kind: str
+) -> tuple[bytes, str]:
     """The encoded bytes of a path, bytes or `{"bytes", "path"}` cell, and a name for errors."""
     if isinstance(value, dict):
         if value.get("bytes") is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from llmc_trace.core.progress import Progress
 from llmc_trace.data.calibration import CalibrationSet, visiting_order
 from llmc_trace.data.fitting import TokenFit, fit_tokens, protected_mask
 from llmc_trace.data.processor import LoadedProcessor, load_processor
@@ -83,6 +84,7 @@ def load_multimodal_calibration(
     batch_size: int = 1,
     modality: str | None = None,
     shuffle: bool = True,
+    progress: Progress | None = None,
 ) -> MultimodalCalibrationSet:
     """Take `samples` rows of `source` through `model`'s processor into batches.
 
@@ -91,7 +93,8 @@ def load_multimodal_calibration(
     folder (its processor is loaded with `load_processor`) or an already loaded processor.
     `modality` forces image, video or audio; by default the columns decide. A sample longer
     than `seq_len` loses text from its end, never a media token (`data.fitting`); one that
-    cannot fit is dropped and counted.
+    cannot fit is dropped and counted. `progress` hears `("rows", kept, samples)` as rows are
+    read and fitted, then `("batches", done, total)`.
 
     Raises `DataError` for a bad source, a bad row (naming it), a model that does not take the
     modality, a sample whose media tokens alone exceed `seq_len`, and too few samples.
@@ -110,33 +113,36 @@ def load_multimodal_calibration(
     check_sizes(samples=samples, seq_len=seq_len, batch_size=batch_size)
     resolved = resolve_source(source)
     if resolved.kind not in TABLE_KINDS:
+        what = (
+            "is a Hub dataset, which is not read for image, video or audio calibration"
+            if resolved.kind == "hub"
+            else "cannot hold images, video or audio"
+        )
         raise DataError(
-            f"calibration source {resolved.description} cannot hold images, video or audio",
-            hint="Give a .jsonl, .json or .parquet file of rows with media and text.",
+            f"calibration source {resolved.description} {what}",
+            hint="Give a local .jsonl, .json or .parquet file of rows with media and text "
+            "(a Hub dataset saved with to_parquet() is one).",
             source=resolved.description,
         )
     assert resolved.path is not None
     table = read_text_table(resolved.path, resolved.kind, resolved.description)
     choice = detect_modality(table, modality)
-    loaded = (
-        model
-        if isinstance(model, LoadedProcessor)
-        else load_processor(model, choice.modality)
-    )
+    loaded = model if isinstance(model, LoadedProcessor) else load_processor(model, choice.modality)
     loaded.require(choice.modality)
     encoder = _Encoder(loaded, choice.modality)
-    reader = RowReader(
-        table, choice, base=resolved.path.parent, target_rate=encoder.sampling_rate
-    )
+    reader = RowReader(table, choice, base=resolved.path.parent, target_rate=encoder.sampling_rate)
     kept, shortened, dropped = _fitted_rows(
         reader, encoder, table.num_rows, samples=samples, seq_len=seq_len,
-        seed=seed if shuffle else None, description=table.description,
+        seed=seed if shuffle else None, description=table.description, progress=progress,
     )  # fmt: skip
     batches, stats = [], []
+    total = -(-len(kept) // batch_size)
     for first in range(0, len(kept), batch_size):
         chunk = kept[first : first + batch_size]
         batch = encoder.batch(chunk)
         batches.append(batch)
+        if progress is not None:
+            progress("batches", len(batches), total)
         media_token = loaded.placeholder_ids[choice.modality]
         stats.append(_stats(batch, media_token, sum(_items(row) for row, _ in chunk)))
     return MultimodalCalibrationSet(
@@ -166,6 +172,7 @@ def _fitted_rows(
     seq_len: int,
     seed: int | None,
     description: str,
+    progress: Progress | None,
 ) -> tuple[list[tuple[MediaRow, TokenFit]], int, int]:
     """The first `samples` rows (in visiting order) that fit `seq_len`, with their fits, and
     the counts of rows shortened and dropped on the way."""
@@ -188,6 +195,8 @@ def _fitted_rows(
             continue
         shortened += fit.shortened
         kept.append((media_row, fit))
+        if progress is not None:
+            progress("rows", len(kept), samples)
         if len(kept) == samples:
             return kept, shortened, dropped
     raise DataError(
@@ -277,4 +286,3 @@ def _stats(batch: dict[str, torch.Tensor], media_token_id: int, media_items: int
         media_items=media_items,
         shapes={key: tuple(value.shape) for key, value in sorted(batch.items())},
     )
-

@@ -160,9 +160,7 @@ def _auto_processor(folder: Path) -> Any:
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=False
-        )
+        return AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except ImportError:
         raise
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
@@ -233,7 +231,9 @@ def _without_missing_parts(cls: type) -> type:
             return None
         return cls.check_argument_for_proper_class(self, argument_name, argument)
 
-    return type(cls.__name__, (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class})
+    return type(
+        cls.__name__, (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class}
+    )
 
 
 def _init_arguments(cls: type) -> set[str]:

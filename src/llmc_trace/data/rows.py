@@ -101,8 +101,7 @@ def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoi
         modality, how = forced, f"forced; {found[forced]}"
     elif not found:
         raise DataError(
-            f"{table.description} holds no image, video or audio column (columns found: "
-            f"{columns})",
+            f"{table.description} holds no image, video or audio column (columns found: {columns})",
             hint="Name media columns image/images, video/videos or audio/audios; text-only "
             "data is read by load_calibration.",
             source=table.description,
@@ -164,7 +163,9 @@ class RowReader:
             messages, inline = _messages_with_markers(
                 self._cell(self.choice.messages_column, row), kind, where, self.table.description
             )
-            payloads = _merge_payloads(messages, inline, payloads, kind, where, self.table.description)
+            payloads = _merge_payloads(
+                messages, inline, payloads, kind, where, self.table.description
+            )
         else:
             messages = self._caption_messages(row, len(payloads), where)
         media_row = MediaRow(messages=messages)
@@ -172,9 +173,13 @@ class RowReader:
             cell = f"{where}, {kind} {index}"
             source = self.table.description
             if kind == "image":
-                media_row.images.append(read_image(payload, base=self.base, where=cell, source=source))
+                media_row.images.append(
+                    read_image(payload, base=self.base, where=cell, source=source)
+                )
             elif kind == "video":
-                media_row.videos.append(read_frames(payload, base=self.base, where=cell, source=source))
+                media_row.videos.append(
+                    read_frames(payload, base=self.base, where=cell, source=source)
+                )
             else:
                 assert self.target_rate is not None
                 rate = self._cell(self.rate_column, row) if self.rate_column else None
@@ -195,7 +200,9 @@ class RowReader:
         value = self._cell(self.choice.column, row)
         if value is None:
             return []
-        if self.choice.modality == "video":  # a list of frames is one video; a list of lists, several
+        if (
+            self.choice.modality == "video"
+        ):  # a list of frames is one video; a list of lists, several
             if isinstance(value, list) and value and isinstance(value[0], list):
                 return list(value)
             return [value]
@@ -217,7 +224,9 @@ class RowReader:
             user.append({"type": "text", "text": str(prompt)})
         messages = [{"role": "user", "content": user}]
         if answer:
-            messages.append({"role": "assistant", "content": [{"type": "text", "text": str(answer)}]})
+            messages.append(
+                {"role": "assistant", "content": [{"type": "text", "text": str(answer)}]}
+            )
         return messages
 
 
@@ -246,7 +255,9 @@ def _messages_with_markers(
             parts = []
             for part in content:
                 if isinstance(part, Mapping) and part.get("type") == kind:
-                    inline.append(part.get(kind) if part.get(kind) is not None else part.get("path"))
+                    inline.append(
+                        part.get(kind) if part.get(kind) is not None else part.get("path")
+                    )
                     parts.append({"type": kind})
                 elif isinstance(part, Mapping) and part.get("type") == "text":
                     parts.append({"type": "text", "text": str(part.get("text", ""))})

@@ -256,7 +256,12 @@ def _llava(config: PretrainedConfig) -> ProcessorPlan:
             "bos_token_id": "<s>",
             "eos_token_id": "</s>",
         },
-        named_tokens={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+        named_tokens={
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "pad_token": "<pad>",
+        },
         turn=("", ""),
         roles={"user": "USER:", "assistant": "ASSISTANT:"},
         media_markers={"image": "<image>\n"},
