@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 import torch
@@ -167,3 +168,25 @@ def test_qwen2_vl_processor_is_built_from_parts_without_torchvision(twins):
     assert loaded.modalities == ("image", "video")
     assert "torchvision" in loaded.unavailable["video"]
     assert type(loaded.processor.image_processor).__name__.endswith("Pil")
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2-VL-2B-Instruct", "llava-hf/llava-1.5-7b-hf"])
+def test_without_a_chat_template_the_image_marker_is_written_in_the_text(
+    name, twins, drawn_rows, tmp_path
+):
+    """A processor without a chat template still gets one marker per image in the text, which
+    it expands as with the template: the same placeholder count, and the batch runs."""
+    folder = shutil.copytree(twins(name), tmp_path / "plain")
+    (folder / "chat_template.jinja").unlink()
+    assert not getattr(load_processor(folder).processor, "chat_template", None)
+    plain = load_multimodal_calibration(drawn_rows, folder, samples=2, seq_len=512, batch_size=2)
+    templated = load_multimodal_calibration(
+        drawn_rows, twins(name), samples=2, seq_len=512, batch_size=2
+    )
+    image = plain.media_token_id
+    assert torch.equal(
+        (plain.batches[0]["input_ids"] == image).sum(dim=1),
+        (templated.batches[0]["input_ids"] == image).sum(dim=1),
+    )
+    with torch.no_grad():
+        load_twin(folder)(**plain.batches[0])

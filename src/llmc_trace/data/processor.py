@@ -78,14 +78,7 @@ class LoadedProcessor:
                 param="modality",
             )
         if modality != "text" and modality not in self.modalities:
-            takes = " and ".join(self.modalities) or "text only"
-            raise DataError(
-                f"the {self.model_type} model in {self.folder} does not take {modality} "
-                f"(it takes {takes})",
-                hint="Give calibration data of a modality the model takes, or force one with "
-                "modality=...",
-                param="modality",
-            )
+            raise _not_taken(self.model_type, self.folder, modality, self.modalities)
 
 
 def load_processor(folder: str | Path, modality: str | None = None) -> LoadedProcessor:
@@ -98,17 +91,18 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
     does not load for a reason other than a missing torchvision.
     """
     folder = Path(folder)
+    if not folder.is_dir():
+        raise BadInputError(
+            f"a processor is read from a model folder, and {folder} is not one.",
+            hint="Point at the folder of the checkpoint (config.json beside the processor "
+            "files); a built-in's twin with a processor is written by data.twins.save_twin.",
+            param="model",
+        )
     config = _read_json(folder / "config.json", folder)
     model_type = str(config.get("model_type", ""))
     placeholders = _placeholder_ids(config)
     if modality is not None and modality != "text" and modality not in placeholders:
-        takes = " and ".join(placeholders) or "text only"
-        raise DataError(
-            f"the {model_type} model in {folder} does not take {modality} (it takes {takes})",
-            hint="Give calibration data of a modality the model takes, or force one with "
-            "modality=...",
-            param="modality",
-        )
+        raise _not_taken(model_type, folder, modality, tuple(placeholders))
     _check_files(folder)
     try:
         processor = _auto_processor(folder)
@@ -139,6 +133,15 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
     if modality is not None:
         loaded.require(modality)
     return loaded
+
+
+def _not_taken(model_type: str, folder: Path, modality: str, takes: tuple[str, ...]) -> DataError:
+    return DataError(
+        f"the {model_type} model in {folder} does not take {modality} (it takes "
+        f"{' and '.join(takes) or 'text only'})",
+        hint="Give calibration data of a modality the model takes, or force one with modality=...",
+        param="modality",
+    )
 
 
 def _check_files(folder: Path) -> None:
