@@ -50,8 +50,9 @@ CAPTION_WORDS: tuple[str, ...] = tuple(
     )
 )
 #: Image sizes (width, height) drawn in turn: three sizes, so that a calibration set built from
-#: consecutive rows holds images of different sizes (different patch grids).
-SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (112, 196))
+#: consecutive rows holds images of different sizes (different patch grids), one of them wide
+#: enough that tiling processors (Idefics3) cut it into fewer tiles than the others.
+SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (224, 84))
 
 
 def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[object, str]:
