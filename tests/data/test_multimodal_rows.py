@@ -19,7 +19,12 @@ import pyarrow.parquet
 import pytest
 import torch
 
-from llmc_trace.data import DataError, load_multimodal_calibration, load_processor
+from llmc_trace.data import (
+    DataError,
+    load_multimodal_calibration,
+    load_processor,
+    source_modality,
+)
 from llmc_trace.errors import BadInputError
 from tests.multimodal import load_twin, write_tone
 
@@ -301,3 +306,18 @@ def test_rows_without_media_or_text(twins, drawn_rows, tmp_path):
     with pytest.raises(DataError, match="cannot hold images"):
         np.save(tmp_path / "tokens.npy", np.zeros((2, 8), dtype=np.int64))
         load(tmp_path / "tokens.npy", twins(QWEN))
+
+
+def test_source_modality_routes_text_and_media(drawn_rows, tmp_path):
+    """Text-only sources go to load_calibration (None), media tables to the multimodal loader;
+    a forced media modality on a source that cannot hold it is refused."""
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": "one red circle ."}])
+    np.save(tmp_path / "tokens.npy", np.zeros((2, 8), dtype=np.int64))
+    assert source_modality(texts) is None
+    assert source_modality(tmp_path / "tokens.npy") is None
+    assert source_modality(drawn_rows, "text") is None
+    assert source_modality(drawn_rows).modality == "image"
+    with pytest.raises(DataError, match="cannot hold images"):
+        source_modality(tmp_path / "tokens.npy", "image")
+    with pytest.raises(DataError, match="has no audio column"):
+        source_modality(drawn_rows, "audio")

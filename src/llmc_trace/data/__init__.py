@@ -3,7 +3,7 @@
 `validate_source` checks a source cheaply, before any model is loaded; `load_calibration` turns
 it into a `CalibrationSet`; `load_multimodal_calibration` turns rows of images, video or audio
 with text into a `MultimodalCalibrationSet` through the model's own processor
-(`load_processor`); `make_synthetic_text_batches` stands in for data when a model has random
+(`load_processor`), and `source_modality` says which of the two loaders a source is for; `make_synthetic_text_batches` stands in for data when a model has random
 weights. Every failure is a `DataError` carrying a `hint`.
 """
 
@@ -12,6 +12,7 @@ from llmc_trace.data.multimodal import (
     BatchStats,
     MultimodalCalibrationSet,
     load_multimodal_calibration,
+    source_modality,
 )
 from llmc_trace.data.processor import LoadedProcessor, load_processor
 from llmc_trace.errors import DataError
@@ -29,5 +30,6 @@ __all__ = [
     "load_multimodal_calibration",
     "load_processor",
     "make_synthetic_text_batches",
+    "source_modality",
     "validate_source",
 ]

@@ -25,8 +25,8 @@ from llmc_trace.core.progress import Progress
 from llmc_trace.data.calibration import CalibrationSet, visiting_order
 from llmc_trace.data.fitting import TokenFit, fit_tokens, protected_mask
 from llmc_trace.data.processor import LoadedProcessor, load_processor
-from llmc_trace.data.rows import MediaRow, RowReader, detect_modality
-from llmc_trace.data.source import resolve_source
+from llmc_trace.data.rows import MediaRow, ModalityChoice, RowReader, detect_modality, has_media
+from llmc_trace.data.source import ResolvedSource, resolve_source
 from llmc_trace.data.tables import read_text_table
 from llmc_trace.data.validation import check_sizes
 from llmc_trace.errors import DataError
@@ -113,17 +113,7 @@ def load_multimodal_calibration(
     check_sizes(samples=samples, seq_len=seq_len, batch_size=batch_size)
     resolved = resolve_source(source)
     if resolved.kind not in TABLE_KINDS:
-        what = (
-            "is a Hub dataset, which is not read for image, video or audio calibration"
-            if resolved.kind == "hub"
-            else "cannot hold images, video or audio"
-        )
-        raise DataError(
-            f"calibration source {resolved.description} {what}",
-            hint="Give a local .jsonl, .json or .parquet file of rows with media and text "
-            "(a Hub dataset saved with to_parquet() is one).",
-            source=resolved.description,
-        )
+        raise _not_a_media_table(resolved)
     assert resolved.path is not None
     table = read_text_table(resolved.path, resolved.kind, resolved.description)
     choice = detect_modality(table, modality)
@@ -160,6 +150,50 @@ def load_multimodal_calibration(
         shortened=shortened,
         dropped=dropped,
         processor_built_from=loaded.built_from,
+    )
+
+
+def source_modality(source: str | Path, modality: str | None = None) -> ModalityChoice | None:
+    """The media modality calibration rows in `source` hold, or None for text-only data.
+
+    This is the cheap routing question a command line asks before any model is loaded: None
+    means `load_calibration` reads the source (a `.npy` array, a `.txt` file, a Hub dataset, a
+    table without media columns), a choice means `load_multimodal_calibration` does. A forced
+    `modality` the source cannot hold is refused (`DataError`), as in the loader; `"text"`
+    forces None.
+
+    Example::
+
+        >>> import tempfile
+        >>> from llmc_trace.data.drawn import write_drawn_dataset
+        >>> source_modality(write_drawn_dataset(tempfile.mkdtemp(), count=1)).reason
+        "image (column 'image')"
+    """
+    if modality == "text":
+        return None
+    resolved = resolve_source(source)
+    if resolved.kind not in TABLE_KINDS:
+        if modality is None:
+            return None
+        raise _not_a_media_table(resolved)
+    assert resolved.path is not None
+    table = read_text_table(resolved.path, resolved.kind, resolved.description)
+    if modality is None and not has_media(table):
+        return None
+    return detect_modality(table, modality)
+
+
+def _not_a_media_table(resolved: ResolvedSource) -> DataError:
+    what = (
+        "is a Hub dataset, which is not read for image, video or audio calibration"
+        if resolved.kind == "hub"
+        else "cannot hold images, video or audio"
+    )
+    return DataError(
+        f"calibration source {resolved.description} {what}",
+        hint="Give a local .jsonl, .json or .parquet file of rows with media and text "
+        "(a Hub dataset saved with to_parquet() is one).",
+        source=resolved.description,
     )
 
 

@@ -67,6 +67,11 @@ class MediaRow:
     audios: list[np.ndarray] = field(default_factory=list)
 
 
+def has_media(table: TextTable) -> bool:
+    """Whether any column of `table` (or a part of its messages) holds media."""
+    return bool(_media_found(table))
+
+
 def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoice:
     """Which modality `table` holds: the one `forced`, else the only one its columns show.
 
@@ -74,14 +79,7 @@ def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoi
     forced, or when the forced modality has no column.
     """
     messages_column = next((c for c in MESSAGES_COLUMNS if c in table.columns), None)
-    found: dict[str, str] = {}
-    for modality, names in MEDIA_COLUMNS.items():
-        column = next((c for c in names if c in table.columns), None)
-        if column is not None:
-            found[modality] = f"column {column!r}"
-    if messages_column is not None:
-        for modality in _part_types(table.read_column(messages_column)):
-            found.setdefault(modality, f"{{'type': '{modality}'}} parts of {messages_column!r}")
+    found = _media_found(table)
     columns = ", ".join(repr(c) for c in table.columns) or "none"
     if forced is not None:
         if forced not in MEDIA_MODALITIES:
@@ -117,6 +115,20 @@ def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoi
         modality, how = next(iter(found.items()))
     column = next((c for c in MEDIA_COLUMNS[modality] if c in table.columns), None)
     return ModalityChoice(modality, column, messages_column, f"{modality} ({how})")
+
+
+def _media_found(table: TextTable) -> dict[str, str]:
+    """Each modality `table` holds, with the column (or messages parts) that holds it."""
+    found: dict[str, str] = {}
+    for modality, names in MEDIA_COLUMNS.items():
+        column = next((c for c in names if c in table.columns), None)
+        if column is not None:
+            found[modality] = f"column {column!r}"
+    messages_column = next((c for c in MESSAGES_COLUMNS if c in table.columns), None)
+    if messages_column is not None:
+        for modality in _part_types(table.read_column(messages_column)):
+            found.setdefault(modality, f"{{'type': '{modality}'}} parts of {messages_column!r}")
+    return found
 
 
 def _part_types(conversations: Sequence[object]) -> list[str]:
