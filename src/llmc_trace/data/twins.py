@@ -377,7 +377,6 @@ TWIN_PROCESSORS: dict[str, Callable[[PretrainedConfig], ProcessorPlan]] = {
     "qwen2_5_vl": _qwen2_vl,
     "llava": _llava,
     "idefics3": _idefics3,
-    "smolvlm": _idefics3,
     "gemma3": _gemma3,
     "qwen2_audio": _qwen2_audio,
 }
