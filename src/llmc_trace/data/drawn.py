@@ -20,8 +20,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -55,19 +59,20 @@ CAPTION_WORDS: tuple[str, ...] = tuple(
 SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (224, 84))
 
 
-def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[object, str]:
+def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[Image, str]:
     """One image of `size` (width, height) and its caption, drawn from `rng`.
 
     Returns a `PIL.Image.Image` in RGB and a caption such as "two red circles at the top left.".
     """
-    from PIL import Image, ImageDraw
+    from PIL import Image as PILImage
+    from PIL import ImageDraw
 
     colour = str(rng.choice(list(COLOURS)))
     shape = str(rng.choice(SHAPES))
     count = int(rng.integers(1, len(COUNTS) + 1))
     position = str(rng.choice(list(POSITIONS)))
     width, height = size
-    image = Image.new("RGB", size, (255, 255, 255))
+    image = PILImage.new("RGB", size, (255, 255, 255))
     draw = ImageDraw.Draw(image)
     radius = max(4, min(width, height) // 10)
     centre_x, centre_y = POSITIONS[position]
@@ -108,7 +113,7 @@ def write_drawn_dataset(
     for index in range(count):
         image, caption = draw_captioned_image(rng, tuple(sizes[index % len(sizes)]))
         relative = f"images/{index:04d}.png"
-        image.save(folder / relative, format="PNG")  # type: ignore[attr-defined]
+        image.save(folder / relative, format="PNG")
         rows.append({"image": relative, "text": caption})
     path = folder / name
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))

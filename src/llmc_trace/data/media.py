@@ -22,22 +22,26 @@ import io
 import wave
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llmc_trace.errors import DataError
 
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
-def read_image(value: object, *, base: Path, where: str, source: str) -> Any:
+
+def read_image(value: object, *, base: Path, where: str, source: str) -> Image:
     """The image in `value` as an RGB `PIL.Image.Image`; `where` names the cell in errors."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image as PILImage
+    from PIL import UnidentifiedImageError
 
-    if isinstance(value, Image.Image):
+    if isinstance(value, PILImage.Image):
         return value.convert("RGB")
     data, name = _bytes_of(value, base=base, where=where, source=source, kind="image")
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with PILImage.open(io.BytesIO(data)) as image:
             image.load()
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
@@ -49,9 +53,9 @@ def read_image(value: object, *, base: Path, where: str, source: str) -> Any:
         ) from err
 
 
-def read_frames(value: object, *, base: Path, where: str, source: str) -> list[Any]:
+def read_frames(value: object, *, base: Path, where: str, source: str) -> list[Image]:
     """A video cell (a list of frames) as a list of RGB images."""
-    if isinstance(value, (str, bytes)) or isinstance(value, dict):
+    if isinstance(value, (str, bytes, dict)):
         raise DataError(
             f"{where}: a video must be a list of frames (image paths or bytes), got "
             f"{type(value).__name__}",

@@ -136,7 +136,7 @@ def _tokenizer(config: PretrainedConfig, plan: ProcessorPlan) -> Any:
         vocab[token] = token_id
     specials = list(dict.fromkeys([*plan.config_tokens.values(), *plan.named_tokens.values()]))
     specials += [token for token in plan.extra_tokens if token not in specials]
-    words = [word for word in dict.fromkeys([*CAPTION_WORDS, *CHAT_WORDS])]
+    words = list(dict.fromkeys([*CAPTION_WORDS, *CHAT_WORDS]))
     free = (i for i in range(vocab_size) if i not in vocab.values())
     for token in [*specials, *words]:
         if token not in vocab:
