@@ -119,7 +119,21 @@ def test_chat_messages_with_image_parts_and_inline_images(twins, drawn_rows):
             for r in rows
         ],
     )
+    plain = write_jsonl(  # string contents, no parts: the images go first in the user turn
+        drawn_rows.parent / "plain.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": ""},
+                    {"role": "assistant", "content": r["text"]},
+                ],
+                "images": [r["image"]],
+            }
+            for r in rows
+        ],
+    )
     reference = load(drawn_rows, twins(QWEN))
+    assert_same_batches(load(plain, twins(QWEN)), reference)
     from_hub, from_inline = load(hub, twins(QWEN)), load(inline, twins(QWEN))
     assert from_hub.modality_reason == "image (column 'images')"
     assert from_inline.modality_reason == "image ({'type': 'image'} parts of 'messages')"
