@@ -74,11 +74,13 @@ def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tup
     width, height = size
     image = PILImage.new("RGB", size, (255, 255, 255))
     draw = ImageDraw.Draw(image)
-    radius = max(4, min(width, height) // 10)
+    # three shapes and their gaps span at most 7 radii, half the width: they stay inside their
+    # half of the image and apart from each other (a gap of 2 pixels or more)
+    radius = max(4, min(width // 14, height // 10))
+    step = 2 * radius + max(2, radius // 2)
     centre_x, centre_y = POSITIONS[position]
     for index in range(count):
-        # side by side around the region's centre, so that all of them stay inside it
-        x = int(width * centre_x + (index - (count - 1) / 2) * 2.2 * radius)
+        x = int(round(width * centre_x + (index - (count - 1) / 2) * step))
         y = int(height * centre_y)
         box = (x - radius, y - radius, x + radius, y + radius)
         if shape == "circle":
