@@ -122,7 +122,7 @@ def load_calibration(
     )
 
 
-def _visiting_order(count: int, seed: int | None) -> np.ndarray:
+def visiting_order(count: int, seed: int | None) -> np.ndarray:
     """Indices `0..count-1` in the order drawn from `seed`, or in order when `seed` is None."""
     if seed is None:
         return np.arange(count)
@@ -141,7 +141,7 @@ def _token_samples(
     array = open_token_array(resolved.path, resolved.description)
     available = count_windows(array, seq_len, resolved.description)
     check_enough(available, samples=samples, seq_len=seq_len, description=resolved.description)
-    windows = take_windows(array, _visiting_order(available, seed)[:samples], seq_len)
+    windows = take_windows(array, visiting_order(available, seed)[:samples], seq_len)
     check_token_range(windows, vocab_size, resolved.description)
     return windows
 
@@ -162,7 +162,7 @@ def _tokenised_rows(
 ) -> Iterator[list[int]]:
     """Token ids of each row's text in visiting order, tokenised only when asked for."""
     values = table.read_column(text_column)
-    for row in _visiting_order(table.num_rows, seed):
+    for row in visiting_order(table.num_rows, seed):
         where = f"{table.description}, row {row} of column {text_column!r}"
         text = render_text(values[int(row)], tokenizer, where=where)
         yield tokenizer(text, add_special_tokens=False)["input_ids"] if text else []

@@ -6,6 +6,11 @@ its README: each row runs independently (no state carried between rows), the log
 is `exp(total NLL / scored tokens)`. Padding is never scored: a target counts only when it and
 the position predicting it both have attention mask 1, so right-padded batches of uneven texts
 give the same result as running each text alone.
+
+A `MultimodalCalibrationSet` is scored the same way, as the perplexity of its text given its
+media: each batch runs whole (`model(**batch)`: pixel values, grids, audio features), and a
+target that is a media placeholder token (`placeholder_ids`) is never scored, since the model
+does not predict the vision tower's embeddings.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import CalibrationSet
+from llmc_trace.data.multimodal import MultimodalCalibrationSet
 from llmc_trace.errors import DataError
 
 
@@ -49,9 +55,10 @@ def perplexity(
 
     `model` is a causal language model called as `model(input_ids=..., attention_mask=...)`
     that returns an object with `.logits` of shape `(B, T, vocab)`, as every Hugging Face
-    `*ForCausalLM` does. `data` is a 2-D array of token ids, one sample per row (batched by
-    `batch_size`), or a `CalibrationSet` (its own batches and masks are used; `batch_size` is
-    ignored). The model runs in eval mode and is put back in its previous mode afterwards.
+    `*ForCausalLM` (and `*ForConditionalGeneration`) does. `data` is a 2-D array of token ids,
+    one sample per row (batched by `batch_size`), or a `CalibrationSet` (its own batches and
+    masks are used, with every tensor of a `MultimodalCalibrationSet`'s batches; `batch_size`
+    is ignored). The model runs in eval mode and is put back in its previous mode afterwards.
 
     Example::
 
@@ -69,19 +76,31 @@ def perplexity(
             param="batch_size",
         )
     batches, total_rows = _batches(data, batch_size)
-    device = next(model.parameters()).device
+    parameter = next(model.parameters())
+    placeholders = torch.tensor(
+        data.placeholder_ids if isinstance(data, MultimodalCalibrationSet) else (),
+        dtype=torch.long,
+        device=parameter.device,
+    )
     was_training = model.training
     model.eval()
     start = time.perf_counter()
     nll_sum, num_tokens, done_rows = 0.0, 0, 0
     try:
         for batch in batches:
-            input_ids = batch["input_ids"].to(device)  # (B, T)
-            attention_mask = batch["attention_mask"].to(device)  # (B, T)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            inputs = {
+                # media tensors (pixel values, audio features) in the model's dtype
+                name: value.to(parameter.device, parameter.dtype)
+                if value.is_floating_point()
+                else value.to(parameter.device)
+                for name, value in batch.items()
+            }
+            input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]  # (B, T)
+            logits = model(**inputs).logits
             log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, vocab)
             target_log_probs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
             scored = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()  # (B, T-1)
+            scored &= ~torch.isin(input_ids[:, 1:], placeholders)
             # Sum in float64: 10^5 float32 terms of size ~4 would lose the third digit.
             nll_sum -= target_log_probs[scored].double().sum().item()
             num_tokens += int(scored.sum())

@@ -9,6 +9,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
+from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.data.source import resolve_source
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
@@ -66,6 +67,38 @@ def evaluate_model(
     return perplexity(
         load_for_evaluation(source, dtype), calibration, batch_size=batch_size, progress=progress
     )
+
+
+def evaluate_multimodal(
+    folder: str | Path,
+    data: str | Path,
+    *,
+    samples: int,
+    seq_len: int = 512,
+    batch_size: int = 8,
+    modality: str | None = None,
+    dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
+) -> PerplexityResult:
+    """Perplexity of the text of ``data`` given its images, video or audio, for the checkpoint
+    in ``folder``.
+
+    ``data`` is read as calibration rows are (:func:`~llmc_trace.data.multimodal.
+    load_multimodal_calibration`, in file order): the first ``samples`` rows that fit
+    ``seq_len``, through the folder's own processor. Media placeholder tokens and padding are
+    never scored. The data and the processor are checked before the model is loaded.
+    """
+    calibration = load_multimodal_calibration(
+        data,
+        folder,
+        samples=samples,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        modality=modality,
+        shuffle=False,
+    )
+    model = load_for_evaluation(resolve_model(str(folder)), dtype)
+    return perplexity(model, calibration, progress=progress)
 
 
 def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:

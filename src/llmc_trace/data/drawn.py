@@ -1,0 +1,122 @@
+"""Draw small captioned images (shapes, colours, counts, positions) as calibration data.
+
+Image calibration needs images with text about them, and nothing may be fetched: these are drawn
+here with Pillow, each with a caption that says what it shows ("two red circles at the top
+left."), so that the text is about the image as in a captioning dataset. `write_drawn_dataset`
+writes them as PNG files and a `.jsonl` of `{"image": "images/0000.png", "text": caption}` rows
+(paths relative to the `.jsonl`, the layout `load_multimodal_calibration` reads). The same seed
+draws the same images and captions.
+
+Example::
+
+    >>> import tempfile
+    >>> rows = write_drawn_dataset(tempfile.mkdtemp(), count=3, seed=0)
+    >>> rows.name
+    'captions.jsonl'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 210, 40),
+    "purple": (140, 60, 180),
+    "orange": (240, 140, 30),
+}
+SHAPES = ("circle", "square", "triangle")
+COUNTS = ("one", "two", "three")
+#: Where the shapes sit: name -> centre of the region as fractions of width and height.
+POSITIONS: dict[str, tuple[float, float]] = {
+    "top left": (0.25, 0.25),
+    "top right": (0.75, 0.25),
+    "bottom left": (0.25, 0.75),
+    "bottom right": (0.75, 0.75),
+    "middle": (0.5, 0.5),
+}
+#: Every word a caption can hold, for tokenizers made here (`data.twins`).
+CAPTION_WORDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [*COLOURS, *SHAPES, *(s + "s" for s in SHAPES), *COUNTS, "a", "at", "the", "in"]
+        + [word for position in POSITIONS for word in position.split()]
+        + ["on", "white", "background", "."]
+    )
+)
+#: Image sizes (width, height) drawn in turn: three sizes, so that a calibration set built from
+#: consecutive rows holds images of different sizes (different patch grids), one of them wide
+#: enough that tiling processors (Idefics3) cut it into fewer tiles than the others.
+SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (224, 84))
+
+
+def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[Image, str]:
+    """One image of `size` (width, height) and its caption, drawn from `rng`.
+
+    Returns a `PIL.Image.Image` in RGB and a caption such as "two red circles at the top left.".
+    """
+    from PIL import Image as PILImage
+    from PIL import ImageDraw
+
+    colour = str(rng.choice(list(COLOURS)))
+    shape = str(rng.choice(SHAPES))
+    count = int(rng.integers(1, len(COUNTS) + 1))
+    position = str(rng.choice(list(POSITIONS)))
+    width, height = size
+    image = PILImage.new("RGB", size, (255, 255, 255))
+    draw = ImageDraw.Draw(image)
+    # three shapes and their gaps span at most 7 radii, half the width: they stay inside their
+    # half of the image and apart from each other (a gap of 2 pixels or more)
+    radius = max(4, min(width // 14, height // 10))
+    step = 2 * radius + max(2, radius // 2)
+    centre_x, centre_y = POSITIONS[position]
+    for index in range(count):
+        x = int(round(width * centre_x + (index - (count - 1) / 2) * step))
+        y = int(height * centre_y)
+        box = (x - radius, y - radius, x + radius, y + radius)
+        if shape == "circle":
+            draw.ellipse(box, fill=COLOURS[colour])
+        elif shape == "square":
+            draw.rectangle(box, fill=COLOURS[colour])
+        else:
+            draw.polygon([(x, y - radius), (x - radius, y + radius), (x + radius, y + radius)],
+                         fill=COLOURS[colour])  # fmt: skip
+    noun = shape if count == 1 else shape + "s"
+    caption = f"{COUNTS[count - 1]} {colour} {noun} at the {position} ."
+    return image, caption
+
+
+def write_drawn_dataset(
+    folder: str | Path,
+    count: int = 8,
+    *,
+    seed: int = 0,
+    sizes: Sequence[tuple[int, int]] = SIZES,
+    name: str = "captions.jsonl",
+) -> Path:
+    """Draw `count` images into `folder/images/` and write `folder/name` with one row each.
+
+    Rows are `{"image": "images/0000.png", "text": caption}`; image `i` has size
+    `sizes[i % len(sizes)]`. Returns the path of the `.jsonl` file.
+    """
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for index in range(count):
+        image, caption = draw_captioned_image(rng, tuple(sizes[index % len(sizes)]))
+        relative = f"images/{index:04d}.png"
+        image.save(folder / relative, format="PNG")
+        rows.append({"image": relative, "text": caption})
+    path = folder / name
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
