@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 import click
+
+from llmc_trace.core.names import MODALITIES
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
@@ -22,7 +24,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     "--modality",
     "modalities",
     multiple=True,
-    type=click.Choice(["text", "image", "video", "audio"]),
+    type=click.Choice(MODALITIES),
     help="Limit to these modalities (default: all each model supports).",
 )
 @click.option("--no-fix", is_flag=True, help="Do not retry failures with the fix search.")

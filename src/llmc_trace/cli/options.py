@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from llmc_trace.core.names import MODALITIES
+
 SHOW_DEFAULT = {"show_default": True}
 
 
@@ -48,7 +50,7 @@ def model_options(fn=None, *, model_required: bool = True):  # type: ignore[no-u
             "--modality",
             default="text",
             **SHOW_DEFAULT,
-            type=click.Choice(["text", "image", "video", "audio"]),
+            type=click.Choice(MODALITIES),
             help="Which inputs the sample holds.",
         ),
         click.option(

@@ -48,6 +48,9 @@ DTYPES = (AUTO, "bfloat16", "float16", "float32")
 PREFERENCE = (SEQUENTIAL, LAYER_SEQUENTIAL, BASIC)
 PIPELINES = (*PREFERENCE, DATA_FREE)
 
+#: What a sample or a calibration row holds besides text, and text itself.
+MODALITIES = ("text", "image", "video", "audio")
+
 #: The views ``render`` draws.
 VIEWS = ("overview", "detail", "modules", "failure")
 

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from llmc_trace.core.names import MODALITIES
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import model_class
-
-MODALITIES = ("text", "image", "video", "audio")
 
 
 @dataclass(frozen=True)

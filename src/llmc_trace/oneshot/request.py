@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmc_trace.core.names import AUTO, DATA_METHODS
+from llmc_trace.core.names import AUTO, DATA_METHODS, MODALITIES
 from llmc_trace.data import validate_source
+from llmc_trace.data.multimodal import source_modality
+from llmc_trace.data.processor import load_processor
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
@@ -32,6 +34,9 @@ from llmc_trace.oneshot.settings import (
     TracingSettings,
 )
 from llmc_trace.oneshot.stage import Stage, check_order
+
+#: the modalities whose rows go through the model's processor
+MEDIA = tuple(m for m in MODALITIES if m != "text")
 
 
 @dataclass(frozen=True, init=False)
@@ -63,7 +68,8 @@ class CompressRequest:
     stages: tuple[Stage, ...]
     source: ModelSource = field(repr=False)
     out_path: Path | None = field(repr=False)
-    #: what the dataset is: "npy" token ids, a text file, a hub dataset...
+    #: what the dataset is: "npy" token ids, a text file, a hub dataset, or the media modality
+    #: ("image", "video", "audio") of rows that go through the model's processor
     data_kind: str = field(repr=False)
 
     def __init__(
@@ -122,9 +128,7 @@ class CompressRequest:
         out_path = Path(out_dir) if out_dir is not None else None
         if out_path is not None:
             check_output(out_path, overwrite=overwrite)
-        data = validate_source(
-            calibration.dataset, samples=calibration.samples, seq_len=calibration.seq_len
-        )
+        data_kind = _check_data(calibration, source)
         values = {
             "model": model,
             "out_dir": out_dir,
@@ -133,10 +137,15 @@ class CompressRequest:
             "stages": stages,
             "source": source,
             "out_path": out_path,
-            "data_kind": data.kind,
+            "data_kind": data_kind,
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
+
+    @property
+    def modality(self) -> str:
+        """What the calibration rows hold: ``text``, or the media they carry."""
+        return self.data_kind if self.data_kind in MEDIA else "text"
 
     @property
     def needs_data(self) -> bool:
@@ -175,6 +184,22 @@ class CompressRequest:
     def recipe(self) -> Recipe:
         """This request's options as a recipe (what ``recipe.yaml`` serialises)."""
         return Recipe(self.calibration, self.tracing, self.checkpoint, self.stages)
+
+
+def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
+    """The dataset's kind, checked before anything heavy: media rows (their modality detected
+    from the columns, or forced) need a processor in the model folder that takes them; token
+    ids and texts are checked as the text loader reads them."""
+    assert calibration.dataset is not None and source.folder is not None
+    forced = None if calibration.modality == AUTO else calibration.modality
+    choice = source_modality(calibration.dataset, forced)
+    if choice is None:
+        data = validate_source(
+            calibration.dataset, samples=calibration.samples, seq_len=calibration.seq_len
+        )
+        return data.kind
+    load_processor(source.folder, choice.modality).require(choice.modality)
+    return choice.modality
 
 
 def check_output(out: Path, *, overwrite: bool) -> None:

@@ -82,7 +82,7 @@ def compress(
         device or world.device,
         (progress or no_progress) if world.is_main else no_progress,
         world,
-        RunTrace(request.source, request.tracing),
+        RunTrace(request.source, request.tracing, request.modality),
     )
     stages = request.stages
     model: torch.nn.Module | None = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES
+from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES
 from llmc_trace.oneshot.declare import Int, Names, Parsed, Text, normalize, option
 from llmc_trace.oneshot.stage import Stage
 
@@ -38,6 +38,12 @@ class CalibrationSettings:
         "the recipe's).",
         Parsed(lambda value: _path_text(value), description="a path or hub id"),
         short="-d",
+    )
+    modality: str = option(
+        AUTO,
+        "text, image, video or audio (auto: from the dataset's columns); media rows go through "
+        "the model folder's own processor and chat template.",
+        Text(choices=(AUTO, *MODALITIES)),
     )
     samples: int = option(128, "Calibration samples.", Int(1))
     seq_len: int = option(512, "Tokens per sample.", Int(2))

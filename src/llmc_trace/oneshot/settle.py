@@ -24,9 +24,10 @@ class RunTrace:
     its proof) made for an earlier stage holds for the later ones: only the weights changed.
     """
 
-    def __init__(self, source: ModelSource, settings: TracingSettings) -> None:
+    def __init__(self, source: ModelSource, settings: TracingSettings, modality: str) -> None:
         self.source = source
         self.settings = settings
+        self.modality = modality
         self.options: TracingOptions | None = None
         self.traced: TracedModel | None = None
         self.check: TwinCheck | None = None
@@ -48,7 +49,7 @@ class RunTrace:
                 settings.targets_per_subgraph,
             )
         traced, check = trace_for_calibration(
-            self.source, model, batch, self.options, needs_data=needs_data
+            self.source, model, batch, self.options, self.modality, needs_data=needs_data
         )
         self.options, self.traced, self.check = traced.options, traced, check
         return traced, check
@@ -64,10 +65,14 @@ def trace_for_calibration(
     model: torch.nn.Module,
     batch: dict[str, Any],
     options: TracingOptions,
+    modality: str,
     *,
     needs_data: bool,
 ) -> tuple[TracedModel, TwinCheck | None]:
     """Trace ``model`` once on the first calibration batch, fixed as ``attempt --fix`` would.
+
+    The batch is a real one, images and all when the rows carry them, so the fixes are the
+    ones calibration needs; the twin proves them on a sample of the same ``modality``.
 
     For methods that calibrate on data the trace is proved on the tiny twin, and a failure
     starts the fix search; a fix that does not verify is not used, and a model that does not
@@ -79,5 +84,7 @@ def trace_for_calibration(
         return traced, None
     ids = batch["input_ids"]
     sample = SampleOptions(seq_len=int(ids.shape[1]), batch_size=int(ids.shape[0]))
-    settled = settle(traced, lambda candidate: verify_on_twin(candidate, "text", sample), fix=True)
+    settled = settle(
+        traced, lambda candidate: verify_on_twin(candidate, modality, sample), fix=True
+    )
     return settled.fixed.traced, settled.fixed.check

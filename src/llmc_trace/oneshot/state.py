@@ -12,6 +12,7 @@ from llmc_trace.core.device_peak import DevicePeaks
 from llmc_trace.core.progress import Progress
 from llmc_trace.core.world import World
 from llmc_trace.data import CalibrationSet, load_calibration
+from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.models.source import ModelSource
 from llmc_trace.oneshot.compressor import LayerResult
 from llmc_trace.oneshot.report import build_report
@@ -49,20 +50,30 @@ class RunState:
     written_report: CompressionReport | None = None
 
     def calibration_set(self, model: torch.nn.Module) -> CalibrationSet:
-        """The calibration rows, loaded once for every stage (token ids need no tokenizer:
-        they are checked against the embedding table instead)."""
+        """The calibration rows, loaded once for every stage: media rows through the model's
+        own processor, texts through its tokenizer, token ids as they are (checked against the
+        embedding table instead)."""
         if self.calibration is None:
             request, settings = self.request, self.request.calibration
             assert settings.dataset is not None  # a request has a dataset
-            self.calibration = load_calibration(
-                settings.dataset,
-                _tokenizer(request.source) if request.data_kind != "npy" else None,
-                samples=settings.samples,
-                seq_len=settings.seq_len,
-                seed=settings.seed,
-                batch_size=settings.batch_size,
-                vocab_size=model.get_input_embeddings().num_embeddings,
-            )
+            sizes = {
+                "samples": settings.samples,
+                "seq_len": settings.seq_len,
+                "seed": settings.seed,
+                "batch_size": settings.batch_size,
+            }
+            if request.modality != "text":
+                assert request.source.folder is not None  # a request has weights
+                self.calibration = load_multimodal_calibration(
+                    settings.dataset, request.source.folder, modality=request.modality, **sizes
+                )
+            else:
+                self.calibration = load_calibration(
+                    settings.dataset,
+                    _tokenizer(request.source) if request.data_kind != "npy" else None,
+                    vocab_size=model.get_input_embeddings().num_embeddings,
+                    **sizes,
+                )
         return self.calibration
 
     def report(

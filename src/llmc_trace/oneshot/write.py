@@ -83,6 +83,7 @@ def run_recipe(
     recipe = run.request.recipe()
     recipe = dataclasses.replace(
         recipe,
+        calibration=dataclasses.replace(recipe.calibration, modality=run.request.modality),
         tracing=dataclasses.replace(recipe.tracing, tracing_ignore=tuple(run.trace.ignore_list())),
         checkpoint=dataclasses.replace(recipe.checkpoint, dtype=dtype),
         stages=tuple(stages),

@@ -18,6 +18,16 @@ from llmc_trace.pipelines.cache import IntermediatesCache
 from llmc_trace.traced.model import TracedModel
 
 
+#: the input that says a sample carries media, by modality
+_MEDIA_INPUTS = {"pixel_values_videos": "video", "pixel_values": "image", "input_features": "audio"}
+
+
+def sample_modality(sample: dict[str, Any]) -> str:
+    """What ``sample`` holds besides text, from its inputs (a twin traced on images is run on
+    images: its subgraphs take pixel values)."""
+    return next((m for name, m in _MEDIA_INPUTS.items() if name in sample), "text")
+
+
 def sample_invariant_names(twin: TracedModel | None) -> set[str]:
     """Names of ``twin``'s intermediates equal across two samples (unpadded text); none when
     there is no traced twin."""
@@ -25,8 +35,9 @@ def sample_invariant_names(twin: TracedModel | None) -> set[str]:
         return set()
     ids = twin.sample["input_ids"]
     batch, seq = int(ids.shape[0]), int(ids.shape[1])
+    modality = sample_modality(twin.sample)
     samples = [
-        make_sample(twin.model.config, "text", SampleOptions(seq, None, batch, seed))
+        make_sample(twin.model.config, modality, SampleOptions(seq, None, batch, seed))
         for seed in (1, 2)
     ]
     names = twin.partitioned.trace.input_names
