@@ -1,4 +1,4 @@
-"""The runnable examples in the docstrings of compress/, checkpoint/ and core.linear still run."""
+"""The runnable examples in the docstrings of compress/, checkpoint/ and layers.linear still run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ MODULES = [
     "llmc_trace.algorithms.refine",
     "llmc_trace.checkpoint.pack",
     "llmc_trace.checkpoint.writer",
-    "llmc_trace.core.linear",
+    "llmc_trace.layers.linear",
 ]
 
 

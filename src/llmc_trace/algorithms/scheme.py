@@ -17,7 +17,7 @@ from typing import Literal, get_args
 
 import torch
 
-from llmc_trace.core.linear import is_linear
+from llmc_trace.layers.linear import is_linear
 from llmc_trace.core.names import regex_matches
 from llmc_trace.errors import SchemeError
 

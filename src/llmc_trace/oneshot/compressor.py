@@ -1,7 +1,7 @@
 """``LayerCompressor``: the callbacks that turn what a pipeline shows into compressed weights.
 
 During calibration a forward hook on every targeted linear layer (``Linear``, or GPT-2's
-transposed ``Conv1D``: see :mod:`llmc_trace.core.linear`) folds its inputs into a Hessian
+transposed ``Conv1D``: see :mod:`llmc_trace.layers.linear`) folds its inputs into a Hessian
 (:class:`~llmc_trace.algorithms.hessian.HessianAccumulator`; padding tokens masked out, ``n``
 counting tokens). Layers that read the *same input tensor* (q/k/v, gate/up) share one Hessian
 instead of keeping identical copies: the first hook of a forward adds the input, the others see
@@ -10,7 +10,7 @@ each layer is compressed (GPTQ, SparseGPT, round-to-nearest or magnitude pruning
 ``(out, in)`` weight matrix and its weight replaced by the result in the module's own layout,
 so error propagation sees compressed outputs.
 
-Mixture-of-experts layers stored fused (3-D parameters, :mod:`llmc_trace.core.experts`) are
+Mixture-of-experts layers stored fused (3-D parameters, :mod:`llmc_trace.moe`) are
 compressed expert by expert: each expert's gate, up and down projection is a target of its own
 with its own Hessian. By default (``expert_tokens="all"``) every expert runs on every token for
 its Hessian while the router still decides what reaches the output, so no expert is calibrated
@@ -34,8 +34,8 @@ import torch
 
 from llmc_trace.algorithms.baseline import baseline_weight, damped_error
 from llmc_trace.algorithms.gptq import gptq
-from llmc_trace.core.experts import DOWN, ExpertProjection, ObservedExperts
-from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
+from llmc_trace.moe import DOWN, ExpertProjection, ObservedExperts
+from llmc_trace.layers.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import (
     ALL_TOKENS,
     BASELINE,

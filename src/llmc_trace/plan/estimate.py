@@ -13,7 +13,7 @@ no score matrix, so there the scores term is an upper bound.
 
 The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
 float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one; a GPT-2
-``Conv1D`` counts as the Linear it computes, :mod:`~llmc_trace.core.linear`), found by
+``Conv1D`` counts as the Linear it computes, :mod:`~llmc_trace.layers.linear`), found by
 running each target once on ``meta``, all alive while the target calibrates; while it is
 compressed, Linear by Linear, the Hessians not yet given up plus one solver call's working
 memory (the two phases do not overlap, so a device peak is the larger of them); and the
@@ -38,8 +38,8 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
-from llmc_trace.core.experts import ExpertProjection, is_fused_experts
-from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
+from llmc_trace.moe import ExpertProjection, is_fused_experts
+from llmc_trace.layers.linear import LinearLayer, as_linear, is_linear
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
@@ -143,7 +143,7 @@ def scaled_bytes(
 
 def solver_bytes(linear: torch.nn.Module, *, gives_up_hessian: bool = True) -> int:
     """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear`` (a linear layer, see
-    :func:`~llmc_trace.core.linear.as_linear`), its Hessian given.
+    :func:`~llmc_trace.layers.linear.as_linear`), its Hessian given.
 
     Factorising works in one ``in × in`` float32 matrix, the Hessian itself when the call is
     its last user (``gives_up_hessian``: the compressor hands a shared Hessian to the last of
