@@ -204,8 +204,7 @@ def _run_all(
                     del values
                 if store:
                     result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
-                    cache.delete(subgraph.consumed_names, index)  # frees the row outputs take
-                    cache.update(index, result)
+                    cache.replace(index, subgraph.consumed_names, result)
                 del result
     finally:
         if stop is not None:
