@@ -30,6 +30,7 @@ from __future__ import annotations
 from llmc_trace.moe.fused import fused_experts, is_fused_experts
 from llmc_trace.moe.names import DOWN, GATE, UP, ExpertNames, per_expert_names
 from llmc_trace.moe.observe import OBSERVED, observe_experts, observed_forward
+from llmc_trace.moe.passes import expert_passes
 from llmc_trace.moe.projection import (
     ExpertMLP,
     ExpertProjection,
@@ -47,6 +48,7 @@ __all__ = [
     "ExpertNames",
     "ExpertProjection",
     "ObservedExperts",
+    "expert_passes",
     "fused_experts",
     "is_fused_experts",
     "observe_experts",
