@@ -118,6 +118,21 @@ def test_no_import_cycle_between_modules() -> None:
     assert sorted(sorted(cycle) for cycle in nx.simple_cycles(graph)) == []
 
 
+def test_the_import_walk_sees_deferred_imports_and_skips_type_checking(tmp_path: Path) -> None:
+    """The cycle core/experts.py and core/linear.py had: one import inside a function."""
+    linear = tmp_path / "linear.py"
+    linear.write_text("from llmc_trace.core.experts import ExpertProjection\n")
+    experts = tmp_path / "experts.py"
+    experts.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from llmc_trace.core import names\n"
+        "def router_layers():\n    from llmc_trace.core.linear import as_linear\n"
+    )
+    modules = {f"llmc_trace.core{name}" for name in ("", ".experts", ".linear", ".names")}
+    assert imported_modules(linear, modules) == {"llmc_trace.core.experts"}
+    assert imported_modules(experts, modules) == {"llmc_trace.core.linear"}
+
+
 @pytest.mark.parametrize(
     ("arguments", "exit_code"),
     [
