@@ -230,7 +230,8 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     from llmc_trace.pipelines.basic import run_basic
     from llmc_trace.pipelines.layer_sequential import run_layer_sequential
     from llmc_trace.pipelines.sequential import run_sequential
-    from llmc_trace.plan.estimate import RunSettings, compressor_costs
+    from llmc_trace.pipelines.estimate import RunSettings
+    from llmc_trace.plan.estimate import compressor_costs
     from llmc_trace.tracing.trace import concrete_arguments, trace_graph
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

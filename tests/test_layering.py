@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "llmc_trace"
@@ -20,6 +21,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "llmc_trace"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"core"},
+    {"layers"},
+    {"moe"},
     {"models", "tracing", "data", "algorithms"},
     {"graph"},
     {"diagnose"},
@@ -69,6 +72,65 @@ def test_no_import_runs_upwards() -> None:
             if package == "llmc_trace" or (package != own and layer_of(package) >= layer_of(own)):
                 upward.append(f"{relative} imports llmc_trace.{package}")
     assert upward == []
+
+
+def module_name(path: Path) -> str:
+    """``llmc_trace.moe.observe`` for ``moe/observe.py``, ``llmc_trace.moe`` for its
+    ``__init__.py``."""
+    parts = ("llmc_trace", *path.relative_to(SOURCE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The llmc_trace modules that ``path`` imports, at module level or inside a function (a
+    cycle through a deferred import is one all the same: each module still needs the other).
+    Imports under ``if TYPE_CHECKING:`` never run and are left out. ``from package import
+    name`` counts as importing the submodule ``name`` when there is one."""
+    found = set()
+    pending: list[ast.AST] = [ast.parse(path.read_text())]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No module imports itself through others (an AST walk, so nothing is imported): each can
+    be read, tested and replaced after the ones it imports, and none works only by the order
+    in which its imports happen to run."""
+    paths = {module_name(path): path for path in sorted(SOURCE.rglob("*.py"))}
+    graph = nx.DiGraph()
+    for name, path in paths.items():
+        graph.add_node(name)
+        graph.add_edges_from((name, imported) for imported in imported_modules(path, set(paths)))
+    assert sorted(sorted(cycle) for cycle in nx.simple_cycles(graph)) == []
+
+
+def test_the_import_walk_sees_deferred_imports_and_skips_type_checking(tmp_path: Path) -> None:
+    """The cycle core/experts.py and core/linear.py had: one import inside a function."""
+    linear = tmp_path / "linear.py"
+    linear.write_text("from llmc_trace.core.experts import ExpertProjection\n")
+    experts = tmp_path / "experts.py"
+    experts.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from llmc_trace.core import names\n"
+        "def router_layers():\n    from llmc_trace.core.linear import as_linear\n"
+    )
+    modules = {f"llmc_trace.core{name}" for name in ("", ".experts", ".linear", ".names")}
+    assert imported_modules(linear, modules) == {"llmc_trace.core.experts"}
+    assert imported_modules(experts, modules) == {"llmc_trace.core.linear"}
 
 
 @pytest.mark.parametrize(

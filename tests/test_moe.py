@@ -22,7 +22,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from llmc_trace.cli.main import cli
 from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme
-from llmc_trace.core.experts import fused_experts, observe_experts, per_expert_names
+from llmc_trace.moe import fused_experts, observe_experts, per_expert_names
 from llmc_trace.models.build import build_twin, load_pretrained
 from llmc_trace.models.source import resolve_model
 from llmc_trace.oneshot import CompressRequest, compress

@@ -1,4 +1,5 @@
-"""The runnable examples in the docstrings of compress/, checkpoint/ and core.linear still run."""
+"""The runnable examples in the docstrings of algorithms/, checkpoint/, layers/ and the
+intermediates cache still run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ MODULES = [
     "llmc_trace.algorithms.refine",
     "llmc_trace.checkpoint.pack",
     "llmc_trace.checkpoint.writer",
-    "llmc_trace.core.linear",
+    "llmc_trace.layers.linear",
+    "llmc_trace.pipelines.cache",
 ]
 
 

@@ -133,8 +133,24 @@ def test_cache_drops_consumed_names_and_shares_invariant_values() -> None:
     assert "model_rotary_emb" in stats.shared_names and "create_causal_mask" in stats.shared_names
     assert "model_embed_tokens" not in stats.shared_names
     cache = IntermediatesCache.from_batches([dict(b) for b in same_shape], torch.device("cpu"))
-    cache.delete(["input_ids"])
+    for index in range(len(cache)):
+        cache.replace(index, ["input_ids"], {})
     assert "input_ids" not in cache.names()
+
+
+def test_a_step_s_outputs_take_over_the_rows_its_consumed_inputs_free() -> None:
+    """Hidden states replaced batch by batch stay in one slab: the cache never holds two sets."""
+    inputs = [{"hidden": torch.full((4, 8), float(i))} for i in range(3)]
+    cache = IntermediatesCache.from_batches(inputs, torch.device("cpu"))
+    held = cache.size_bytes()
+    outputs = [torch.full((4, 8), 10.0 + i) for i in range(3)]
+    for index, output in enumerate(outputs):
+        cache.replace(index, ["hidden"], {"next_hidden": output})
+        assert cache.size_bytes() == held
+    assert cache.names() == {"next_hidden"}
+    for index, output in enumerate(outputs):
+        fetched = cache.fetch(index, ["next_hidden"], torch.device("cpu"))["next_hidden"]
+        torch.testing.assert_close(fetched, output)
 
 
 @dataclass(frozen=True)

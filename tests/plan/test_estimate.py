@@ -6,8 +6,8 @@ import torch
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.graph.partition import partition_trace
+from llmc_trace.pipelines.estimate import RunSettings
 from llmc_trace.plan.estimate import (
-    RunSettings,
     compressor_costs,
     estimate_pipelines,
     shared_input_groups,

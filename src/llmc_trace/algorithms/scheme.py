@@ -17,8 +17,8 @@ from typing import Literal, get_args
 
 import torch
 
-from llmc_trace.core.linear import is_linear
 from llmc_trace.core.names import module_matches
+from llmc_trace.layers.linear import is_linear
 from llmc_trace.errors import SchemeError
 
 Strategy = Literal["channel", "group", "tensor"]

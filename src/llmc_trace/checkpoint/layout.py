@@ -30,7 +30,7 @@ from compressed_tensors.quantization import QuantizationConfig as CtQuantization
 from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
 
 from llmc_trace.checkpoint.pack import pack_to_int32
-from llmc_trace.core.experts import ExpertProjection
+from llmc_trace.moe import ExpertProjection
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme, matches
@@ -56,7 +56,7 @@ def stores_quantized(module: torch.nn.Module) -> bool:
     integers: its GPT-2 transposes only tensors named `.weight` at load. Stored dense, a
     compressed `Conv1D` loads in both with its compressed values, and saves no memory.
 
-    One expert's projection of fused MoE weights (:mod:`llmc_trace.core.experts`) is stored
+    One expert's projection of fused MoE weights (:mod:`llmc_trace.moe`) is stored
     quantized, one set of tensors per expert and projection, where the architecture's published
     checkpoints store experts one by one: transformers then decompresses and joins them at load
     (its compressed-tensors integration handles experts), and vLLM reads them per expert. Where

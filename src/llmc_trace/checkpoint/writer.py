@@ -64,7 +64,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
-from llmc_trace.core.experts import per_expert_tensors
+from llmc_trace.moe import per_expert_tensors
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
 
 logger = logging.getLogger(__name__)

@@ -98,7 +98,7 @@ class IntermediatesCache:
         """Store ``values`` for batch ``batch_index`` (replacing values of the same name)."""
         for name, value in values.items():
             self._onload_devices[batch_index][name] = _device_of(value)
-        self.intermediates.update(batch_index, dict(values))
+        self.intermediates.replace(batch_index, [], dict(values))
 
     def append(self, values: Mapping[str, Any]) -> None:
         """Store ``values`` as a new batch after the others."""
@@ -117,7 +117,7 @@ class IntermediatesCache:
                 "(Subgraph.consumed_names says when).",
                 param="consumed_names",
             )
-        self.intermediates.delete(names, batch_index)
+        self.intermediates.replace(batch_index, names, {})
         for name in names:
             del self._onload_devices[batch_index][name]
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from llmc_trace.graph.compiled import compile_forward
 from llmc_trace.tracing.mutation import is_mutation
 
 #: Key under which the last subgraph returns the model's own output.
@@ -44,10 +45,7 @@ class Subgraph:
 
     def forward(self, model: torch.nn.Module, **inputs: Any) -> dict[str, Any]:
         if self._compiled is None:
-            code = self.graph.python_code(root_module="self")
-            namespace = dict(code.globals)
-            exec(compile(code.src, f"<llmc-trace subgraph {self.index}>", "exec"), namespace)
-            self._compiled = namespace["forward"]
+            self._compiled = compile_forward(self.graph, f"subgraph {self.index}")
         return self._compiled(model, **{name: inputs[name] for name in self.input_names})
 
     def submodules(self, model: torch.nn.Module) -> list[torch.nn.Module]:

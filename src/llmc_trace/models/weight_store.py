@@ -220,7 +220,7 @@ def _renamings(model: torch.nn.Module) -> list[Any]:
 def _stacked(model: torch.nn.Module, name: str, canonical: dict[str, str]) -> Stacked | None:
     """The per-expert tensors fused experts parameter ``name`` is stacked from, when the
     checkpoint holds every one of them."""
-    from llmc_trace.core.experts import is_fused_experts, per_expert_names
+    from llmc_trace.moe import is_fused_experts, per_expert_names
 
     path, _, attr = name.rpartition(".")
     if attr not in ("gate_up_proj", "down_proj"):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.core.experts import ExpertProjection
-from llmc_trace.core.linear import as_linear
+from llmc_trace.moe import ExpertProjection
+from llmc_trace.layers.linear import as_linear
 
 KINDS = ("attention", "dense MLP", "experts", "router", "embeddings", "head", "other")
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from llmc_trace.core.experts import fused_experts
+from llmc_trace.moe import fused_experts
 from llmc_trace.core.names import DATA_METHODS
 from llmc_trace.oneshot.settings import CalibrationSettings
 from llmc_trace.oneshot.stage import Stage

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from llmc_trace.core.experts import observe_experts
+from llmc_trace.moe import observe_experts
 from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import parameter_dtype

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from llmc_trace.core.experts import router_layers
+from llmc_trace.moe import router_layers
 from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.models.weight_store import WeightStore

@@ -2,7 +2,9 @@
 
 It needs the whole model and every compressor's state (all Hessians) on the device together,
 and it propagates no error; it is the reference the other pipelines are checked against, and
-the fallback for models that neither trace nor run layer by layer.
+the fallback for models that neither trace nor run layer by layer. The data-free pipeline
+(no data: one target's weights at a time) lives here too; :func:`estimate_basic` and
+:func:`estimate_data_free` size both for the memory plan.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from typing import Any
 
 import torch
 
-from llmc_trace.pipelines.cache import move
-from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
-from llmc_trace.pipelines.residency import InMemory, Residency
+from transformers import PretrainedConfig
+
+from llmc_trace.core.names import BASIC, DATA_FREE
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.pipelines.sequential import PipelineStats
+from llmc_trace.core.sizes import parameter_bytes
+from llmc_trace.pipelines.cache import move
+from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
+from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
+from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, compressing
+from llmc_trace.pipelines.residency import InMemory, Residency
 
 
 def run_basic(
@@ -73,3 +80,74 @@ def run_data_free(
         callbacks.on_subgraph_end(index, named)
         residency.leave(group)
     return PipelineStats(passes=[0] * len(groups))
+
+
+def _calibrate_basic(run: Calibration) -> PipelineStats:
+    """Run a :class:`Calibration` through :func:`run_basic`."""
+    return run_basic(
+        run.model,
+        run.target_modules(),
+        run.batches,
+        run.callbacks,
+        device=run.device,
+        progress=run.progress,
+        forward_kwargs=run.forward_kwargs(),
+        residency=run.residency,
+    )
+
+
+def _calibrate_data_free(run: Calibration) -> PipelineStats:
+    """Run a :class:`Calibration` through :func:`run_data_free` (its batches unused)."""
+    return run_data_free(
+        run.model,
+        run.target_modules(),
+        run.callbacks,
+        device=run.device,
+        residency=run.residency,
+    )
+
+
+def estimate_basic(inputs: EstimateInputs) -> PipelineEstimate:
+    """Peak memory of :func:`run_basic`: the whole model, every compressor's state and the
+    logits on the device at once."""
+    settings, costs = inputs.settings, inputs.costs
+    b, s = settings.batch_size, settings.seq_len
+    everything = parameter_bytes(list(inputs.model.modules()), settings.dtype_bytes)
+    logits = b * s * _vocab(inputs.model.config) * 4
+    device = everything + max(
+        sum(c.hessian_bytes for c in costs) + inputs.working + logits, compressing(costs)
+    )
+    return PipelineEstimate(
+        BASIC,
+        device_bytes=device,
+        host_bytes=settings.host_bytes(
+            device, everything, inputs.weights, 0, inputs.kept, inputs.kept
+        ),
+        cache_bytes=0,
+        detail="the whole model and every compressor's state on the device at once "
+        "(streamed or not, it reads every weight before it starts)",
+    )
+
+
+def estimate_data_free(inputs: EstimateInputs) -> PipelineEstimate:
+    """Peak memory of :func:`run_data_free`: the weights of one target (or of what lies
+    outside every target) at a time, and no compressor state."""
+    device = max(inputs.largest_target_bytes(), inputs.outside_bytes())
+    return PipelineEstimate(
+        DATA_FREE,
+        device_bytes=device,
+        host_bytes=inputs.settings.host_bytes(
+            device, device, inputs.weights, 0, inputs.kept, inputs.kept_one
+        ),
+        cache_bytes=0,
+        detail="weights only, one target at a time",
+    )
+
+
+def _vocab(config: PretrainedConfig) -> int:
+    text = getattr(config, "text_config", None) or config
+    return getattr(text, "vocab_size", 0) or 0
+
+
+BASIC_PIPELINE = Pipeline(BASIC, _calibrate_basic, estimate_basic)
+DATA_FREE_PIPELINE = Pipeline(DATA_FREE, _calibrate_data_free, estimate_data_free)

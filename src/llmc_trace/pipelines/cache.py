@@ -122,7 +122,7 @@ class IntermediatesCache:
     ) -> IntermediatesCache:
         cache = cls(offload_device, [{} for _ in batches])
         for index, batch in enumerate(batches):
-            cache.update(index, batch)
+            cache._put(index, batch)
         return cache
 
     def __len__(self) -> int:
@@ -132,7 +132,7 @@ class IntermediatesCache:
         """Store ``values`` as a new batch after the others; returns its index."""
         self.batches.append({})
         index = len(self.batches) - 1
-        self.update(index, values)
+        self._put(index, values)
         return index
 
     def fetch(
@@ -152,9 +152,25 @@ class IntermediatesCache:
             values[name] = value
         return values
 
-    def update(self, index: int, values: dict[str, Any]) -> None:
-        """Store batch ``index``'s ``values`` (after :meth:`delete` of what it consumed, so a
-        consumed input's slab row is free for an output to take)."""
+    def replace(self, index: int, consumed_names: list[str], outputs: dict[str, Any]) -> None:
+        """Record that batch ``index`` ran one subgraph: drop the ``consumed_names`` it read
+        for the last time, then store its ``outputs``.
+
+        One call, so the order cannot be wrong: dropped first, a consumed input's slab row is
+        free for an output of the same shape to take (a decoder layer's hidden states replace
+        its input's in place); stored first, the output would need memory of its own while the
+        input is still held. Either list may be empty (a value given once, or only dropped).
+
+        >>> cache = IntermediatesCache.from_batches([{"x": torch.zeros(2)}], torch.device("cpu"))
+        >>> cache.replace(0, ["x"], {"y": torch.ones(2)})
+        >>> sorted(cache.names())
+        ['y']
+        """
+        self._drop(consumed_names, index)
+        self._put(index, outputs)
+
+    def _put(self, index: int, values: dict[str, Any]) -> None:
+        """Store batch ``index``'s ``values``, each shared, in a slab row, or owned."""
         for name, value in values.items():
             stored = self._shared_copy(name, value)
             if stored is None:
@@ -189,8 +205,9 @@ class IntermediatesCache:
 
     def _row_taken(self, index: int, name: str, row: torch.Tensor) -> bool:
         """Does another value of batch ``index`` still live in ``row``? A slab taken over
-        assumes each batch drops its consumed inputs before storing its outputs (as the
-        pipelines do); a caller that stores first must not overwrite the input it still holds."""
+        assumes each batch drops its consumed inputs before storing its outputs (as
+        :meth:`replace` does); a caller that stores first (llm-compressor's order, through
+        :mod:`llmc_trace.compat.cache`) must not overwrite the input it still holds."""
         if row.device.type == "meta":
             return False  # a meta row holds no data to overwrite
         return any(
@@ -242,20 +259,19 @@ class IntermediatesCache:
     def _pin(self) -> bool:
         return self.offload_device.type == "cpu" and torch.cuda.is_available()
 
-    def delete(self, names: list[str], index: int | None = None) -> None:
-        """Drop ``names`` from batch ``index``, or from every batch.
+    def _drop(self, names: list[str], index: int) -> None:
+        """Drop ``names`` from batch ``index``.
 
         Dropping batch by batch (in batch order) frees a slab's rows from the front: an output
         stored for the same batch may take the slab over."""
-        for batch in self.batches if index is None else [self.batches[index]]:
-            for name in names:
-                batch.pop(name, None)
-        last = index is None or index == len(self.batches) - 1
+        for name in names:
+            self.batches[index].pop(name, None)
+        last = index == len(self.batches) - 1
         for name in names:
             if name in self._slabs and not last:
                 self._retiring[name] = self._slabs.pop(name)
             if name in self._retiring:
-                self._retiring[name].free = len(self.batches) if index is None else index + 1
+                self._retiring[name].free = index + 1
                 if last:
                     del self._retiring[name]
             if last:

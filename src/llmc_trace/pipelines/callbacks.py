@@ -2,9 +2,15 @@
 
 Pipelines know nothing of GPTQ; compressors know nothing of tracing. A pipeline tells its
 callbacks which modules are about to run (``on_subgraph_start``: register hooks, they will see
-every calibration sample), that calibration of those modules is complete (``on_calibrated``:
-compress now; with error propagation the pipeline then recomputes the outputs), and that it
-moved on (``on_subgraph_end``: remove hooks, free state).
+every calibration sample), which batch comes next (``on_batch``: only the pipeline holds the
+batch, and a hook sees a layer's input without the attention mask that says which of its rows
+are padding), that calibration of those modules is complete (``on_calibrated``: compress now;
+with error propagation the pipeline then recomputes the outputs), and that it moved on
+(``on_subgraph_end``: remove hooks, free state). It asks two questions first: whether the
+callbacks want a group of modules at all (``wants``: else it runs them once, or not at all
+after the last wanted one), and in how many passes over the batches to calibrate them
+(``passes``: running the batches is the pipeline's job, so a compressor that bounds the state
+alive at once can only ask for more passes).
 """
 
 from __future__ import annotations

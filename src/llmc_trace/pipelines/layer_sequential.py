@@ -5,7 +5,7 @@ input and every other argument stays the same (the mask, the rotary embeddings).
 for plain decoder stacks and fails for models that do work between layers;
 :func:`check_layer_sequential` tests it on a model (the tiny twin) by comparing the inputs each
 target sees in a normal forward with those the chain would give it, and the pipeline refuses to
-run where they differ.
+run where they differ. :func:`estimate_layer_sequential` sizes it for the memory plan.
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ from typing import Any
 
 import torch
 
-from llmc_trace.errors import LlmcTraceError
-from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
-from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
-from llmc_trace.pipelines.residency import InMemory, Residency
+from llmc_trace.core.names import LAYER_SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.pipelines.sequential import PipelineStats
+from llmc_trace.errors import LlmcTraceError
+from llmc_trace.graph.partition import PartitionedTrace
+from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
+from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
+from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
+from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, scaled_bytes
+from llmc_trace.pipelines.residency import InMemory, Residency
+from llmc_trace.tracing.trace import concrete_arguments
 
 
 class _Captured(Exception):
@@ -223,3 +227,98 @@ def _run_target(
                 calls[index] = chain(call, move(hidden, offload))
             del output
     report(label, len(calls), len(calls))
+
+
+def _calibrate(run: Calibration) -> PipelineStats:
+    """Run a :class:`Calibration` through :func:`run_layer_sequential` where it is exact."""
+    targets, forward_kwargs = run.target_modules(), run.forward_kwargs()
+    problems = _problems(run)
+    if problems:
+        raise RuntimeError("layer_sequential is not exact here: " + "; ".join(problems))
+    return run_layer_sequential(
+        run.model,
+        targets,
+        run.batches,
+        run.callbacks,
+        device=run.device,
+        propagate_error=run.propagate_error,
+        progress=run.progress,
+        forward_kwargs=forward_kwargs,
+        residency=run.residency,
+    )
+
+
+def _problems(run: Calibration) -> list[str]:
+    """layer_sequential's exactness, checked on the twin (the same code at a tiny size) when
+    there is one: a check on the full-size model would run all of it at once."""
+    checked = run.twin or run.traced
+    model = checked.model
+    targets = [model.get_submodule(path) for path in checked.leaves.targets]
+    batch = checked.sample if run.twin is not None else run.batches[0]
+    return check_layer_sequential(model, targets, batch, concrete_arguments(model, batch))
+
+
+def estimate_layer_sequential(inputs: EstimateInputs) -> PipelineEstimate:
+    """Peak memory of :func:`run_layer_sequential`: one target, one batch's call and the
+    modules outside the targets on the device, with the target's compressor state; every
+    batch's call on the host."""
+    settings, costs = inputs.settings, inputs.costs
+    b, s = settings.batch_size, settings.seq_len
+    compute = settings.dtype_bytes
+    config = inputs.model.config
+    text = getattr(config, "text_config", None) or config
+    hidden_state = b * s * getattr(text, "hidden_size", 0) * compute
+    largest_target, outside = inputs.largest_target_bytes(), inputs.outside_bytes()
+    varying, shared = _target_arguments(
+        inputs.partitioned, inputs.invariant, b, s, inputs.traced, compute
+    )
+    # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
+    # replaces each call's hidden states as it goes, so one batch's output comes on top
+    calls = inputs.batches * (hidden_state + varying) + shared + hidden_state
+    device = (
+        outside
+        + largest_target
+        + max(
+            max((c.hessian_bytes for c in costs), default=0) + inputs.working,
+            max((c.compress_bytes for c in costs), default=0),
+        )
+        + 2 * hidden_state
+        + varying
+        + shared
+    )
+    return PipelineEstimate(
+        LAYER_SEQUENTIAL,
+        device_bytes=device,
+        host_bytes=settings.host_bytes(
+            device, outside + largest_target, inputs.weights, calls, inputs.kept, inputs.kept_one
+        ),
+        cache_bytes=calls,
+        detail="one target and one batch on the device, with the modules outside the "
+        "targets; every batch's call on the host",
+    )
+
+
+def _target_arguments(
+    partitioned: PartitionedTrace | None,
+    invariant: set[str],
+    batch: int,
+    seq: int,
+    traced: tuple[int, int],
+    float_bytes: int,
+) -> tuple[int, int]:
+    """Bytes of a target's arguments besides the hidden states (mask, rotary tables):
+    ``(per batch, once)``, as layer_sequential stores them (shared when equal for all)."""
+    if partitioned is None or not partitioned.trace.target_nodes:
+        return 0, 0
+    first = partitioned.trace.target_nodes[0]
+    varying = shared = 0
+    for node in first.all_input_nodes[1:]:
+        size = scaled_bytes(node.meta.get("val"), batch, seq, traced, float_bytes)
+        if node.name in invariant:
+            shared += size
+        else:
+            varying += size
+    return varying, shared
+
+
+PIPELINE = Pipeline(LAYER_SEQUENTIAL, _calibrate, estimate_layer_sequential)

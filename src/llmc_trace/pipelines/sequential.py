@@ -13,31 +13,30 @@ all); intermediates wait on the
 offload device (see :class:`~llmc_trace.pipelines.cache.IntermediatesCache`). A calibration
 pass that a propagation pass will follow keeps no outputs (they would be stale), and the pass
 that keeps them drops each batch's consumed inputs as soon as that batch is done, so the cache
-holds one set of hidden states plus one batch, never two sets.
+holds one set of hidden states plus one batch, never two sets. :func:`estimate_sequential`
+sizes exactly that for the memory plan, beside the code it models.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.core.sizes import parameter_bytes
+from llmc_trace.errors import LlmcTraceError
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
+from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
+from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, compressing
 from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
-
-
-@dataclass
-class PipelineStats:
-    """What a pipeline run did: passes per subgraph and the cache's peak size."""
-
-    passes: list[int] = field(default_factory=list)
-    peak_cache_bytes: int = 0
-    shared_names: list[str] = field(default_factory=list)
+from llmc_trace.traced.model import TracedModel
+from llmc_trace.tracing.guards import check_guards, input_signature
+from llmc_trace.tracing.values import forget_example_data
 
 
 def run_sequential(
@@ -90,15 +89,8 @@ def run_sequential(
         passes = 0
         if listening:
             part = subgraph if position < last else last_part
-            stages = [
-                piece
-                for stage in (
-                    _stages(model, part, cache, device, named, callbacks)
-                    if true_sequential and propagate_error
-                    else [named]
-                )
-                for piece in callbacks.passes(stage)
-            ]
+            staged = true_sequential and propagate_error
+            stages = _calibration_passes(model, part, cache, device, named, callbacks, staged)
             for number, stage in enumerate(stages, start=1):
                 final = number == len(stages)
                 callbacks.on_subgraph_start(subgraph.index, stage)
@@ -128,6 +120,21 @@ def run_sequential(
     stats.passes.extend([0] * (len(subgraphs) - last - 1))
     stats.shared_names = sorted(cache.shared_names)
     return stats
+
+
+def _calibration_passes(
+    model: torch.nn.Module,
+    subgraph: Subgraph,
+    cache: IntermediatesCache,
+    device: torch.device,
+    named: NamedModules,
+    callbacks: Callbacks,
+    staged: bool,
+) -> list[NamedModules]:
+    """The passes that calibrate ``subgraph``: its dependency stages when ``staged`` (else one
+    stage of all its modules), each split into as many passes as the callbacks ask."""
+    stages = _stages(model, subgraph, cache, device, named, callbacks) if staged else [named]
+    return [piece for stage in stages for piece in callbacks.passes(stage)]
 
 
 def _stages(
@@ -204,10 +211,121 @@ def _run_all(
                     del values
                 if store:
                     result.pop(MODEL_OUTPUT, None)  # logits of every batch would dwarf the cache
-                    cache.delete(subgraph.consumed_names, index)  # frees the row outputs take
-                    cache.update(index, result)
+                    cache.replace(index, subgraph.consumed_names, result)
                 del result
     finally:
         if stop is not None:
             stop.remove()
     report(label, len(cache), len(cache))
+
+
+def check_batches_fit(traced: TracedModel, batches: list[dict[str, Any]]) -> None:
+    """Every batch must make the decisions the trace took from the first (see guards).
+
+    One graph serves all batches in the sequential pipeline; a batch that would take another
+    branch is refused here, before any weight changes, rather than silently run wrongly.
+    """
+    trace = traced.trace
+    assert trace is not None
+    seen: set[tuple[Any, ...]] = {input_signature(batches[0])}
+    for index, batch in enumerate(batches[1:], start=1):
+        signature = input_signature(batch)
+        if signature in seen:
+            continue
+        tensors = {k: v for k, v in batch.items() if k in trace.input_names}
+        violations = check_guards(trace.graph, traced.model, trace.guards, tensors)
+        if violations:
+            raise LlmcTraceError(
+                f"calibration batch {index} breaks a decision the trace took from batch 0: "
+                f"{violations[0].guard.describe()}, got {violations[0].actual!r}.",
+                hint="Use batches of equal shape (packed windows, --batch-size 1 with equal "
+                "lengths), or --pipeline basic.",
+            )
+        seen.add(signature)
+
+
+def _calibrate(run: Calibration) -> PipelineStats:
+    """Run a :class:`Calibration` through :func:`run_sequential`, on a trace that holds no
+    example data (it would keep full-size tensors alive), every batch checked against it."""
+    traced = run.traced
+    if traced.partitioned is None:
+        reason = traced.failure.exception if traced.failure else "unknown"
+        raise RuntimeError(f"the model does not trace: {reason}")
+    check_batches_fit(traced, run.batches)
+    forget_example_data([traced.partitioned.trace.graph, *(s.graph for s in traced.subgraphs)])
+    return run_sequential(
+        run.model,
+        traced.subgraphs,
+        run.batches,
+        run.callbacks,
+        device=run.device,
+        propagate_error=run.propagate_error,
+        true_sequential=run.true_sequential,
+        progress=run.progress,
+        residency=run.residency,
+    )
+
+
+def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
+    """Peak memory of :func:`run_sequential` (``None`` without a trace): one subgraph's
+    weights, inputs, outputs and compressor state on the device; on the host, the cache.
+
+    Walks the subgraphs as the cache stores their values: an output that has the shape of
+    an input the same subgraph consumes takes that input's slab over row by row; any other
+    output needs a slab of its own while the consumed inputs' slabs are still held."""
+    model, partitioned, settings = inputs.model, inputs.partitioned, inputs.settings
+    if partitioned is None:
+        return None
+    batches, weights, costs, working = inputs.batches, inputs.weights, inputs.costs, inputs.working
+    invariant, size = inputs.invariant, inputs.size
+    compute = settings.dtype_bytes
+    values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
+    cost_of = dict(zip(partitioned.trace.leaves.targets, costs))
+    live = {  # the batches' model inputs are cached from the start
+        n.name: size(values.get(n.name)) * batches
+        for n in partitioned.trace.graph.nodes
+        if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
+    }
+    peak_cache = peak_device = peak_host = 0
+    for subgraph in partitioned.subgraphs:
+        group = parameter_bytes(subgraph.submodules(model), compute)
+        mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
+        calibrating = sum(c.hessian_bytes for c in mine) + (working if subgraph.targets else 0)
+        io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
+        device = group + io + max(calibrating, compressing(mine))
+        peak_device = max(peak_device, device)
+        donors = [_signature(values.get(n)) for n in subgraph.consumed_names if n in live]
+        before = sum(live.values())
+        added = 0
+        for name in subgraph.output_names:
+            per_batch = size(values.get(name))
+            live[name] = per_batch if name in invariant else per_batch * batches
+            signature = _signature(values.get(name))
+            if name not in invariant and signature is not None and signature in donors:
+                donors.remove(signature)  # written into the consumed input's rows
+            else:
+                added += live[name]
+        peak_cache = max(peak_cache, before + added)
+        kept_here = sum(c.kept_bytes for c in mine)
+        peak_host = max(
+            peak_host,
+            settings.host_bytes(device, group, weights, before + added, 0, kept_here),
+        )
+        for name in subgraph.consumed_names:
+            live.pop(name, None)
+    if not settings.streamed:  # in memory, every compressed layer's integers stay to the end
+        peak_host += sum(c.kept_bytes for c in costs)
+    return PipelineEstimate(
+        SEQUENTIAL,
+        device_bytes=peak_device,
+        host_bytes=peak_host,
+        cache_bytes=peak_cache,
+        detail="one subgraph on the device; cross-subgraph values of every batch on the host",
+    )
+
+
+def _signature(value: Any) -> tuple[Any, ...] | None:
+    return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else None
+
+
+PIPELINE = Pipeline(SEQUENTIAL, _calibrate, estimate_sequential)

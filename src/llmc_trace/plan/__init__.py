@@ -1,7 +1,8 @@
 """Memory plans: estimate each pipeline's peak memory and choose one, with the reason."""
 
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
-from llmc_trace.plan.estimate import PipelineEstimate, RunSettings, estimate_pipelines
+from llmc_trace.pipelines.estimate import PipelineEstimate, RunSettings
+from llmc_trace.plan.estimate import estimate_pipelines
 from llmc_trace.plan.memory import plan_memory, plan_source
 
 __all__ = [

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmc_trace.core.names import DATA_FREE, PREFERENCE
-from llmc_trace.plan.estimate import ExpertHessians, PipelineEstimate
+from llmc_trace.pipelines.estimate import PipelineEstimate
+from llmc_trace.plan.estimate import ExpertHessians
 
 
 @dataclass(frozen=True)

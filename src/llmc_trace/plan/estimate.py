@@ -1,32 +1,27 @@
-"""Estimate each pipeline's peak device and host bytes from a traced graph and run settings.
+"""Estimate what the compressor keeps per sequential target, and gather each pipeline's peak.
 
-Everything comes from the full-size trace on ``meta``: parameter bytes per subgraph, and the
-bytes of every intermediate, measured at the tracing sample's batch and sequence sizes and
-scaled to the run's (a dimension equal to the tracing sequence length scales with the run's;
-the tracing sizes are chosen so they collide with no model width). Values that are the same
-for every sample (masks, rotary tables) are counted once, as the caches store them.
+Each pipeline's formula lives beside its runner (:mod:`llmc_trace.pipelines`, through its
+:class:`~llmc_trace.pipelines.calibration.Pipeline` record); :func:`estimate_pipelines` fills
+their one :class:`~llmc_trace.pipelines.estimate.EstimateInputs` from the full-size trace on
+``meta`` and asks every pipeline in the registry's order.
 
 Inside a sequential target the graph is opaque, so a decoder layer's working memory comes from
 its config: eager attention scores (``B·H·S²`` in float32 plus a copy in the model dtype) and
 the MLP's intermediate activations. ``compress`` calibrates with sdpa by default, which holds
 no score matrix, so there the scores term is an upper bound.
 
-The compressor's state is counted where the pipelines keep it (:class:`CompressorCost`): one
-float32 Hessian per distinct Linear *input* (q/k/v share one, gate/up share one; a GPT-2
-``Conv1D`` counts as the Linear it computes, :mod:`~llmc_trace.core.linear`), found by
-running each target once on ``meta``, all alive while the target calibrates; while it is
-compressed, Linear by Linear, the Hessians not yet given up plus one solver call's working
-memory (the two phases do not overlap, so a device peak is the larger of them); and the
-integer weights kept on the host until their module is written (or, in memory, to the end).
-Fused MoE experts count from their parameters' shapes (:func:`expert_hessians`): two Hessians
-per expert (gate and up share one, down has its own), as many experts alive at once as the
-run's ``expert_group`` lets calibrate together (all of a layer's by default): hundreds of
-Hessians for a 256-expert layer, which is what ``--expert-group`` bounds.
-
-Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
-holds every weight in the checkpoint's dtype and the device one group in the compute dtype;
-streamed, the host holds one group's pages of the checkpoint while it is read and nothing
-after. On a CPU run the device *is* the host, so the host figure includes the device's.
+The compressor's state is counted where the pipelines keep it
+(:class:`~llmc_trace.pipelines.estimate.CompressorCost`): one float32 Hessian per distinct
+Linear *input* (q/k/v share one, gate/up share one; a GPT-2 ``Conv1D`` counts as the Linear it
+computes, :mod:`~llmc_trace.layers.linear`), found by running each target once on ``meta``, all
+alive while the target calibrates; while it is compressed, Linear by Linear, the Hessians not
+yet given up plus one solver call's working memory (the two phases do not overlap, so a device
+peak is the larger of them); and the integer weights kept on the host until their module is
+written (or, in memory, to the end). Fused MoE experts count from their parameters' shapes
+(:func:`expert_hessians`): two Hessians per expert (gate and up share one, down has its own),
+as many experts alive at once as the run's ``expert_group`` lets calibrate together (all of a
+layer's by default): hundreds of Hessians for a 256-expert layer, which is what
+``--expert-group`` bounds.
 """
 
 from __future__ import annotations
@@ -38,112 +33,24 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
-from llmc_trace.core.experts import ExpertProjection, is_fused_experts
-from llmc_trace.core.linear import LinearLayer, as_linear, is_linear
-from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
-from llmc_trace.pipelines.callbacks import modules_outside
-
-#: Batch and sequence sizes of the planning trace, chosen to match no model dimension.
-PLAN_BATCH = 3
-PLAN_SEQ = 29
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What the calibration run will do."""
-
-    samples: int
-    seq_len: int
-    batch_size: int = 1
-    dtype_bytes: int = 2  # the compute dtype: weights on the device, activations
-    storage_bytes: int = 2  # the checkpoint's dtype: weights on the host
-    hessian_bytes_per_column2: int = 4  # a float32 Hessian: cols² × 4 bytes per distinct input
-    needs_data: bool = True
-    #: Host bytes kept per compressed weight until the checkpoint is written: the int8 grid
-    #: values (scales add under 2 % at group 128); the dense weight stays in its module, on a
-    #: GPU run too. Pruning alone keeps nothing.
-    kept_bytes_per_weight: float = 1.0
-    #: Weights read from the checkpoint part by part (compress with an output folder).
-    streamed: bool = False
-    #: Calibration runs on the CPU: device and host are one memory.
-    device_is_host: bool = False
-    #: Experts whose Hessians are alive at once in an MoE layer (``None``: all of a layer's).
-    expert_group: int | None = None
-
-    def host_bytes(
-        self, device: int, group: int, weights: int, cache: int, kept: int, kept_group: int
-    ) -> int:
-        """Host peak from the device peak and the weights: ``group`` is the largest group's
-        parameter count times ``dtype_bytes`` (what the device holds of it), ``weights`` all
-        of the model's at ``storage_bytes`` (see the module docstring)."""
-        # the group in the stored dtype as it is read (an upper bound: each tensor is cast to
-        # the compute dtype as soon as it is read)
-        staged = group * self.storage_bytes // self.dtype_bytes
-        if self.streamed:
-            held = kept_group + (max(device, group + staged) if self.device_is_host else staged)
-            return cache + held
-        on_host = weights + kept
-        if self.device_is_host:  # the group's weights are the host's, cast when dtypes differ
-            shared = staged if self.storage_bytes == self.dtype_bytes else 0
-            on_host += device - shared
-        return cache + on_host
-
-
-@dataclass(frozen=True)
-class PipelineEstimate:
-    """Peak bytes of one pipeline; ``device`` and ``host`` are separate memories."""
-
-    pipeline: str
-    device_bytes: int
-    host_bytes: int
-    cache_bytes: int
-    detail: str
-
-
-@dataclass(frozen=True)
-class CompressorCost:
-    """What compressing one sequential target costs, besides its weights."""
-
-    hessian_bytes: int  # Hessians alive while the target calibrates
-    #: peak while its Linears are compressed in order: the Hessians not yet given up plus
-    #: one GPTQ/SparseGPT call's working memory
-    compress_bytes: int
-    kept_bytes: int  # integer weights kept on the host for the checkpoint
-
-
-def scaled_bytes(
-    value: Any,
-    batch: int,
-    seq: int,
-    traced: tuple[int, int] = (PLAN_BATCH, PLAN_SEQ),
-    float_bytes: int | None = None,
-) -> int:
-    """Bytes of ``value`` at the run's batch and sequence size, from its size at ``traced``
-    ``(batch, sequence)`` (see module docstring); floating tensors at ``float_bytes`` per
-    element when given (activations in the compute dtype, not the traced one)."""
-    traced_batch, traced_seq = traced
-    if isinstance(value, torch.Tensor):
-        factor = 1.0
-        if float_bytes and value.is_floating_point():
-            factor = float_bytes / value.element_size()
-        for i, dim in enumerate(value.shape):
-            if dim == traced_seq:
-                factor *= seq / traced_seq
-            elif dim == traced_batch and i == 0:
-                factor *= batch / traced_batch
-        return int(value.numel() * value.element_size() * factor)
-    if isinstance(value, dict):
-        return sum(scaled_bytes(v, batch, seq, traced, float_bytes) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(scaled_bytes(v, batch, seq, traced, float_bytes) for v in value)
-    return 0
+from llmc_trace.layers.linear import LinearLayer, as_linear, is_linear
+from llmc_trace.moe import ExpertProjection, is_fused_experts
+from llmc_trace.pipelines.estimate import (
+    PLAN_BATCH,
+    PLAN_SEQ,
+    CompressorCost,
+    EstimateInputs,
+    PipelineEstimate,
+    RunSettings,
+)
+from llmc_trace.pipelines.registry import PIPELINES
 
 
 def solver_bytes(linear: torch.nn.Module, *, gives_up_hessian: bool = True) -> int:
     """Peak working bytes of one GPTQ (or SparseGPT) call on ``linear`` (a linear layer, see
-    :func:`~llmc_trace.core.linear.as_linear`), its Hessian given.
+    :func:`~llmc_trace.layers.linear.as_linear`), its Hessian given.
 
     Factorising works in one ``in × in`` float32 matrix, the Hessian itself when the call is
     its last user (``gives_up_hessian``: the compressor hands a shared Hessian to the last of
@@ -353,180 +260,21 @@ def estimate_pipelines(
     :mod:`~llmc_trace.plan.invariants`): the caches hold them once. ``traced`` is the
     ``(batch, sequence)`` size the graph's example values were traced at.
     """
-    batches = -(-settings.samples // settings.batch_size)
-    b, s = settings.batch_size, settings.seq_len
-    compute = settings.dtype_bytes
-    modules = list(model.modules())
-    weights = parameter_bytes(modules, settings.storage_bytes)
-    targets = _target_modules(model, partitioned)
-    costs = compressor_costs(model, partitioned, settings)
-    kept = sum(c.kept_bytes for c in costs)
-    kept_one = max((c.kept_bytes for c in costs), default=0)
-    working = layer_working_bytes(model.config, b, s, compute)
-    text = getattr(model.config, "text_config", None) or model.config
-    hidden_state = b * s * getattr(text, "hidden_size", 0) * compute
-    logits = b * s * _vocab(model.config) * 4
-    estimates = []
-    if partitioned is not None:
-        estimates.append(
-            _sequential(
-                model, partitioned, settings, batches, weights, costs, working, invariant, traced
-            )
-        )
-    largest_target = max((parameter_bytes(list(t.modules()), compute) for t in targets), default=0)
-    outside = parameter_bytes(modules_outside(model, targets), compute)
-    varying, shared = _target_arguments(partitioned, invariant, b, s, traced, compute)
-    # every batch's call (hidden states and per-batch arguments); the pass that keeps outputs
-    # replaces each call's hidden states as it goes, so one batch's output comes on top
-    calls = batches * (hidden_state + varying) + shared + hidden_state
-    device = (
-        outside
-        + largest_target
-        + max(
-            max((c.hessian_bytes for c in costs), default=0) + working,
-            max((c.compress_bytes for c in costs), default=0),
-        )
-        + 2 * hidden_state
-        + varying
-        + shared
+    inputs = EstimateInputs(
+        model,
+        partitioned,
+        settings,
+        invariant,
+        traced,
+        targets=_target_modules(model, partitioned),
+        costs=compressor_costs(model, partitioned, settings),
+        weights=parameter_bytes(list(model.modules()), settings.storage_bytes),
+        working=layer_working_bytes(
+            model.config, settings.batch_size, settings.seq_len, settings.dtype_bytes
+        ),
     )
-    estimates.append(
-        PipelineEstimate(
-            LAYER_SEQUENTIAL,
-            device_bytes=device,
-            host_bytes=settings.host_bytes(
-                device, outside + largest_target, weights, calls, kept, kept_one
-            ),
-            cache_bytes=calls,
-            detail="one target and one batch on the device, with the modules outside the "
-            "targets; every batch's call on the host",
-        )
-    )
-    everything = parameter_bytes(modules, compute)
-    device = everything + max(
-        sum(c.hessian_bytes for c in costs) + working + logits, compressing(costs)
-    )
-    estimates.append(
-        PipelineEstimate(
-            BASIC,
-            device_bytes=device,
-            host_bytes=settings.host_bytes(device, everything, weights, 0, kept, kept),
-            cache_bytes=0,
-            detail="the whole model and every compressor's state on the device at once "
-            "(streamed or not, it reads every weight before it starts)",
-        )
-    )
-    device = max(largest_target, outside)
-    estimates.append(
-        PipelineEstimate(
-            DATA_FREE,
-            device_bytes=device,
-            host_bytes=settings.host_bytes(device, device, weights, 0, kept, kept_one),
-            cache_bytes=0,
-            detail="weights only, one target at a time",
-        )
-    )
-    return estimates
-
-
-def _sequential(
-    model: torch.nn.Module,
-    partitioned: PartitionedTrace,
-    settings: RunSettings,
-    batches: int,
-    weights: int,
-    costs: list[CompressorCost],
-    working: int,
-    invariant: set[str],
-    traced: tuple[int, int],
-) -> PipelineEstimate:
-    """Walk the subgraphs as the cache stores their values: an output that has the shape of
-    an input the same subgraph consumes takes that input's slab over row by row; any other
-    output needs a slab of its own while the consumed inputs' slabs are still held."""
-    b, s = settings.batch_size, settings.seq_len
-    compute = settings.dtype_bytes
-
-    def size(value: Any) -> int:
-        return scaled_bytes(value, b, s, traced, compute)
-
-    values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
-    cost_of = dict(zip(partitioned.trace.leaves.targets, costs))
-    live = {  # the batches' model inputs are cached from the start
-        n.name: size(values.get(n.name)) * batches
-        for n in partitioned.trace.graph.nodes
-        if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
-    }
-    peak_cache = peak_device = peak_host = 0
-    for subgraph in partitioned.subgraphs:
-        group = parameter_bytes(subgraph.submodules(model), compute)
-        mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
-        calibrating = sum(c.hessian_bytes for c in mine) + (working if subgraph.targets else 0)
-        io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
-        device = group + io + max(calibrating, compressing(mine))
-        peak_device = max(peak_device, device)
-        donors = [_signature(values.get(n)) for n in subgraph.consumed_names if n in live]
-        before = sum(live.values())
-        added = 0
-        for name in subgraph.output_names:
-            per_batch = size(values.get(name))
-            live[name] = per_batch if name in invariant else per_batch * batches
-            signature = _signature(values.get(name))
-            if name not in invariant and signature is not None and signature in donors:
-                donors.remove(signature)  # written into the consumed input's rows
-            else:
-                added += live[name]
-        peak_cache = max(peak_cache, before + added)
-        kept_here = sum(c.kept_bytes for c in mine)
-        peak_host = max(
-            peak_host,
-            settings.host_bytes(device, group, weights, before + added, 0, kept_here),
-        )
-        for name in subgraph.consumed_names:
-            live.pop(name, None)
-    if not settings.streamed:  # in memory, every compressed layer's integers stay to the end
-        peak_host += sum(c.kept_bytes for c in costs)
-    return PipelineEstimate(
-        SEQUENTIAL,
-        device_bytes=peak_device,
-        host_bytes=peak_host,
-        cache_bytes=peak_cache,
-        detail="one subgraph on the device; cross-subgraph values of every batch on the host",
-    )
-
-
-def compressing(costs: list[CompressorCost]) -> int:
-    """Peak compressor state while ``costs``' targets are compressed one after another, the
-    Hessians of those not yet compressed still held (an upper bound: those already done are
-    freed)."""
-    total = sum(c.hessian_bytes for c in costs)
-    return max((total - c.hessian_bytes + c.compress_bytes for c in costs), default=0)
-
-
-def _signature(value: Any) -> tuple[Any, ...] | None:
-    return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else None
-
-
-def _target_arguments(
-    partitioned: PartitionedTrace | None,
-    invariant: set[str],
-    batch: int,
-    seq: int,
-    traced: tuple[int, int],
-    float_bytes: int,
-) -> tuple[int, int]:
-    """Bytes of a target's arguments besides the hidden states (mask, rotary tables):
-    ``(per batch, once)``, as layer_sequential stores them (shared when equal for all)."""
-    if partitioned is None or not partitioned.trace.target_nodes:
-        return 0, 0
-    first = partitioned.trace.target_nodes[0]
-    varying = shared = 0
-    for node in first.all_input_nodes[1:]:
-        size = scaled_bytes(node.meta.get("val"), batch, seq, traced, float_bytes)
-        if node.name in invariant:
-            shared += size
-        else:
-            varying += size
-    return varying, shared
+    estimates = [pipeline.estimate(inputs) for pipeline in PIPELINES.values()]
+    return [estimate for estimate in estimates if estimate is not None]
 
 
 def _target_modules(
@@ -541,8 +289,3 @@ def _linear(module: torch.nn.Module) -> LinearLayer:
     layer = as_linear(module)
     assert layer is not None, f"{type(module).__name__} is not a linear layer"
     return layer
-
-
-def _vocab(config: PretrainedConfig) -> int:
-    text = getattr(config, "text_config", None) or config
-    return getattr(text, "vocab_size", 0) or 0

@@ -51,5 +51,5 @@ def sample_invariant_names(twin: TracedModel | None) -> set[str]:
                 )
                 results: dict[str, Any] = subgraph.forward(twin.model, **values)
                 results.pop(MODEL_OUTPUT, None)
-                cache.update(index, results)
+                cache.replace(index, subgraph.consumed_names, results)
     return set(cache.shared_names)

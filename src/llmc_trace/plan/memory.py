@@ -11,15 +11,10 @@ import torch
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.models.samples import SampleOptions
+from llmc_trace.pipelines.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings
 from llmc_trace.pipelines.residency import compute_dtype
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
-from llmc_trace.plan.estimate import (
-    PLAN_BATCH,
-    PLAN_SEQ,
-    RunSettings,
-    estimate_pipelines,
-    moe_layer_hessians,
-)
+from llmc_trace.plan.estimate import estimate_pipelines, moe_layer_hessians
 from llmc_trace.plan.invariants import sample_invariant_names
 from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.traced.twin import verify_on_twin

@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from llmc_trace.core.experts import ExpertProjection
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -28,8 +27,8 @@ class LinearLayer:
     """A module seen as a linear layer: its widths and its weight as an ``(out, in)`` matrix.
 
     ``transposed`` says the module stores the weight as ``(in, out)`` (a ``Conv1D``);
-    ``in_place`` that its weight is a view of a larger parameter (one expert's projection in a
-    fused experts tensor, :mod:`llmc_trace.core.experts`), which a result is written into.
+    ``in_place`` that its weight is a view of a larger parameter (a :class:`LinearView`), which
+    a result is written into.
     """
 
     module: torch.nn.Module
@@ -63,6 +62,22 @@ class LinearLayer:
         self.module.weight.data = _contiguous(weight, self.module.weight.dtype)
 
 
+class LinearView(torch.nn.Module):
+    """A linear layer without parameters of its own: ``weight`` (``(out, in)``) and ``bias``
+    are views of a larger parameter, fetched at each call, which subclasses provide (one
+    expert's projection in a fused experts tensor, :mod:`llmc_trace.moe.projection`).
+
+    :func:`as_linear` sees one with ``in_place``: a compressed result is copied into the view,
+    so it lands in the larger parameter; replacing the view would leave that unchanged.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
 def _contiguous(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``tensor`` itself when contiguous in ``dtype``, else one contiguous copy in ``dtype``
     (``Tensor.to`` would keep a transposed tensor's strides, or return it unchanged)."""
@@ -75,7 +90,7 @@ def as_linear(module: torch.nn.Module) -> LinearLayer | None:
     """``module`` as a :class:`LinearLayer`, or ``None`` when it is not a linear layer."""
     if isinstance(module, torch.nn.Linear):
         return LinearLayer(module, transposed=False)
-    if isinstance(module, ExpertProjection):
+    if isinstance(module, LinearView):
         return LinearLayer(module, transposed=False, in_place=True)
     # imported here: the tensor-only compress/ package reaches this module through its scheme
     # matching, and should not pay for importing transformers (half a second) at import time
