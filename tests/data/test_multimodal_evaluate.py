@@ -43,11 +43,11 @@ def reference_perplexity(model, calibration) -> tuple[float, int]:
 def test_perplexity_given_media_equals_the_models_loss(name, rows, twins, request):
     folder, rows = twins(name), request.getfixturevalue(rows)
     one_by_one = load_multimodal_calibration(
-        rows, folder, samples=3, seq_len=512, batch_size=1, shuffle=False
+        rows, folder, samples=2, seq_len=512, batch_size=1, shuffle=False
     )
     expected, scored = reference_perplexity(load_twin(folder), one_by_one)
     result = evaluate_multimodal(
-        folder, rows, samples=3, seq_len=512, batch_size=2, dtype=torch.float32
+        folder, rows, samples=2, seq_len=512, batch_size=2, dtype=torch.float32
     )
     assert result.num_tokens == scored
     assert result.perplexity == pytest.approx(expected, rel=1e-4)

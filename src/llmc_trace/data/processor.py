@@ -89,6 +89,14 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
     processor cannot preprocess here. Raises `BadInputError` (`DataError` for the modality)
     when the folder has no processor files (naming the missing files), or when the processor
     does not load for a reason other than a missing torchvision.
+
+    Example::
+
+        >>> import tempfile
+        >>> from llmc_trace.data.twins import save_twin
+        >>> loaded = load_processor(save_twin("llava-hf/llava-1.5-7b-hf", tempfile.mkdtemp()))
+        >>> loaded.built_from, loaded.modalities, loaded.placeholder_ids
+        ('AutoProcessor', ('image',), {'image': 1023})
     """
     folder = Path(folder)
     if not folder.is_dir():
