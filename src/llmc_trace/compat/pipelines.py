@@ -2,7 +2,7 @@
 
 ``CalibrationPipeline`` is the registry (``from_modifiers`` infers a pipeline as llm-compressor
 does); every pipeline is called as ``pipeline(model, dataloader, dataset_args)`` and runs the
-llmc-trace pipeline of the same name (:data:`~llmc_trace.pipelines.registry.RUNNERS`) on
+llmc-trace pipeline of the same name (:data:`~llmc_trace.pipelines.registry.PIPELINES`) on
 llmc-trace's tracer and intermediates cache. What llm-compressor tells its modifiers through
 the session, these tell the :class:`~llmc_trace.compat.CalibrationCallbacks` they were built
 with (:mod:`llmc_trace.compat.callbacks`)::
@@ -29,7 +29,8 @@ from llmc_trace.compat.dispatch import onload_device
 from llmc_trace.compat.helpers import known_ignore
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.errors import BadInputError
-from llmc_trace.pipelines.registry import RUNNERS, Calibration
+from llmc_trace.pipelines.calibration import Calibration
+from llmc_trace.pipelines.registry import PIPELINES
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.targets import plan_leaves
@@ -256,7 +257,7 @@ def _calibrate(
         else:
             traced = _leaves_only(model, batches, options)
         with Listening(callbacks) as listening:
-            RUNNERS[name](
+            PIPELINES[name].run(
                 Calibration(
                     traced,
                     batches,

@@ -12,7 +12,7 @@ _WHERE = {
     "CompressRequest": "llmc_trace.oneshot.request",
     "CompressionResult": "llmc_trace.oneshot.result",
     "LayerCompressor": "llmc_trace.oneshot.compressor",
-    "LayerResult": "llmc_trace.oneshot.compressor",
+    "LayerResult": "llmc_trace.oneshot.solve",
     "Stage": "llmc_trace.oneshot.stage",
     "compress": "llmc_trace.oneshot.run",
     "parse_sparsity": "llmc_trace.oneshot.stage",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
-from llmc_trace.oneshot.compressor import LayerResult
+from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.report.page import render_report_html

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from llmc_trace.core.names import INDEPENDENT
-from llmc_trace.oneshot.compressor import LayerResult
+from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.coverage import KindCoverage
 from llmc_trace.oneshot.stage import Stage
-from llmc_trace.pipelines.sequential import PipelineStats
+from llmc_trace.pipelines.calibration import PipelineStats
 from llmc_trace.plan import MemoryPlan
 from llmc_trace.report.schema import CompressionReport
 from llmc_trace.traced.model import TracedModel

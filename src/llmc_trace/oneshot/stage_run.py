@@ -20,7 +20,8 @@ from llmc_trace.oneshot.stage import Stage
 from llmc_trace.oneshot.state import Pruned, RunState
 from llmc_trace.oneshot.targets import check_ignore, check_targets
 from llmc_trace.oneshot.write import calibrate_into_checkpoint
-from llmc_trace.pipelines.registry import Calibration, fallback_order, run_pipelines
+from llmc_trace.pipelines.calibration import Calibration
+from llmc_trace.pipelines.registry import fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import InMemory, Residency, compute_dtype
 
 

@@ -14,7 +14,7 @@ from llmc_trace.core.world import World
 from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.models.source import ModelSource
-from llmc_trace.oneshot.compressor import LayerResult
+from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.report import build_report
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import StageResult

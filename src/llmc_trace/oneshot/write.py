@@ -11,7 +11,8 @@ import torch
 
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.oneshot.compressor import LayerCompressor, LayerResult
+from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.recipe import render_recipe
 from llmc_trace.oneshot.report import report_files
 from llmc_trace.oneshot.stage import Stage
