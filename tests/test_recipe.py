@@ -15,7 +15,9 @@ from llmc_trace.oneshot.recipe import Recipe, read_recipe, render_recipe
 from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 
 RECIPE = Recipe(
-    CalibrationSettings("calib.npy", 256, 512, 2, 7, "sdpa"),
+    CalibrationSettings(
+        "calib.npy", modality="image", samples=256, seq_len=512, batch_size=2, seed=7
+    ),
     TracingSettings(("LlamaDecoderLayer",), 2, ("re:.*rotary.*", "Qwen2VLModel.get_rope_index")),
     CheckpointSettings(torch.bfloat16, 2_000_000),
     (

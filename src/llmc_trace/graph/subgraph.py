@@ -48,6 +48,10 @@ class Subgraph:
             self._compiled = compile_forward(self.graph, f"subgraph {self.index}")
         return self._compiled(model, **{name: inputs[name] for name in self.input_names})
 
+    def recompile(self) -> None:
+        """Forget the compiled code after the graph changed; the next run compiles it."""
+        self._compiled = None
+
     def submodules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """Every module this subgraph calls, with their descendants, in module order."""
         called = [node.target for node in self.graph.nodes if node.op == "call_module"]

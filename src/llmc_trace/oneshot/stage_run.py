@@ -11,6 +11,7 @@ import torch
 from llmc_trace.moe import router_layers
 from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
 from llmc_trace.core.sizes import parameter_dtype
+from llmc_trace.graph.dtypes import retarget_dtype_literals
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.coverage import parameter_coverage
@@ -48,6 +49,7 @@ def run_stage(
     needs_data = stage.method in DATA_METHODS
     traced, check = run.trace.trace(model, batches[0], needs_data=needs_data)
     compute = compute_dtype(storage, device=run.device)
+    retarget_dtype_literals(traced.subgraphs if traced.traced else [], storage, compute)
     plan, stage = plan_stage(
         traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
         compute=compute, streamed=store is not None, device=run.device,
