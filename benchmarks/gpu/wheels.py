@@ -133,16 +133,23 @@ def wheel_tags(distribution: importlib.metadata.Distribution) -> list[str]:
 def fits(tag: str, python_version: str) -> bool:
     """Whether a wheel tagged ``tag`` installs on CPython ``python_version`` on Linux x86-64."""
     interpreters, abi, platform = tag.split("-")
-    version = python_version.replace(".", "")
-    wanted = {"py3", f"py{version}", f"cp{version}"}
-    abi_fits = abi in ("none", f"cp{version}") or (
-        abi == "abi3" and any(i.startswith("cp3") and i[2:] <= version for i in interpreters.split("."))
-    )
+    minor = int(python_version.split(".")[1])
+    here = python_version.replace(".", "")
+
+    def python_fits(interpreter: str) -> bool:
+        if interpreter in ("py3", f"py{here}", f"cp{here}"):
+            return True
+        # a stable-ABI wheel built for CPython 3.N runs on every later 3.x
+        return abi == "abi3" and interpreter.startswith("cp3") and int(interpreter[3:]) <= minor
+
     platform_fits = platform == "any" or all(
-        p.startswith(("linux_x86_64", "manylinux")) and p.endswith("x86_64")
-        for p in platform.split(".")
+        p.startswith(("linux_", "manylinux")) and p.endswith("x86_64") for p in platform.split(".")
     )
-    return bool(wanted & set(interpreters.split("."))) and abi_fits and platform_fits
+    return (
+        any(python_fits(i) for i in interpreters.split("."))
+        and abi in ("none", "abi3", f"cp{here}")
+        and platform_fits
+    )
 
 
 def record_hash(data: bytes) -> str:
