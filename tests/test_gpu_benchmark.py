@@ -53,7 +53,10 @@ def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
     """Every step runs on the CPU with tiny shapes and the JSON holds each figure the GPU run
     reports; the reference model compressed twice on the same device gives one checkpoint."""
     out = tmp_path / "out"
-    run_gpu_script("--dry-run", "--out", str(out), "--work", str(tmp_path / "work"))
+    work = tmp_path / "work"
+    # a budget no step nears: on a loaded CI machine a tight one would skip shapes or kill
+    # a step, and this test is about the figures, not the seconds
+    run_gpu_script("--dry-run", "--budget-s", "900", "--out", str(out), "--work", str(work))
     record = json.loads((out / "gpu-benchmark.json").read_text())
     assert record["mode"] == "small" and record["device"] == "cpu"
     steps = record["steps"]
@@ -91,7 +94,9 @@ def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
     cpu, device = reference["compressed_on_cpu"], reference["compressed_on_device"]
     assert cpu["perplexity"] == device["perplexity"] and reference["perplexity_gap"] == 0
     assert reference["int_weights_equal_fraction"] == 1.0
-    assert reference["float"]["perplexity"] < cpu["perplexity"] < 2 * reference["float"]["perplexity"]
+    assert (
+        reference["float"]["perplexity"] < cpu["perplexity"] < 2 * reference["float"]["perplexity"]
+    )
 
     assert set(record["goals"]) == {"compress_8b_s", "gptq_over_floor", "device_peak_over_plan"}
     assert all(goal["met"] is None for goal in record["goals"].values())  # tiny shapes: not judged
@@ -117,7 +122,7 @@ def test_the_wheels_install_offline_and_run_from_the_target(tmp_path: Path) -> N
     }
     out = tmp_path / "out"
     run_gpu_script(
-        "--small", "--device", "cpu", "--steps", "kernels", "--wheels", str(folder),
+        "--small", "--device", "cpu", "--steps", "kernels", "--budget-s", "900", "--wheels", str(folder),
         "--target", str(target), "--out", str(out), "--work", str(tmp_path / "work"), env=env,
     )  # fmt: skip
     record = json.loads((out / "gpu-benchmark.json").read_text())
@@ -200,9 +205,10 @@ def test_the_calibration_tokens_are_the_most_the_budget_holds() -> None:
             llama.FULL_SAMPLES, seq_len, shape, kernels, budget
         )
         chosen[budget] = samples
-        assert predicted[samples] <= budget or samples == min(llama.FULL_SAMPLES)
+        usable = budget * llama.SAFETY
+        assert predicted[samples] <= usable or samples == min(llama.FULL_SAMPLES)
         larger = [n for n in llama.FULL_SAMPLES if n > samples]
-        assert all(predicted[n] > budget for n in larger)
+        assert all(predicted[n] > usable for n in larger)
     assert chosen[10.0] == 16 and chosen[10_000.0] == 512
     assert sorted(chosen.values()) == list(chosen.values())
     assert llama.choose_samples((64, 16), seq_len, shape, {}, 1e9)[0] == 16  # nothing measured
@@ -241,7 +247,11 @@ def test_goals_are_judged_on_the_full_run_only() -> None:
     }
     judged = summary.goals(record)
     assert judged["compress_8b_s"]["met"] is True
-    assert judged["gptq_over_floor"] == {"value": 2.5, "target": "<= 2 for every shape", "met": False}
+    assert judged["gptq_over_floor"] == {
+        "value": 2.5,
+        "target": "<= 2 for every shape",
+        "met": False,
+    }
     assert judged["device_peak_over_plan"]["met"] is False
     record["mode"] = "small"
     assert all(goal["met"] is None for goal in summary.goals(record).values())

@@ -19,6 +19,7 @@ Hessian a dense Llama has: 3.3 GB in float32).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -69,15 +70,16 @@ def measure_shape(
     """Every figure of one shape (see the module docstring)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     X = torch.randn(tokens, in_features, generator=generator, device=device).bfloat16()
-    W = (0.02 * torch.randn(out_features, in_features, generator=generator, device=device)).bfloat16()
+    W = (
+        0.02 * torch.randn(out_features, in_features, generator=generator, device=device)
+    ).bfloat16()
     accumulator = HessianAccumulator(in_features, device=device)
     add_s = timed_s(lambda: accumulator.add(X), device)
     H = accumulator.H
     factor_s, _ = measured_once(lambda: inverse_factor(H), device)
-    factor = inverse_factor(H)
-    work = W.float()
-    products_s, _ = measured_once(lambda: block_products(work, factor.H_inv), device)
-    del work, factor
+    products = partial(block_products, W.float(), inverse_factor(H).H_inv)
+    products_s, _ = measured_once(products, device)
+    del products  # its float32 W and factor: 4 GB at the 70B shape
     gptq_s, gptq_peak = measured_once(lambda: gptq(W, H, W4A16.weights), device)
     sparsegpt_s, sparsegpt_peak = measured_once(lambda: sparsegpt(W, H, 0.5), device)
     floor_s = factor_s + products_s

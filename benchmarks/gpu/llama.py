@@ -50,6 +50,9 @@ SHARD_BYTES = 4 * GiB
 FORWARD_EFFICIENCY = 0.4
 #: seconds beside the layers: import-free setup, tracing and the twin's proof, the head
 FIXED_S = 30.0
+#: the share of the budget a prediction may fill: a step that overruns its budget is killed
+#: and loses its figures, one that ends early only leaves seconds unused
+SAFETY = 0.8
 
 
 def llama_config(shape: tuple[int, ...]) -> LlamaConfig:
@@ -144,10 +147,11 @@ def choose_samples(
     kernels: dict[str, Any],
     budget_s: float,
 ) -> tuple[int, dict[int, float | None]]:
-    """The most samples (of ``candidates``, descending) whose predicted seconds fit
+    """The most samples (of ``candidates``) whose predicted seconds fit ``SAFETY`` of
     ``budget_s``, the fewest when none does or nothing can be predicted; and each prediction."""
     predictions = {n: predicted_s(n, seq_len, shape, kernels) for n in candidates}
-    fitting = [n for n, s in predictions.items() if s is not None and s <= budget_s]
+    usable_s = SAFETY * budget_s
+    fitting = [n for n, s in predictions.items() if s is not None and s <= usable_s]
     return (max(fitting) if fitting else min(candidates)), predictions
 
 

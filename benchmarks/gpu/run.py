@@ -114,7 +114,11 @@ class Run:
         start = time.perf_counter()
         try:
             code = subprocess.run(
-                command, cwd=REPO, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                command,
+                cwd=REPO,
+                env=self.env,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
                 timeout=timeout_s,
             ).returncode
         except subprocess.TimeoutExpired:
@@ -224,7 +228,11 @@ def cuda_tests(run: Run, budget_s: float) -> dict[str, Any]:
             found = case.find(kind)
             if found is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
-                message = (found.get("message") or "").splitlines()[0][:200] if found.get("message") else ""
+                message = (
+                    (found.get("message") or "").splitlines()[0][:200]
+                    if found.get("message")
+                    else ""
+                )
         tests.append(
             {
                 "test": f"{case.get('classname')}::{case.get('name')}",
@@ -233,9 +241,13 @@ def cuda_tests(run: Run, budget_s: float) -> dict[str, Any]:
                 "message": message,
             }
         )
-    counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
+    counts = {
+        o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")
+    }
     return {
-        "status": "ok" if code in (0, 5) and not counts["failed"] and not counts["error"] else "failed",
+        "status": "ok"
+        if code in (0, 5) and not counts["failed"] and not counts["error"]
+        else "failed",
         "elapsed_s": seconds,
         "budget_s": budget_s,
         "figures": {"files": files, "selected": len(tests), **counts, "tests": tests},
@@ -250,8 +262,10 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="the same as --device cpu --small")
     parser.add_argument("--budget-s", type=float, help="the whole run's seconds (480; small: 120)")
     parser.add_argument(
-        "--wheels", type=Path, help="install these wheels first (default: benchmarks/gpu/wheels "
-        "when it exists and no --dry-run)"
+        "--wheels",
+        type=Path,
+        help="install these wheels first (default: benchmarks/gpu/wheels "
+        "when it exists and no --dry-run)",
     )
     parser.add_argument("--target", type=Path, default=Path("/tmp/llmc-gpu-site"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmc-gpu-work"))

@@ -35,7 +35,6 @@ import argparse
 import base64
 import hashlib
 import importlib.metadata
-import io
 import json
 import os
 import re

@@ -24,7 +24,9 @@ def resolve(device: torch.device) -> torch.device:
     return device
 
 
-def place(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+def place(
+    tensor: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``tensor`` on ``device``, floating-point values in ``dtype`` when one is given; the
     tensor itself when it is there already (no copy, so ``param.data = place(...)`` is then
     free)."""
