@@ -255,3 +255,20 @@ def test_goals_are_judged_on_the_full_run_only() -> None:
     assert judged["device_peak_over_plan"]["met"] is False
     record["mode"] = "small"
     assert all(goal["met"] is None for goal in summary.goals(record).values())
+
+
+def test_the_table_shows_what_a_failed_run_left() -> None:
+    """A run cut short (no versions, a failed step, a step killed before its figures) still
+    renders, naming each step's status and error."""
+    record = {
+        "mode": "full",
+        "device": "cuda",
+        "steps": {
+            "kernels": {"status": "failed", "elapsed_s": 3.0, "error": "OutOfMemoryError: x"},
+            "llama": {"status": "timed out", "elapsed_s": 400.0, "figures": {"phases_s": {}}},
+        },
+    }
+    record["goals"] = summary.goals(record)
+    table = summary.render(record)
+    assert "OutOfMemoryError: x" in table and "timed out" in table
+    assert all(goal["met"] is None for goal in record["goals"].values())
