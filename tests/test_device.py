@@ -35,16 +35,18 @@ def test_devices_other_than_unindexed_cuda_resolve_to_themselves() -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_tensor_on_the_current_gpu_is_there_for_an_unindexed_cuda_device() -> None:
-    """``torch.device("cuda")`` never equals a tensor's ``cuda:0``; place must not copy."""
+    """``torch.device("cuda")`` never equals a tensor's ``cuda:0``; resolved, it does, and a
+    weight already on the GPU in the compute dtype stays where it is."""
     cuda = torch.device("cuda")
     on_gpu = place(torch.randn(4, 3), cuda)
     assert on_gpu.device == resolve(cuda) and place(on_gpu, cuda) is on_gpu
     layer = torch.nn.Linear(3, 4)
     residency = InMemory(HOST, torch.bfloat16)
     residency.enter([layer], cuda)
-    moved = layer.weight.data
+    moved = layer.weight.data_ptr()
     residency.enter([layer], cuda)
-    assert layer.weight.data is moved and moved.dtype == torch.bfloat16
+    assert layer.weight.data_ptr() == moved and layer.weight.dtype == torch.bfloat16
+    assert layer.weight.device == resolve(cuda)
     residency.leave([layer])
     assert layer.weight.device == HOST and layer.weight.dtype == torch.float32
 

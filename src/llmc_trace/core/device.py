@@ -4,8 +4,10 @@ A pipeline moves every group of weights to the execution device and back many ti
 each move goes through :func:`place`, so the one rule for "already there" holds everywhere.
 That rule is not ``tensor.device == device``: a device named without an index
 (``torch.device("cuda")``, what ``compress`` is usually given) never equals a tensor's device,
-which always has one (``cuda:0``), so such a test takes every tensor for elsewhere and
-reassigns it on every move. :func:`resolve` gives the device its index first.
+which always has one (``cuda:0``), so such a test takes every tensor for elsewhere. Moves
+stayed free only because ``Tensor.to`` returns the tensor itself when nothing changes; a
+decision taken on that test (pin, copy, count a transfer) would be wrong on every GPU run.
+:func:`resolve` gives the device its index first.
 """
 
 from __future__ import annotations
