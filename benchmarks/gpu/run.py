@@ -50,7 +50,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from summary import goals, render  # noqa: E402
+from summary import goals, header, render  # noqa: E402
 from wheels import source_digest  # noqa: E402
 
 DEFAULT_WHEELS = HERE / "wheels"
@@ -106,9 +106,14 @@ class Run:
         self.save()
         status = result.get("status")
         elapsed = result.get("elapsed_s", 0.0)
-        print(f"{step}: {status} in {elapsed:.1f} s (budget {result.get('budget_s', 0):.0f} s)")
+        print(
+            f"{step}: {status} in {elapsed:.1f} s (budget {result.get('budget_s', 0):.0f} s)",
+            flush=True,
+        )
         if result.get("error"):
             print(f"  {result['error']}")
+        if step == "versions":  # what runs, before anything that might not finish
+            print("\n".join(header(self.record)[:2]), flush=True)
 
     def child(self, command: list[str], timeout_s: float) -> tuple[int | None, float]:
         """Run ``command`` with its output in the log; (exit code or None on timeout, seconds)."""
