@@ -13,8 +13,8 @@ and dtypes as the sweep. What a solve spends beyond the floor is the column-by-c
 inside each block: thousands of small launches, the part an H100 cannot hide.
 
 The shapes are Llama-3-8B's attention (4096 x 4096), MLP up (14336 x 4096) and down
-(4096 x 14336) projections and Llama-3-70B's down projection (8192 x 28672, the widest
-Hessian a dense Llama has: 3.3 GB in float32).
+(4096 x 14336) projections and Llama-3-70B's down projection (8192 x 28672, whose Hessian
+takes 3.3 GB in float32).
 """
 
 from __future__ import annotations
