@@ -30,6 +30,7 @@ from typing import Protocol
 
 import torch
 
+from llmc_trace.core.device import HOST, place
 from llmc_trace.models.weight_store import WeightStore, stored_names
 
 Modules = Sequence[torch.nn.Module]
@@ -64,8 +65,8 @@ def _move_buffers(modules: Modules, device: torch.device) -> None:
     """Buffers keep their dtype (rotary tables stay float32, as transformers keeps them)."""
     for module in modules:
         for name, buffer in module._buffers.items():
-            if buffer is not None and buffer.device != device:
-                module._buffers[name] = buffer.to(device)
+            if buffer is not None:
+                module._buffers[name] = place(buffer, device)
 
 
 class InMemory:
@@ -83,19 +84,15 @@ class InMemory:
     def enter(self, modules: Modules, device: torch.device) -> None:
         for module in modules:
             for param in module.parameters(recurse=False):
-                dtype = self.compute if param.is_floating_point() and self.compute else param.dtype
                 self._stored.setdefault(id(param), param.dtype)
-                if param.device != device or param.dtype != dtype:
-                    param.data = param.data.to(device, dtype)
+                param.data = place(param.data, device, self.compute)
         _move_buffers(modules, device)
 
     def leave(self, modules: Modules) -> None:
         self.left_any = True
         for module in modules:
             for param in module.parameters(recurse=False):
-                dtype = self._stored.pop(id(param), param.dtype)
-                if param.device != self.offload or param.dtype != dtype:
-                    param.data = param.data.to(self.offload, dtype)
+                param.data = place(param.data, self.offload, self._stored.pop(id(param), None))
         _move_buffers(modules, self.offload)
 
     def finish(self) -> None:
@@ -169,7 +166,7 @@ class Streamed:
             if self._users[key] <= 0:
                 self._export(key, self._param(key).detach())
                 self._release(key)
-        _move_buffers(modules, torch.device("cpu"))
+        _move_buffers(modules, HOST)
 
     def finish(self) -> None:
         """Export every tensor no group left (read from disk one at a time), then the

@@ -1,0 +1,87 @@
+"""What every measuring step of the GPU run shares: its deadline, device timing, its result file.
+
+A step runs in a process of its own (``step.py``), started by ``run.py`` with a spec (a JSON
+file) and a hard timeout. The timeout only guarantees the run goes on; a step that overruns it
+loses what it measured. So each step also watches its own :class:`Deadline` and stops starting
+new work that the remaining seconds cannot hold, recording what it skipped, and writes its
+result file after every unit of work (:func:`write_result`), so a step killed at its timeout
+still leaves what it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GiB = 2**30
+
+
+class Deadline:
+    """Seconds left before a step must be done, from its start."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self._start = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._start
+
+    def left_s(self) -> float:
+        return self.budget_s - self.elapsed_s()
+
+    def allows(self, needed_s: float) -> bool:
+        """Whether work expected to take ``needed_s`` ends before the deadline."""
+        return needed_s <= self.left_s()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: CUDA runs asynchronously, so a host clock read
+    without this measures the launch, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_s(work: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs of ``work`` after one untimed warm-up, in seconds.
+
+    The warm-up keeps one-time costs (cuBLAS and cuSOLVER handles, kernel loading, the
+    allocator's first blocks) out of the figure; the fastest run is the one least disturbed by
+    the shared machine. For work of seconds, where a second run costs too much of the
+    budget, warm up on a small instance once and use :func:`measured_once`.
+    """
+    work()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measured_once(work: Callable[[], Any], device: torch.device) -> tuple[float, int | None]:
+    """Seconds of one run of ``work``, and CUDA's allocated high-water mark during it (None
+    off CUDA, where no peak can be reset for one piece of work)."""
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    work()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return seconds, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Replace the step's result file with ``result`` (temporary file, then rename: a step
+    killed mid-write leaves the previous version, never half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result, indent=1, sort_keys=True))
+    os.replace(partial, path)

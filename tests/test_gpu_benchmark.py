@@ -1,0 +1,274 @@
+"""The prepared GPU run (``benchmarks/gpu/``) proved on the CPU: its dry run writes every
+figure, and its wheels install with no registry and run from the target folder."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = REPO / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+import llama  # noqa: E402
+import summary  # noqa: E402
+import wheels  # noqa: E402
+from wheels import record_hash  # noqa: E402
+
+SHAPE_FIGURES = (
+    "hessian_tokens_per_s",
+    "factor_s",
+    "block_products_s",
+    "floor_s",
+    "gptq_s",
+    "gptq_over_floor",
+    "sparsegpt_s",
+    "sparsegpt_over_floor",
+)
+
+
+def run_gpu_script(*args: str, env: dict[str, str] | None = None) -> None:
+    command = [sys.executable, str(GPU / "run.py"), *args]
+    child = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+
+
+def cuda_tests_in_suite() -> int:
+    """The suite's tests that skip without CUDA, counted from their decorators' source (the
+    selection plugin finds them from their markers instead)."""
+    decorator = re.compile(r"^@pytest\.mark\.skipif\(.*CUDA", re.MULTILINE)
+    return sum(
+        len(decorator.findall(path.read_text())) for path in (REPO / "tests").rglob("test_*.py")
+    )
+
+
+def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
+    """Every step runs on the CPU with tiny shapes and the JSON holds each figure the GPU run
+    reports; the reference model compressed twice on the same device gives one checkpoint."""
+    out = tmp_path / "out"
+    work = tmp_path / "work"
+    # a budget no step nears: on a loaded CI machine a tight one would skip shapes or kill
+    # a step, and this test is about the figures, not the seconds
+    run_gpu_script("--dry-run", "--budget-s", "900", "--out", str(out), "--work", str(work))
+    record = json.loads((out / "gpu-benchmark.json").read_text())
+    assert record["mode"] == "small" and record["device"] == "cpu"
+    steps = record["steps"]
+    assert {name: steps[name]["status"] for name in steps} == dict.fromkeys(
+        ("cuda_tests", "versions", "kernels", "refmodel", "llama"), "ok"
+    )
+    versions = steps["versions"]["figures"]
+    assert versions["packages"]["llmc-trace"]["location"].startswith(str(REPO))
+    assert all(p["version"] for p in versions["packages"].values())
+
+    tests = steps["cuda_tests"]["figures"]
+    assert tests["selected"] == tests["skipped"] == cuda_tests_in_suite() > 0
+
+    kernels = steps["kernels"]["figures"]
+    assert [row["name"] for row in kernels["shapes"]] == [
+        "8B q_proj",
+        "8B gate_proj",
+        "8B down_proj",
+        "70B down_proj",
+    ]
+    for row in kernels["shapes"]:
+        assert all(row[key] > 0 for key in SHAPE_FIGURES), row
+        assert row["gptq_over_floor"] == pytest.approx(row["gptq_s"] / row["floor_s"])
+    assert kernels["bf16_matmul_tflops"] > 0 and kernels["fp32_matmul_tflops"] > 0
+
+    compressed = steps["llama"]["figures"]
+    assert set(compressed["phases_s"]) == {"load", "trace", "calibrate", "propagate", "write"}
+    assert compressed["pipeline"] == "sequential"
+    assert compressed["layers"] == 7 * compressed["shape"]["layers"]
+    assert 0 < compressed["solve_s"] < compressed["compress_s"]
+    for key in ("plan_device_bytes", "plan_host_bytes", "host_peak_bytes", "checkpoint_bytes"):
+        assert compressed[key] > 0, key
+
+    reference = steps["refmodel"]["figures"]
+    cpu, device = reference["compressed_on_cpu"], reference["compressed_on_device"]
+    assert cpu["perplexity"] == device["perplexity"] and reference["perplexity_gap"] == 0
+    assert reference["int_weights_equal_fraction"] == 1.0
+    assert (
+        reference["float"]["perplexity"] < cpu["perplexity"] < 2 * reference["float"]["perplexity"]
+    )
+
+    assert set(record["goals"]) == {"compress_8b_s", "gptq_over_floor", "device_peak_over_plan"}
+    assert all(goal["met"] is None for goal in record["goals"].values())  # tiny shapes: not judged
+    table = (out / "summary.txt").read_text()
+    for needle in ("cuda tests:", "per layer", "70B down_proj", "compress:", "refmodel W4A16"):
+        assert needle in table
+
+
+@pytest.mark.slow
+def test_the_wheels_install_offline_and_run_from_the_target(tmp_path: Path) -> None:
+    """Wheels built for this Python (no download: every tag fits, ``PIP_NO_INDEX`` forbids the
+    registry) install into an empty folder, and a step imports llmc-trace and
+    compressed-tensors from there, not from the checkout."""
+    folder, target = tmp_path / "wheels", tmp_path / "site"
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    env = {**os.environ, "PIP_NO_INDEX": "1"}
+    build = [sys.executable, str(GPU / "wheels.py"), "--out", str(folder), "--python-version", here]
+    subprocess.run(build, cwd=REPO, check=True, capture_output=True, env=env)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert {w["from"] for w in manifest["wheels"].values()} <= {
+        "rebuilt from the installed files",
+        "built from this checkout",
+    }
+    out = tmp_path / "out"
+    run_gpu_script(
+        "--small", "--device", "cpu", "--steps", "kernels", "--budget-s", "900", "--wheels", str(folder),
+        "--target", str(target), "--out", str(out), "--work", str(tmp_path / "work"), env=env,
+    )  # fmt: skip
+    record = json.loads((out / "gpu-benchmark.json").read_text())
+    assert record["steps"]["install"]["status"] == "ok"
+    packages = record["steps"]["versions"]["figures"]["packages"]
+    for name in ("llmc-trace", "compressed-tensors", "pydantic", "graphviz"):
+        assert packages[name]["location"].startswith(str(target)), (name, packages[name])
+    assert packages["torch"]["location"].startswith(sys.prefix)  # the machine's own torch
+    assert record["steps"]["kernels"]["status"] == "ok"
+
+
+def test_stale_wheels_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Wheels whose manifest names other sources than the checkout's are not installed."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    manifest = {"python_version": here, "source_digest": "0" * 64, "wheels": {}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    command = [sys.executable, str(GPU / "run.py"), "--small", "--device", "cpu"]
+    command += ["--wheels", str(folder), "--out", str(tmp_path / "out")]
+    child = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert child.returncode != 0
+    assert "built from other sources" in child.stderr
+    assert not (tmp_path / "out" / "gpu-benchmark.json").exists()
+
+
+def test_a_repacked_wheel_holds_the_installed_files_with_their_hashes(tmp_path: Path) -> None:
+    distribution = importlib.metadata.distribution("graphviz")
+    path = wheels.repack(distribution, tmp_path)
+    assert path.name == f"graphviz-{distribution.version}-py3-none-any.whl"
+    with zipfile.ZipFile(path) as archive:
+        record = archive.read(f"graphviz-{distribution.version}.dist-info/RECORD").decode()
+        rows = [line.split(",") for line in record.splitlines()]
+        for name, digest, size in rows:
+            if name.endswith("RECORD"):
+                continue
+            data = archive.read(name)
+            assert digest == record_hash(data) and int(size) == len(data)
+        installed = Path(distribution.locate_file("graphviz/__init__.py")).read_bytes()
+        assert archive.read("graphviz/__init__.py") == installed
+
+
+@pytest.mark.parametrize(
+    ("tag", "python", "fits"),
+    [
+        ("py3-none-any", "3.12", True),
+        ("py311-none-any", "3.12", False),  # multiprocess: one wheel per Python
+        ("py312-none-any", "3.12", True),
+        ("cp311-cp311-manylinux_2_17_x86_64", "3.12", False),
+        ("cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64", "3.12", True),
+        ("cp38-abi3-manylinux_2_17_x86_64", "3.12", True),
+        ("cp312-cp312-macosx_11_0_arm64", "3.12", False),
+    ],
+)
+def test_wheel_tags_fit_only_their_pythons(tag: str, python: str, fits: bool) -> None:
+    assert wheels.fits(tag, python) is fits
+
+
+def test_the_carried_set_follows_requirements_and_stops_at_the_device() -> None:
+    """compressed-tensors pulls pydantic and its compiled core with it; what the device has
+    (torch, transformers) is neither carried nor followed; datasets is never carried."""
+    on_device = wheels.device_packages()
+    names = wheels.carried(["compressed-tensors>=0.19", "datasets>=3"], on_device, "3.12")
+    assert {"compressed-tensors", "pydantic", "pydantic-core", "loguru"} <= set(names)
+    assert not {"torch", "transformers", "sympy", "datasets", "dill"} & set(names)
+
+
+def test_the_calibration_tokens_are_the_most_the_budget_holds() -> None:
+    """With the 8B shape and measured-looking rates, more seconds buy more samples, a
+    budget that holds none gives the fewest, and the choice fits its own prediction."""
+    row = {"hessian_tokens_per_s": 2e6, "gptq_s": 0.5}
+    kernels = {
+        "bf16_matmul_tflops": 600.0,
+        "shapes": [{"name": n, **row} for n in ("8B q_proj", "8B gate_proj", "8B down_proj")],
+    }
+    shape, seq_len = llama.FULL_SHAPE, llama.FULL_SEQ_LEN
+    chosen = {}
+    for budget in (10.0, 200.0, 400.0, 10_000.0):
+        samples, predicted = llama.choose_samples(
+            llama.FULL_SAMPLES, seq_len, shape, kernels, budget
+        )
+        chosen[budget] = samples
+        usable = budget * llama.SAFETY
+        assert predicted[samples] <= usable or samples == min(llama.FULL_SAMPLES)
+        larger = [n for n in llama.FULL_SAMPLES if n > samples]
+        assert all(predicted[n] > usable for n in larger)
+    assert chosen[10.0] == 16 and chosen[10_000.0] == 512
+    assert sorted(chosen.values()) == list(chosen.values())
+    assert llama.choose_samples((64, 16), seq_len, shape, {}, 1e9)[0] == 16  # nothing measured
+
+
+def test_phases_take_the_seconds_until_the_next_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([0.0, 1.0, 3.0, 4.0, 8.0, 9.0, 10.0, 12.0])
+    monkeypatch.setattr(llama.time, "perf_counter", lambda: next(now))
+    saved = []
+    clock = llama.PhaseClock(lambda phases: saved.append(dict(phases)))  # starts at 0
+    for label in ("load", "trace", "subgraph 1/2 · a", "subgraph 1/2 · a · propagate"):
+        clock(label, 0, 1)  # at 1, 3, 4, 8
+    clock("subgraph 1/2 · a · propagate", 1, 1)  # the same label: no new phase
+    clock("subgraph 2/2 · b", 0, 1)  # at 9
+    clock("write", 0, 1)  # at 10
+    clock.close()  # at 12
+    assert clock.phases_s == {
+        "load": 2.0,
+        "trace": 1.0,
+        "calibrate": 4.0 + 1.0,
+        "propagate": 1.0,
+        "write": 2.0,
+    }
+    assert saved[-1] == {"load": 2.0, "trace": 1.0, "calibrate": 5.0, "propagate": 1.0}
+
+
+def test_goals_are_judged_on_the_full_run_only() -> None:
+    llama_figures = {"compress_s": 170.0, "samples": 512, "device_peak_over_plan": 1.2}
+    rows = [{"gptq_over_floor": 1.5}, {"gptq_over_floor": 2.5}]
+    record = {
+        "mode": "full",
+        "steps": {
+            "llama": {"figures": llama_figures},
+            "kernels": {"figures": {"shapes": rows}},
+        },
+    }
+    judged = summary.goals(record)
+    assert judged["compress_8b_s"]["met"] is True
+    assert judged["gptq_over_floor"] == {
+        "value": 2.5,
+        "target": "<= 2 for every shape",
+        "met": False,
+    }
+    assert judged["device_peak_over_plan"]["met"] is False
+    record["mode"] = "small"
+    assert all(goal["met"] is None for goal in summary.goals(record).values())
+
+
+def test_the_table_shows_what_a_failed_run_left() -> None:
+    """A run cut short (no versions, a failed step, a step killed before its figures) still
+    renders, naming each step's status and error."""
+    record = {
+        "mode": "full",
+        "device": "cuda",
+        "steps": {
+            "kernels": {"status": "failed", "elapsed_s": 3.0, "error": "OutOfMemoryError: x"},
+            "llama": {"status": "timed out", "elapsed_s": 400.0, "figures": {"phases_s": {}}},
+        },
+    }
+    record["goals"] = summary.goals(record)
+    table = summary.render(record)
+    assert "OutOfMemoryError: x" in table and "timed out" in table
+    assert all(goal["met"] is None for goal in record["goals"].values())
