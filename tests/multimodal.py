@@ -19,7 +19,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from llmc_trace.data.drawn import write_drawn_dataset
-from llmc_trace.data.twins import save_twin
+from llmc_trace.twins.save import save_twin
 
 #: The six architectures of issue 35's acceptance, by built-in name, with their modality.
 TWINS: dict[str, str] = {

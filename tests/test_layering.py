@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"layers"},
     {"moe"},
     {"models", "tracing", "data", "algorithms"},
-    {"graph"},
+    {"graph", "twins"},
     {"diagnose"},
     {"traced"},
     {"pipelines", "checkpoint", "render"},

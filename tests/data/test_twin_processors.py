@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
 from llmc_trace.data import load_processor
-from llmc_trace.data.twin_plans import processor_plan
+from llmc_trace.twins.plans import processor_plan
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.source import resolve_model
 from tests.multimodal import TWINS

@@ -103,7 +103,7 @@ def load_multimodal_calibration(
 
         >>> import tempfile
         >>> from llmc_trace.data.drawn import write_drawn_dataset
-        >>> from llmc_trace.data.twins import save_twin
+        >>> from llmc_trace.twins.save import save_twin
         >>> folder = save_twin("Qwen/Qwen2-VL-2B-Instruct", tempfile.mkdtemp())
         >>> rows = write_drawn_dataset(tempfile.mkdtemp(), count=4)
         >>> calib = load_multimodal_calibration(rows, folder, samples=4, seq_len=128, batch_size=2)

@@ -93,7 +93,7 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
     Example::
 
         >>> import tempfile
-        >>> from llmc_trace.data.twins import save_twin
+        >>> from llmc_trace.twins.save import save_twin
         >>> loaded = load_processor(save_twin("llava-hf/llava-1.5-7b-hf", tempfile.mkdtemp()))
         >>> loaded.built_from, loaded.modalities, loaded.placeholder_ids
         ('AutoProcessor', ('image',), {'image': 1023})

@@ -30,7 +30,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from llmc_trace.data.drawn import CAPTION_WORDS
-from llmc_trace.data.twin_plans import ProcessorPlan, processor_plan
+from llmc_trace.twins.plans import ProcessorPlan, processor_plan
 
 #: Words of chat layouts, beside the caption words: roles and the prompts rows may carry.
 CHAT_WORDS = (
