@@ -121,26 +121,28 @@ def gptq(
     )
     blocksize = grid.aligned(blocksize)
 
-    columns = W.shape[1]
+    rows, columns = W.shape
+    q = torch.empty(rows, device=W.device)  # the column being fixed, dequantized
     loss = torch.zeros((), device=W.device)
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
+        W1 = W[:, i1:i2].clone()  # (out, block): the rank-1 updates' layout fixes their bits
+        Q1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out) integers, row i = column i
+        Err1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out)
         Hinv1 = H_inv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            w = W1[:, i]
-            d = Hinv1[i, i]
+        # views made once per block, so that the column loop allocates no tensor
+        columns_of_block = zip(W1.unbind(1), Q1.unbind(), Err1.unbind(), Hinv1.diagonal().unbind())
+        for i, (w, integers, err, d) in enumerate(columns_of_block):
             if grid.starts_group(i1 + i):
                 group = W1[:, i : i + grid.group_size]
                 if zeros is not None:  # the range the kept weights need
                     group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
                 grid.fit(i1 + i, group)
-            err = (w - grid.quantize(i1 + i, w)) / d
-            W1[:, i:].addr_(
-                err, Hinv1[i, i:], alpha=-1
-            )  # rank-1, in place: no (out, block) temporary
-            Err1[:, i] = err
+            grid.quantize_into(i1 + i, w, integers, q)
+            torch.sub(w, q, out=err).div_(d)
+            W1[:, i:].addr_(err, Hinv1[i, i:], alpha=-1)  # rank-1, in place
+        grid.set_block(i1, Q1)
+        Err1 = Err1.T.contiguous()  # (out, block), the layout the lazy update's bits depend on
         loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
