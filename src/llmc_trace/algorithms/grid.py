@@ -158,6 +158,18 @@ class SweepGrid:
         s, z = self.qparams(columns)
         return (self.int_weight[:, columns].float() - z) * s
 
+    def nearest(self, W: torch.Tensor, row: int) -> torch.Tensor:
+        """Round-to-nearest of `W` (k, in), rows `row` to `row + k` of the sweep-order weight:
+        each weight on its nearest grid point with the scales fitted up front, dequantized in
+        the scales' dtype (as `dequantize` stores a weight) and returned in float32."""
+        assert not self.fits_in_sweep  # scales fitted in the sweep exist only as it goes
+        s, z = self._scales.T, self._zero_points.T  # (out, groups); (1, 1) per tensor
+        if self.args.strategy != "tensor":
+            s, z = s[row : row + W.shape[0]], z[row : row + W.shape[0]]
+        if s.shape[1] > 1:  # gathered row-major, so every op below runs on contiguous rows
+            s, z = s.contiguous()[:, self._group_index], z.contiguous()[:, self._group_index]
+        return ((round_to_grid(W, s, z, self.args) - z) * s).to(self.scale_dtype).float()
+
     def nearer(self, columns: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Integers of the grid points nearest `target` (out, k) at the sweep positions
         `columns`, but only where strictly nearer than the chosen ones (elsewhere the chosen
