@@ -2,9 +2,10 @@
 
 `gptq_before` and `sparsegpt_before` are the sweeps as they were before issue 40 (commit
 4b67272): every column allocated its own temporaries, cast its scale row and wrote its integers
-into the (out, in) int8 matrix one column at a time. The sweeps now write into buffers made once
-per block; the arithmetic is the same op for op, so integers, scales and weights must be equal,
-not close. SparseGPT's loss is now summed per block, as GPTQ's always was, instead of per column:
+into the (out, in) int8 matrix one column at a time, and the unstructured mask came from a
+sort (`lowest_before`), now from a selection. The sweeps now write into buffers made once per
+block; the arithmetic is the same op for op, so integers, scales, masks and weights must be
+equal, not close. SparseGPT's loss is now summed per block, as GPTQ's always was, instead of per column:
 the same terms in another order, so it agrees to float32 rounding only.
 """
 
@@ -20,6 +21,13 @@ from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, sparse
 from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.quantize import QuantizedWeight, round_to_grid
 from llmc_trace.algorithms.sparsegpt import Sparsity, _check_sparsity, _lowest, _n_m_mask
+
+
+def lowest_before(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """The pruning mask of commit 4b67272: the first `count` of a stable argsort."""
+    mask = torch.zeros(scores.numel(), dtype=torch.bool)
+    mask[torch.argsort(scores.flatten(), stable=True)[:count]] = True
+    return mask.reshape(scores.shape)
 
 
 def quantize_column(grid: SweepGrid, column: int, w: torch.Tensor) -> torch.Tensor:
@@ -107,7 +115,7 @@ def sparsegpt_before(
         if nm is None:
             assert not isinstance(sparsity, tuple)
             count = round(sparsity * rows * i2) - round(sparsity * rows * i1)
-            mask1 = _lowest(W1**2 / torch.diag(Hinv1).reshape(1, -1) ** 2, count)
+            mask1 = lowest_before(W1**2 / torch.diag(Hinv1).reshape(1, -1) ** 2, count)
         for i in range(i2 - i1):
             w = W1[:, i]
             d = Hinv1[i, i]
@@ -224,3 +232,16 @@ def test_sparsegpt_sweep_is_bit_identical_to_the_per_column_one(
         assert new.quantized is not None
         assert_same_bits(new.quantized, quantized)
     assert new.loss == pytest.approx(loss, rel=1e-6)
+
+
+def test_the_selection_prunes_what_the_stable_sort_pruned() -> None:
+    """Ties at the threshold (many equal scores, zeros) are broken by position, as the sort's
+    order broke them, for every count from none to all."""
+    generator = torch.Generator().manual_seed(4)
+    for scores in (
+        torch.randint(0, 5, (7, 9), generator=generator).float(),  # ties everywhere
+        torch.randn(12, 16, generator=generator) ** 2,
+        torch.zeros(3, 4),
+    ):
+        for count in range(scores.numel() + 1):
+            assert torch.equal(_lowest(scores, count), lowest_before(scores, count))

@@ -156,9 +156,19 @@ def magnitude_prune(W: torch.Tensor, sparsity: Sparsity = 0.5) -> tuple[torch.Te
 
 
 def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
-    """Mask of the `count` lowest entries of `scores` (ties broken by position)."""
-    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
-    mask[torch.argsort(scores.flatten(), stable=True)[:count]] = True
+    """Mask of the `count` lowest entries of `scores` (ties broken by position).
+
+    What the first `count` of a stable argsort select, found with one selection (`kthvalue`)
+    instead of a sort: every entry below the count-th lowest value, then the first entries
+    equal to it, in order, until there are `count`.
+    """
+    flat = scores.flatten()
+    if count <= 0 or count >= flat.numel():
+        return torch.full_like(scores, count > 0, dtype=torch.bool)
+    threshold = flat.kthvalue(count).values
+    mask = flat < threshold
+    ties = flat == threshold
+    mask |= ties & (ties.cumsum(0) <= count - mask.sum())
     return mask.reshape(scores.shape)
 
 
