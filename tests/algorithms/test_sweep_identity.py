@@ -19,7 +19,13 @@ from _compress_data import hessian
 
 from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, sparsegpt
 from llmc_trace.algorithms.grid import SweepGrid
-from llmc_trace.algorithms.quantize import QuantizedWeight, round_to_grid
+from llmc_trace.algorithms.quantize import (
+    QuantizedWeight,
+    compute_qparams,
+    dequantize,
+    quantize_to_int,
+    round_to_grid,
+)
 from llmc_trace.algorithms.sparsegpt import Sparsity, _check_sparsity, _lowest, _n_m_mask
 
 
@@ -245,3 +251,41 @@ def test_the_selection_prunes_what_the_stable_sort_pruned() -> None:
     ):
         for count in range(scores.numel() + 1):
             assert torch.equal(_lowest(scores, count), lowest_before(scores, count))
+
+
+def per_column_before(
+    qparam: torch.Tensor, args: QuantizationArgs, in_features: int, g_idx: torch.Tensor | None
+) -> torch.Tensor:
+    """commit 4b67272's spreading of a scale or zero point to every column."""
+    if args.strategy == "tensor":
+        return qparam.reshape(1, 1)
+    if args.strategy == "channel":
+        return qparam
+    if g_idx is None:
+        g_idx = torch.arange(in_features) // args.group_size
+    return qparam[:, g_idx.long()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rounding_by_group_views_is_bit_identical_to_the_gathered_one(dtype: torch.dtype) -> None:
+    """`quantize_to_int` and `dequantize` broadcast scales over (out, groups, group_size) views
+    instead of gathering them to every column; the numbers must not change."""
+    W = (torch.randn(24, 96, generator=torch.Generator().manual_seed(5)) * 0.05).to(dtype)
+    for args in (
+        QuantizationArgs(num_bits=4, group_size=32),
+        QuantizationArgs(num_bits=3, group_size=32, symmetric=False),
+        QuantizationArgs(num_bits=4, strategy="channel", group_size=None),
+        QuantizationArgs(num_bits=8, strategy="tensor", group_size=None, symmetric=False),
+    ):
+        scale, zero_point = compute_qparams(W, args)
+        s, z = (per_column_before(t, args, 96, None) for t in (scale, zero_point))
+        integers = round_to_grid(W, s, z, args).to(torch.int8)
+        assert torch.equal(quantize_to_int(W, scale, zero_point, args), integers)
+        weight = ((integers.float() - z.float()) * s.float()).to(dtype)
+        assert torch.equal(dequantize(integers, scale, zero_point, args, dtype=dtype), weight)
+    g_idx = torch.randint(0, 3, (96,), generator=torch.Generator().manual_seed(6))
+    args = QuantizationArgs(num_bits=4, group_size=32, actorder="group")
+    scale, zero_point = compute_qparams(W, QuantizationArgs(num_bits=4, group_size=32))
+    s, z = (per_column_before(t, args, 96, g_idx) for t in (scale, zero_point))
+    integers = round_to_grid(W, s, z, args).to(torch.int8)
+    assert torch.equal(quantize_to_int(W, scale, zero_point, args, g_idx), integers)
