@@ -1,12 +1,13 @@
-"""The column sweeps give bit for bit what they gave before their per-column work was cut down.
+"""The column sweeps and the rounding give bit for bit what they gave before issue 40.
 
-`gptq_before` and `sparsegpt_before` are the sweeps as they were before issue 40 (commit
-4b67272): every column allocated its own temporaries, cast its scale row and wrote its integers
-into the (out, in) int8 matrix one column at a time, and the unstructured mask came from a
-sort (`lowest_before`), now from a selection. The sweeps now write into buffers made once per
-block; the arithmetic is the same op for op, so integers, scales, masks and weights must be
-equal, not close. SparseGPT's loss is now summed per block, as GPTQ's always was, instead of per column:
-the same terms in another order, so it agrees to float32 rounding only.
+`gptq_before` and `sparsegpt_before` are the sweeps as of commit 4b67272: every column allocated
+its own temporaries, cast its scale row and wrote its integers into the (out, in) int8 matrix
+one column at a time, and the unstructured mask came from a sort (`lowest_before`), now from a
+selection. The sweeps now write into buffers made once per block; the arithmetic is the same op
+for op, so integers, scales, masks and weights must be equal, not close. SparseGPT's loss is
+now summed per block, as GPTQ's always was, instead of per column: the same terms in another
+order, so it agrees to float32 rounding only. `per_column_before` is the old spreading of
+scales to every column, which `quantize_to_int` and `dequantize` no longer gather.
 """
 
 from __future__ import annotations
