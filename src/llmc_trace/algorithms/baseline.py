@@ -100,13 +100,12 @@ def rtn_damped_error(W: torch.Tensor, H: torch.Tensor, grid: SweepGrid) -> Dampe
 def _damped_error(differences: Iterable[torch.Tensor], H: torch.Tensor) -> DampedError:
     """`damped_error` of the weight change D given as consecutive chunks of rows, float32."""
     diagonal, dead = damping_diagonal(H)
-    undamped = torch.zeros((), dtype=torch.float64, device=H.device)
-    live_square = torch.zeros((), dtype=torch.float64, device=H.device)
+    undamped = live_square = 0.0  # summed in Python's double, one chunk at a time
     for D in differences:  # (rows, in)
         D[:, dead] = 0
-        undamped += _symmetric_quadratic(D, H)
-        live_square += D.pow(2).sum()
-    return DampedError(undamped.item(), live_square.item(), diagonal.mean().item())
+        undamped += _symmetric_quadratic(D, H).item()
+        live_square += D.pow(2).sum().item()
+    return DampedError(undamped, live_square, diagonal.mean().item())
 
 
 def _symmetric_quadratic(D: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
