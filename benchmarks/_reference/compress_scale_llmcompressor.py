@@ -15,7 +15,8 @@ the caller subtracts the same baseline it subtracts from llmc-trace.
 ``oneshot`` insists on a processor even for token ids; the random models have no tokenizer, so
 ``--tokenizer`` names a folder holding one (its vocabulary is never used: the rows are ids).
 
-Prints one line ``RESULT {json}``, or with ``error`` when it fails.
+Prints one line ``RESULT {json}``, or with ``error`` when it fails; ``environment`` and the load
+averages before and after say what the run ran with (``benchmarks/_environment.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, ...
+from _environment import describe, load_average  # noqa: E402
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
 from _worker import failure_text  # noqa: E402
 
@@ -51,6 +53,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     result: dict[str, object] = {"baseline_rss_bytes": resident_bytes()}
+    result["environment"] = describe(["llmcompressor", "compressed-tensors"])
+    result["load_before"] = load_average()
     try:
         rows = np.load(args.calib_rows).astype(np.int64)
         dataset = Dataset.from_dict(
@@ -72,6 +76,7 @@ def main() -> None:
         model.save_pretrained(args.out_dir, save_compressed=True)
         result["seconds"] = time.perf_counter() - start
         result["peak_rss_bytes"] = peak_rss_since_reset()
+        result["load_after"] = load_average()
     except Exception as err:  # a failed reference run is a result to report, not a crash
         result["error"] = failure_text(err)
     print("RESULT " + json.dumps(result), flush=True)

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from _compress_data import hessian
+from _compress_data import LayerInputs, hessian
 
 from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, rtn, sparsegpt
-from llmc_trace.algorithms.baseline import baseline_weight, damped_error
+from llmc_trace.algorithms.baseline import DampedError, baseline_weight, damped_error
+from llmc_trace.algorithms.hessian import damping_diagonal
 from llmc_trace.algorithms.sparsegpt import magnitude_prune
 
 PERCDAMP = 0.1
@@ -127,3 +128,112 @@ def test_gptq_and_sparsegpt_beat_their_baselines_on_the_same_terms(
     pruned = sparsegpt(W, H, 0.5, percdamp=PERCDAMP)
     magnitude = damped_error(W, baseline_weight(W, None, 0.5), H).loss(PERCDAMP)
     assert pruned.loss < 0.8 * magnitude
+
+
+def damped_error_before(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> DampedError:
+    """`damped_error` as of commit 4b67272: D @ H in full, 1024 rows at a time."""
+    D = W.to(H.device, torch.float32) - Q.to(H.device, torch.float32)
+    diagonal, dead = damping_diagonal(H)
+    D[:, dead] = 0
+    undamped = sum(((rows @ H) * rows).sum().item() for rows in D.split(1024))
+    return DampedError(float(undamped), D.pow(2).sum().item(), diagonal.mean().item())
+
+
+def test_the_half_product_equals_the_full_one(
+    correlated_inputs: Callable[..., torch.Tensor],
+) -> None:
+    """Taller than a chunk of rows, wider than a block of columns (and not a multiple of it),
+    with dead features: the symmetric half product gives the old full product's numbers."""
+    X = correlated_inputs(2048, 600, 3)
+    X[:, [0, 300, 599]] = 0
+    H = hessian(X)
+    W = torch.randn(1100, 600, generator=torch.Generator().manual_seed(3)) * 0.02
+    for Q in (rtn(W, QuantizationArgs(num_bits=3, group_size=40)).weight, W.round()):
+        new, old = damped_error(W, Q, H), damped_error_before(W, Q, H)
+        assert new.undamped == pytest.approx(old.undamped, rel=RTOL)
+        assert new.live_square == pytest.approx(old.live_square, rel=RTOL)
+        assert new.mean_diagonal == old.mean_diagonal
+
+
+BASELINE_CASES = {
+    "w4a16-static-bf16": (QuantizationArgs(num_bits=4, group_size=32, actorder="static"),
+                          torch.bfloat16, True),
+    "w3-g32": (QuantizationArgs(num_bits=3, group_size=32), torch.float32, True),
+    "w4-asym-mse-fp16": (QuantizationArgs(num_bits=4, group_size=64, symmetric=False,
+                                          observer="mse"), torch.float16, True),
+    "w8-channel-static": (QuantizationArgs(num_bits=8, strategy="channel", group_size=None,
+                                           actorder="static"), torch.float32, True),
+    "w4-tensor": (QuantizationArgs(num_bits=4, strategy="tensor", group_size=None),
+                  torch.float32, True),
+    "w4-group-order": (QuantizationArgs(num_bits=4, group_size=32, actorder="group"),
+                       torch.float32, True),
+    "w3-asym-in-sweep": (QuantizationArgs(num_bits=3, group_size=32, symmetric=False),
+                         torch.float32, False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BASELINE_CASES))
+@pytest.mark.parametrize("overwrite", [False, True], ids=["kept", "overwritten"])
+def test_gptq_measures_the_rtn_baseline_as_the_report_did(
+    problem: tuple[torch.Tensor, torch.Tensor], case: str, overwrite: bool
+) -> None:
+    """`gptq(baseline=True)` gives the loss the report computed from a second `rtn` of the layer
+    and `damped_error` before: the same scales reused (or rtn run afresh where they are not
+    rtn's), the same damping, the same number to float32 rounding."""
+    args, dtype, static_groups = BASELINE_CASES[case]
+    W, H = problem
+    W = W.to(dtype)
+    before = damped_error_before(W, baseline_weight(W, args), H)
+    result = gptq(
+        W, H.clone(), args, percdamp=PERCDAMP, static_groups=static_groups,
+        overwrite_hessian=overwrite, baseline=True,
+    )  # fmt: skip
+    assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)
+    assert gptq(W, H, args, percdamp=PERCDAMP).baseline_loss is None
+
+
+def test_the_rtn_baseline_counts_dead_columns_weights_in_its_scales(
+    problem: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """The dead columns' weights widen rtn's ranges though their inputs are always zero; GPTQ
+    fits its grid without them, so its scales are not rtn's there and rtn runs afresh."""
+    W, H = problem
+    W = W.clone()
+    W[:, DEAD] = 1.0  # far outside the other weights: rtn's groups with them get coarse
+    args = QuantizationArgs(num_bits=4, group_size=32)
+    before = damped_error_before(W, baseline_weight(W, args), H).loss(PERCDAMP)
+    result = gptq(W, H, args, percdamp=PERCDAMP, baseline=True)
+    assert result.baseline_loss == pytest.approx(before, rel=RTOL)
+    live = W.masked_fill(W == 1.0, 0)
+    tight = damped_error_before(live, baseline_weight(live, args), H).loss(PERCDAMP)
+    assert tight < 0.5 * before  # the case is one where the scales matter
+
+
+def test_the_rtn_baseline_on_a_refmodel_layer(down_proj: LayerInputs) -> None:
+    """Real activations (SwiGLU outlier channels), the default scheme's act-order."""
+    H = hessian(down_proj.X_calib)
+    W = down_proj.W.to(torch.bfloat16)
+    args = QuantizationArgs(num_bits=4, actorder="static")
+    before = damped_error_before(W, baseline_weight(W, args), H)
+    result = gptq(W, H.clone(), args, overwrite_hessian=True, baseline=True)
+    assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        QuantizationArgs(num_bits=4, strategy="tensor", group_size=None),
+        QuantizationArgs(num_bits=4, strategy="channel", group_size=None, actorder="static"),
+        QuantizationArgs(num_bits=4, group_size=32, symmetric=False, actorder="static"),
+    ],
+    ids=["tensor", "channel", "group"],
+)
+def test_the_rtn_baseline_of_a_weight_taller_than_a_chunk(
+    problem: tuple[torch.Tensor, torch.Tensor], args: QuantizationArgs
+) -> None:
+    """Rows are rounded a chunk at a time: each chunk must read its own rows' scales."""
+    W, H = problem
+    W = torch.cat([W * (1 + i) for i in range(40)])  # (1280, 128): rows' ranges all differ
+    before = damped_error_before(W, baseline_weight(W, args), H)
+    result = gptq(W, H, args, percdamp=PERCDAMP, baseline=True)
+    assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)

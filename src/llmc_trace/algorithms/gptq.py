@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.algorithms.baseline import DampedError, damped_error, rtn_damped_error
 from llmc_trace.algorithms.grid import SweepGrid
-from llmc_trace.algorithms.hessian import inverse_factor
-from llmc_trace.algorithms.quantize import QuantizedWeight
+from llmc_trace.algorithms.hessian import damping_diagonal, inverse_factor
+from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
 
@@ -30,6 +31,9 @@ class GPTQResult:
     """Damping that made H factorisable (the requested one unless it had to be raised)."""
     refinement: Refinement | None = None
     """What the coordinate descent after the sweep did; None when it was not asked for."""
+    baseline_loss: float | None = None
+    """Round-to-nearest's loss on the same terms (same H, same damping): what `damped_error`
+    gives for `rtn`'s weight. None unless `baseline=True` asked for it."""
 
 
 def gptq(
@@ -43,6 +47,7 @@ def gptq(
     refine_passes: int = 0,
     overwrite_hessian: bool = False,
     zeros: torch.Tensor | None = None,
+    baseline: bool = False,
 ) -> GPTQResult:
     """Quantize `W` (out, in) to `args`' grid, minimising the layer's output error under `H`.
 
@@ -90,6 +95,11 @@ def gptq(
     compensated by the columns after it, as SparseGPT compensates what it prunes; without the
     mask the sweep's updates would fill the pruned weights back in.
 
+    `baseline=True` also measures round-to-nearest's loss (`GPTQResult.baseline_loss`), before
+    `H` is overwritten, with the scales the sweep uses when they are `rtn`'s (fitted up front
+    from input-order groups, as by default): a report then needs no second quantization of the
+    layer.
+
     >>> from llmc_trace.algorithms import rtn
     >>> _ = torch.manual_seed(0)
     >>> W, X = torch.randn(8, 256), torch.randn(512, 256)  # weight (out, in), inputs (tokens, in)
@@ -113,39 +123,47 @@ def gptq(
         del permuted
         W = W[:, perm]
         zeros = zeros[:, perm] if zeros is not None else None
-    factor = inverse_factor(H, percdamp, overwrite=overwrite)
-    W[:, factor.dead] = 0
-    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
+    _, dead = damping_diagonal(H)  # inverse_factor's dead columns, needed before it runs
+    dead_weights = baseline and bool(W[:, dead].any())
+    W[:, dead] = 0
     grid = SweepGrid(
         W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
     )
+    rtn_error = _rtn_error(original, W, H, grid, perm, dead_weights) if baseline else None
+    factor = inverse_factor(H, percdamp, overwrite=overwrite)
+    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
     blocksize = grid.aligned(blocksize)
 
-    columns = W.shape[1]
+    rows, columns = W.shape
+    q = torch.empty(rows, device=W.device)  # the column being fixed, dequantized
     loss = torch.zeros((), device=W.device)
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
+        W1 = W[:, i1:i2].clone()  # (out, block): the rank-1 updates' layout fixes their bits
+        Q1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out) integers, row i = column i
+        Err1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out)
         Hinv1 = H_inv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            w = W1[:, i]
-            d = Hinv1[i, i]
+        # views made once per block, so that the column loop allocates no tensor
+        columns_of_block = zip(W1.unbind(1), Q1.unbind(), Err1.unbind(), Hinv1.diagonal().unbind())
+        for i, (w, integers, err, d) in enumerate(columns_of_block):
             if grid.starts_group(i1 + i):
                 group = W1[:, i : i + grid.group_size]
                 if zeros is not None:  # the range the kept weights need
                     group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
                 grid.fit(i1 + i, group)
-            err = (w - grid.quantize(i1 + i, w)) / d
-            W1[:, i:].addr_(
-                err, Hinv1[i, i:], alpha=-1
-            )  # rank-1, in place: no (out, block) temporary
-            Err1[:, i] = err
+            grid.quantize_into(i1 + i, w, integers, q)
+            torch.sub(w, q, out=err).div_(d)
+            W1[:, i:].addr_(err, Hinv1[i, i:], alpha=-1)  # rank-1, in place
+        grid.set_block(i1, Q1)
+        Err1 = Err1.T.contiguous()  # (out, block), the layout the lazy update's bits depend on
         loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
+    baseline_loss = rtn_error.loss(factor.percdamp) if rtn_error is not None else None
     if not refine_passes:
-        return GPTQResult(grid.result(perm, dtype), loss.item(), factor.percdamp)
+        return GPTQResult(
+            grid.result(perm, dtype), loss.item(), factor.percdamp, baseline_loss=baseline_loss
+        )
     # the descent needs the original weight and the damped H itself, not the sweep's state
     percdamp, dead = factor.percdamp, factor.dead
     del W, W1, Err1
@@ -156,4 +174,25 @@ def gptq(
         W = W[:, perm]
     W[:, dead] = 0
     refined = coordinate_descent(W, H_damped, grid, max_passes=refine_passes, blocksize=blocksize)
-    return GPTQResult(grid.result(perm, dtype), refined.loss, percdamp, refined)
+    return GPTQResult(grid.result(perm, dtype), refined.loss, percdamp, refined, baseline_loss)
+
+
+def _rtn_error(
+    original: torch.Tensor,
+    W: torch.Tensor,
+    H: torch.Tensor,
+    grid: SweepGrid,
+    perm: torch.Tensor | None,
+    dead_weights: bool,
+) -> DampedError:
+    """Round-to-nearest's error on the sweep's terms (`W`, `H` and `grid` in sweep order).
+
+    The grid's up-front scales are `rtn`'s unless they are fitted in the sweep, cover groups of
+    sweep-order columns (`actorder="group"`), or were fitted without the nonzero weights of a
+    dead column (`dead_weights`; GPTQ zeroes those columns first): then `rtn` runs afresh.
+    """
+    if grid.fits_in_sweep or grid.args.actorder == "group" or dead_weights:
+        Q = rtn(original, grid.args).weight
+        assert Q is not None  # a fresh result carries its dense weight
+        return damped_error(W, Q if perm is None else Q[:, perm], H)
+    return rtn_damped_error(W, H, grid)

@@ -91,6 +91,11 @@ class SweepGrid:
             # (groups, rows); (1, 1) per tensor
             self._scales = scale.reshape(scale.shape[0], -1).T.float().contiguous()
             self._zero_points = zero_point.reshape(scale.shape[0], -1).T.float().contiguous()
+        # One view per group, made once: `quantize_into` then reads a column's scale and zero
+        # point by a list lookup. `fit` writes into these rows in place, so the views stay valid.
+        self._scale_rows = self._scales.unbind()
+        self._zero_point_rows = self._zero_points.unbind()
+        self._zero_columns = zeros.T.contiguous().unbind() if zeros is not None else None
         self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
 
     def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
@@ -113,13 +118,34 @@ class SweepGrid:
         self._scales[group] = scale[:, 0]
         self._zero_points[group] = zero_point[:, 0]
 
-    def quantize(self, column: int, w: torch.Tensor) -> torch.Tensor:
-        """Round the column `w` (out,) at sweep position `column`; return it dequantized."""
+    def quantize_into(
+        self, column: int, w: torch.Tensor, integers: torch.Tensor, dequantized: torch.Tensor
+    ) -> None:
+        """Round the column `w` (out,) at sweep position `column` to its grid: the integers into
+        `integers`, their grid values into `dequantized` (both (out,) float32; `dequantized`
+        may be `w` itself). Call `set_block` to keep the integers.
+
+        The sweeps' per-column step, so it allocates nothing: every op writes into the given
+        buffers. The arithmetic is `round_to_grid`'s and `dequantize`'s, op for op, so the
+        results are bit for bit theirs; a symmetric grid's zero point is 0 and is not added.
+        """
         group = self.group_of[column]
-        integers = round_to_grid(w, self._scales[group], self._zero_points[group], self.args)
-        if self.zeros is not None:
-            integers = torch.where(self.zeros[:, column], self._zero_points[group], integers)
-        return self.set(column, integers)
+        s, z = self._scale_rows[group], self._zero_point_rows[group]
+        torch.div(w, s, out=integers)
+        if not self.args.symmetric:
+            integers.add_(z)
+        integers.round_().clamp_(self.args.qmin, self.args.qmax)
+        if self._zero_columns is not None:
+            torch.where(self._zero_columns[column], z, integers, out=integers)
+        if self.args.symmetric:
+            torch.mul(integers, s, out=dequantized)
+        else:
+            torch.sub(integers, z, out=dequantized).mul_(s)
+
+    def set_block(self, column: int, integers: torch.Tensor) -> None:
+        """Keep the integers (k, out), float32, chosen for sweep positions `column` to
+        `column + k`: one conversion per block instead of one per column."""
+        self.int_weight[:, column : column + integers.shape[0]] = integers.T
 
     def qparams(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 scales and zero points of the sweep positions `columns`, each (out, k);
@@ -131,6 +157,18 @@ class SweepGrid:
         """The chosen integers of the sweep positions `columns`, dequantized, (out, k) float32."""
         s, z = self.qparams(columns)
         return (self.int_weight[:, columns].float() - z) * s
+
+    def nearest(self, W: torch.Tensor, row: int) -> torch.Tensor:
+        """Round-to-nearest of `W` (k, in), rows `row` to `row + k` of the sweep-order weight:
+        each weight on its nearest grid point with the scales fitted up front, dequantized in
+        the scales' dtype (as `dequantize` stores a weight) and returned in float32."""
+        assert not self.fits_in_sweep  # scales fitted in the sweep exist only as it goes
+        s, z = self._scales.T, self._zero_points.T  # (out, groups); (1, 1) per tensor
+        if self.args.strategy != "tensor":
+            s, z = s[row : row + W.shape[0]], z[row : row + W.shape[0]]
+        if s.shape[1] > 1:  # gathered row-major, so every op below runs on contiguous rows
+            s, z = s.contiguous()[:, self._group_index], z.contiguous()[:, self._group_index]
+        return ((round_to_grid(W, s, z, self.args) - z) * s).to(self.scale_dtype).float()
 
     def nearer(self, columns: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Integers of the grid points nearest `target` (out, k) at the sweep positions

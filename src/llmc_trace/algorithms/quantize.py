@@ -158,18 +158,30 @@ def round_to_grid(
     )
 
 
-def _per_column(
-    qparam: torch.Tensor, args: QuantizationArgs, in_features: int, g_idx: torch.Tensor | None
-) -> torch.Tensor:
-    """Spread a scale or zero point to broadcast against a weight (out, in)."""
+def _broadcast(
+    W: torch.Tensor,
+    qparam: torch.Tensor,
+    args: QuantizationArgs,
+    g_idx: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`W` (out, in) and a scale or zero point, shaped to broadcast against each other.
+
+    Groups of consecutive columns become (out, groups, group_size) against (out, groups, 1):
+    views, where gathering the qparam to every column would copy a weight-sized tensor. Only
+    a `g_idx` (groups that are not runs of columns) or a last group shorter than the others
+    needs that gather. Reshape results to `W.shape`.
+    """
     if args.strategy == "tensor":
-        return qparam.reshape(1, 1)
+        return W, qparam.reshape(1, 1)
     if args.strategy == "channel":
-        return qparam
+        return W, qparam
     assert args.group_size is not None  # guaranteed by QuantizationArgs
+    in_features = W.shape[1]
+    if g_idx is None and in_features % args.group_size == 0:
+        return W.reshape(W.shape[0], -1, args.group_size), qparam.unsqueeze(-1)
     if g_idx is None:
         g_idx = torch.arange(in_features, device=qparam.device) // args.group_size
-    return qparam[:, g_idx.long()]
+    return W, qparam[:, g_idx.long()]
 
 
 def quantize_to_int(
@@ -183,10 +195,9 @@ def quantize_to_int(
 
     `g_idx` maps each input column to its group when groups are not consecutive columns.
     """
-    in_features = W.shape[1]
-    s = _per_column(scale, args, in_features, g_idx)
-    z = _per_column(zero_point, args, in_features, g_idx)
-    return round_to_grid(W, s, z, args).to(torch.int8)
+    weights, s = _broadcast(W, scale, args, g_idx)
+    _, z = _broadcast(W, zero_point, args, g_idx)
+    return round_to_grid(weights, s, z, args).to(torch.int8).reshape(W.shape)
 
 
 def dequantize(
@@ -202,10 +213,10 @@ def dequantize(
     The product is exact in float32 for up to 8-bit integers and bf16/fp16/fp32 scales, so the
     single rounding to `dtype` gives the same bits as compressed-tensors' `dequantize`.
     """
-    in_features = int_weight.shape[1]
-    s = _per_column(scale, args, in_features, g_idx).float()
-    z = _per_column(zero_point, args, in_features, g_idx).float()
-    return ((int_weight.float() - z) * s).to(dtype or scale.dtype)
+    integers, s = _broadcast(int_weight, scale, args, g_idx)
+    _, z = _broadcast(int_weight, zero_point, args, g_idx)
+    weight = (integers.float() - z.float()) * s.float()
+    return weight.to(dtype or scale.dtype).reshape(int_weight.shape)
 
 
 def fake_quantize(

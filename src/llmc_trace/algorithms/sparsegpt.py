@@ -93,38 +93,44 @@ def sparsegpt(
     Q = torch.zeros_like(W)
     pruned = torch.zeros_like(W, dtype=torch.bool)
     loss = torch.zeros((), device=W.device)
+    zero = torch.zeros((), device=W.device)  # what a pruned weight becomes
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        W1 = W[:, i1:i2].clone()
-        Q1 = torch.zeros_like(W1)
-        Err1 = torch.zeros_like(W1)
+        W1 = W[:, i1:i2].clone()  # (out, block): the rank-1 updates' layout fixes their bits
+        Q1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out), row i = column i
+        Err1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out)
+        integers = torch.empty(i2 - i1, rows, device=W.device)  # (block, out), when quantizing
         Hinv1 = H_inv[i1:i2, i1:i2]
-        mask1 = torch.zeros_like(W1, dtype=torch.bool)
+        d2 = torch.diag(Hinv1) ** 2  # (block,)
         if nm is None:
             assert not isinstance(sparsity, tuple)
             count = round(sparsity * rows * i2) - round(sparsity * rows * i1)
-            mask1 = _lowest(W1**2 / torch.diag(Hinv1).reshape(1, -1) ** 2, count)
-        for i in range(i2 - i1):
-            w = W1[:, i]
-            d = Hinv1[i, i]
+            mask1 = _lowest(W1**2 / d2.reshape(1, -1), count)
+        else:
+            mask1 = torch.zeros_like(W1, dtype=torch.bool)
+        # views made once per block, so that the column loop allocates no tensor
+        columns_of_block = zip(
+            W1.unbind(1), mask1.unbind(1), Q1.unbind(), Err1.unbind(), integers.unbind(),
+            Hinv1.diagonal().unbind(),
+        )  # fmt: skip
+        for i, (w, prune, q, err, integer, d) in enumerate(columns_of_block):
             if nm is not None and i % nm[1] == 0:
-                scores = W1[:, i : i + nm[1]] ** 2 / torch.diag(Hinv1)[i : i + nm[1]] ** 2
+                scores = W1[:, i : i + nm[1]] ** 2 / d2[i : i + nm[1]]
                 mask1[:, i : i + nm[1]] = _n_m_mask(scores, *nm)
-            q = w.masked_fill(mask1[:, i], 0)
+            torch.where(prune, zero, w, out=q)
             if grid is not None:
                 if grid.starts_group(i1 + i):
                     group = slice(i, i + grid.group_size)
                     grid.fit(i1 + i, W1[:, group].masked_fill(mask1[:, group], 0))
-                q = grid.quantize(i1 + i, q)
-            Q1[:, i] = q
-            loss += (w - q).pow(2).sum() / d**2 / 2
-            err = (w - q) / d
-            W1[:, i:].addr_(
-                err, Hinv1[i, i:], alpha=-1
-            )  # rank-1, in place: no (out, block) temporary
-            Err1[:, i] = err
-        Q[:, i1:i2] = Q1
+                grid.quantize_into(i1 + i, q, integer, q)
+            torch.sub(w, q, out=err).div_(d)
+            W1[:, i:].addr_(err, Hinv1[i, i:], alpha=-1)  # rank-1, in place
+        if grid is not None:
+            grid.set_block(i1, integers)
+        Q[:, i1:i2] = Q1.T
         pruned[:, i1:i2] = mask1
+        Err1 = Err1.T.contiguous()  # (out, block), the layout the lazy update's bits depend on
+        loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2, as GPTQ's
         W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
 
     quantized = grid.result(None, dtype) if grid is not None else None
@@ -150,9 +156,19 @@ def magnitude_prune(W: torch.Tensor, sparsity: Sparsity = 0.5) -> tuple[torch.Te
 
 
 def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
-    """Mask of the `count` lowest entries of `scores` (ties broken by position)."""
-    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
-    mask[torch.argsort(scores.flatten(), stable=True)[:count]] = True
+    """Mask of the `count` lowest entries of `scores` (ties broken by position).
+
+    What the first `count` of a stable argsort select, found with one selection (`kthvalue`)
+    instead of a sort: every entry below the count-th lowest value, then the first entries
+    equal to it, in order, until there are `count`.
+    """
+    flat = scores.flatten()
+    if count <= 0 or count >= flat.numel():
+        return torch.full_like(scores, count > 0, dtype=torch.bool)
+    threshold = flat.kthvalue(count).values
+    mask = flat < threshold
+    ties = flat == threshold
+    mask |= ties & (ties.cumsum(0) <= count - mask.sum())
     return mask.reshape(scores.shape)
 
 
