@@ -143,7 +143,6 @@ class LayerSolver:
             raise RuntimeError(f"{name} saw no calibration inputs; the pipeline did not run it")
         if method == GPTQ:
             assert args is not None and H is not None
-            baseline = damped_error(W, baseline_weight(W, args), H)  # before H is overwritten
             result = gptq(
                 W,
                 H,
@@ -153,9 +152,10 @@ class LayerSolver:
                 refine_passes=self.refine_passes,
                 overwrite_hessian=last_use,
                 zeros=W == 0 if name in self.keep_zeros else None,
+                baseline=True,  # measured before H is overwritten, with GPTQ's own scales
             )
             self._store(name, layer, result.quantized)
-            return result.loss, baseline.loss(result.percdamp)
+            return result.loss, result.baseline_loss
         if method == RTN:
             assert args is not None
             self._store(name, layer, rtn(W, args))
