@@ -134,6 +134,11 @@ def vocab_size_of(config: PretrainedConfig) -> int:
         value = vars(candidate).get("vocab_size")
         if isinstance(value, int) and value > 0:
             return value
+    # translation models with one vocabulary per side (FSMT's src_ and tgt_vocab_size): ids
+    # below the smaller one are tokens of both
+    sides = [v for k, v in vars(config).items() if k.endswith("_vocab_size") and type(v) is int]
+    if sides and min(sides) > 0:
+        return min(sides)
     raise BadInputError(
         f"The {config.model_type} config names no vocabulary size, so no text sample can be built.",
         hint="Pass a model whose config (or text_config) has vocab_size.",

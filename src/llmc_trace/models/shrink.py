@@ -63,6 +63,7 @@ WIDTH_KEYS = (
     "mamba_expand_size",
     "attention_hidden_size",
     "lru_width",
+    "embedding_dim",  # xLSTM
 )
 LAYER_KEYS = (
     "num_hidden_layers",
@@ -75,6 +76,7 @@ LAYER_KEYS = (
     "depth",
     "num_encoder_layers",
     "num_global_layers",
+    "num_blocks",  # xLSTM
 )
 LAYER_LIST_KEYS = (
     "layer_types",
@@ -90,6 +92,7 @@ TOP_K_KEYS = (
     "moe_topk",
     "num_experts_per_token",
     "top_k_experts",  # Gemma 4
+    "moe_k",  # ERNIE 4.5
 )
 VOCAB_LIMIT = 1024
 EXPERTS = 4
@@ -323,10 +326,13 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
     configs = [config, *_sub_configs(config)]
     limit = None
     for sub in configs:
-        vocab = vars(sub).get("vocab_size")
-        if isinstance(vocab, int) and vocab > VOCAB_LIMIT:
-            sub.vocab_size = VOCAB_LIMIT
-            limit = VOCAB_LIMIT
+        for key, vocab in list(vars(sub).items()):
+            # every table indexed by ids: vocab_size, and src_/tgt_vocab_size (FSMT), hash
+            # n-gram vocabularies (BLT's 500002 rows, six tables of them), ...
+            is_vocabulary = key.endswith(("vocab_size", "_vocab"))
+            if is_vocabulary and type(vocab) is int and vocab > VOCAB_LIMIT:
+                setattr(sub, key, VOCAB_LIMIT)
+                limit = VOCAB_LIMIT
     if limit is None:
         return
     moved: dict[int, int] = {}

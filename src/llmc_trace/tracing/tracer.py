@@ -28,6 +28,7 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
@@ -590,6 +591,10 @@ class LlmcTracer(fx.Tracer):
             fields = {key: self.create_arg(value) for key, value in a.items()}
             class_path = f"{type(a).__module__}.{type(a).__qualname__}"
             return self.create_node("call_function", build_model_output, (class_path, fields), {})
+        if isinstance(a, np.generic):
+            # a NumPy scalar (CTRL scales by np.sqrt(d_model)) is the Python number it holds:
+            # the generated code cannot name NumPy, and torch treats both alike
+            return super().create_arg(a.item())
         if id(a) in self._object_paths:  # never a literal: those are left out of the paths
             node = self.create_node("get_attr", self._object_paths[id(a)], (), {})
             return self._holding(node, a, True)

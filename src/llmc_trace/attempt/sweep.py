@@ -1,0 +1,348 @@
+"""``coverage --all``: trace every generative model type of the installed transformers.
+
+A user asks "does my architecture trace?" before downloading 100 GB, and every transformers
+release may break an architecture no built-in covers. So each model type of transformers'
+generative auto mappings (:func:`~llmc_trace.models.defaults.generative_types`) is built from
+its config class's defaults shrunk to a tiny twin, given a sample for every modality it takes,
+traced with the default sequential targets, replayed against its own eager forward, and on a
+failure fixed as ``attempt --fix`` would. Each row says what happened and where:
+
+* ``verified``: traced and replayed exactly, with the fix it needed if any;
+* ``not_traceable``: tracing stopped, located as ``attempt`` locates it (kind, file and line,
+  module) after the fix search;
+* ``mismatch``: traced, but the replay differs from eager;
+* ``twin``, ``sample``, ``timeout``: ours too: the shrunk twin could not be built or run where
+  the full-size model can, the forward needs an input no sample builder makes, or the type
+  took longer than its share of the sweep;
+* ``transformers``: transformers itself cannot build the default config, or run it eagerly at
+  full size (on ``meta``, operation by operation, see
+  :class:`~llmc_trace.tracing.values.MixedExecution`): listed apart, with its own error, and
+  not counted against the tracer.
+
+Types run in worker processes (one torch thread each), so the sweep's time is the slowest
+worker's share; the rows come back sorted, whatever order the workers finish in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import multiprocessing
+import resource
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import torch
+import transformers
+from transformers import PretrainedConfig, PreTrainedModel
+
+from llmc_trace.attempt.run import settle
+from llmc_trace.core.progress import Progress, no_progress
+from llmc_trace.errors import LlmcTraceError
+from llmc_trace.models.build import build_meta_model_of, twin_of_class
+from llmc_trace.models.defaults import default_config, generative_types
+from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
+from llmc_trace.traced.model import trace_model
+from llmc_trace.traced.twin import verify_on_sample
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.trace import concrete_arguments
+from llmc_trace.tracing.values import MixedExecution
+
+#: Outcomes that are transformers' own, not the tracer's: listed apart, never counted.
+NOT_COUNTED = ("transformers",)
+#: A short sequence: the twin's code paths do not depend on its length, its seconds do.
+SAMPLE = SampleOptions(seq_len=16)
+#: Seconds one model type may take (build, every modality, fix search) before it is abandoned.
+TYPE_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One model type and modality, and what became of it (see the module docstring)."""
+
+    model_type: str
+    model_class: str
+    modality: str
+    outcome: str
+    fix: str
+    problem: str
+    subgraphs: int
+    seconds: float
+
+    @property
+    def verified(self) -> bool:
+        return self.outcome == "verified"
+
+    @property
+    def counted(self) -> bool:
+        return self.outcome not in NOT_COUNTED
+
+
+class TypeTimeout(Exception):
+    """A model type ran past :data:`TYPE_TIMEOUT_S`."""
+
+
+def sweep(
+    model_types: list[str] | None = None,
+    *,
+    fix: bool = True,
+    workers: int = 2,
+    progress: Progress | None = None,
+) -> list[SweepRow]:
+    """Sweep ``model_types`` (default: every generative type) in ``workers`` processes."""
+    report_progress = progress or no_progress
+    known = generative_types()
+    chosen = model_types or list(known)
+    unknown = [t for t in chosen if t not in known]
+    if unknown:
+        raise ValueError(f"not generative model types of this transformers: {unknown}")
+    rows: list[SweepRow] = []
+    if workers <= 1:
+        for index, model_type in enumerate(chosen):
+            report_progress(model_type, index, len(chosen))
+            rows.extend(sweep_type(model_type, known[model_type], fix=fix))
+    else:
+        context = multiprocessing.get_context("fork")  # the parent's imports come for free
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+            futures = [pool.submit(sweep_type, t, known[t], fix=fix) for t in chosen]
+            for done, future in enumerate(as_completed(futures)):
+                rows.extend(future.result())
+                report_progress(rows[-1].model_type, done + 1, len(chosen))
+    report_progress("done", len(chosen), len(chosen))
+    return sorted(rows, key=lambda row: (row.model_type, row.modality))
+
+
+def sweep_type(model_type: str, class_name: str, *, fix: bool = True) -> list[SweepRow]:
+    """Build ``model_type``'s twin from its default config and sweep each of its modalities."""
+    start = time.perf_counter()
+
+    def row(modality: str, outcome: str, problem: str = "", fix_used: str = "", count: int = 0):
+        elapsed = round(time.perf_counter() - start, 2)
+        return SweepRow(
+            model_type, class_name, modality, outcome, fix_used, problem, count, elapsed
+        )
+
+    try:
+        with _time_limit(TYPE_TIMEOUT_S):
+            cls = getattr(transformers, class_name)
+            try:
+                config = default_config(model_type)
+            except Exception as err:  # noqa: BLE001 - transformers' own verdict on its default
+                return [row("-", "transformers", _said(err))]
+            try:
+                twin = twin_of_class(cls, config)
+            except ImportError as err:  # an optional dependency transformers needs for it
+                return [row("-", "transformers", _said(err))]
+            except Exception as err:  # noqa: BLE001 - whose fault: the full size decides
+                full_error = _full_size_error(cls, config)
+                if full_error is not None:
+                    return [row("-", "transformers", full_error)]
+                return [row("-", "twin", f"twin does not build: {_said(err)}")]
+            rows = []
+            for modality in supported_modalities(twin.config):
+                start = time.perf_counter()  # each modality's own seconds (build: the first's)
+                rows.append(_sweep_modality(cls, config, twin, modality, fix, row))
+            return rows
+    except TypeTimeout:
+        return [row("-", "timeout", f"over {TYPE_TIMEOUT_S} s")]
+
+
+def _sweep_modality(
+    cls: type[PreTrainedModel],
+    config: PretrainedConfig,
+    twin: PreTrainedModel,
+    modality: str,
+    fix: bool,
+    row: Callable[..., SweepRow],
+) -> SweepRow:
+    try:
+        sample = make_sample(twin.config, modality, SAMPLE)
+    except Exception as err:  # noqa: BLE001 - no sample of this modality can be built here
+        return row(modality, "sample", _said(err))
+    missing = _required_inputs(twin, sample)
+    if missing:
+        return row(modality, "sample", f"forward requires {', '.join(missing)}; no sample has it")
+    twin_error = _eager_error(twin, sample)
+    if twin_error is not None:
+        full_error = _full_size_error(cls, config, modality)
+        if full_error is not None:
+            return row(modality, "transformers", full_error)
+        return row(modality, "twin", f"twin does not run: {twin_error}")
+    options = TracingOptions.parse(twin, [], None)
+    traced = trace_model(twin, sample, options, name=type(twin).__name__)
+    settled = settle(traced, verify_on_sample, fix=fix)
+    attempt = settled.attempt
+    fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
+    if attempt.ok:
+        return row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
+    failure = attempt.failure
+    if failure is not None:
+        where = f" at {failure.location}" if failure.location else ""
+        inside = f" in {failure.module_path} ({failure.module_class})" if failure.module_path else ""
+        return row(modality, "not_traceable", f"{failure.kind}{where}{inside}")
+    problems = attempt.check.verification.problems if attempt.check else []
+    return row(modality, "mismatch", "; ".join(problems)[:300], fix_used)
+
+
+def _required_inputs(model: torch.nn.Module, sample: dict[str, Any]) -> list[str]:
+    """Parameters of ``forward`` without a default that the sample does not give."""
+    parameters = inspect.signature(model.forward).parameters.values()
+    return [
+        p.name
+        for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in sample
+    ]
+
+
+def _eager_error(model: torch.nn.Module, sample: dict[str, Any]) -> str | None:
+    try:
+        with torch.no_grad():
+            model(**sample, **concrete_arguments(model, {}))
+    except Exception as err:  # noqa: BLE001 - any error is the verdict
+        return _said(err)
+    return None
+
+
+def _full_size_error(
+    cls: type[PreTrainedModel], config: PretrainedConfig, modality: str | None = None
+) -> str | None:
+    """transformers' own error when it cannot build the full-size default model or (given a
+    ``modality``) run it eagerly: on ``meta``, reading values through phantoms, so no memory
+    and no arithmetic at full size. Only asked after the twin failed: the answer says whose
+    failure that was."""
+    try:
+        full = build_meta_model_of(cls, copy.deepcopy(config))
+        if modality is None:
+            return None
+        sample = make_sample(full.config, modality, SAMPLE)
+        with torch.no_grad(), MixedExecution():
+            full(**sample, **concrete_arguments(full, {}))
+    except Exception as err:  # noqa: BLE001 - any error is the verdict
+        return _said(err)
+    return None
+
+
+def _said(err: BaseException) -> str:
+    """The first line of an error, as transformers (or we) said it."""
+    text = err.message if isinstance(err, LlmcTraceError) else str(err)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(err).__name__}: {first}"[:300]
+
+
+def _one_thread() -> None:
+    """Workers share the machine's cores: one torch thread each."""
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int) -> Iterator[None]:
+    """Raise :class:`TypeTimeout` in this (main) thread after ``seconds``."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise TypeTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process and its finished workers have used: on a shared machine the
+    sweep's wall time says more about the neighbours than about the sweep."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN
+    )
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
+def sweep_document(
+    rows: list[SweepRow], elapsed_s: float, cpu_s: float, workers: int
+) -> dict[str, Any]:
+    """The sweep as ``--json`` prints it and the README's table is generated from."""
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "elapsed_s": round(elapsed_s, 1),
+        "cpu_s": round(cpu_s, 1),
+        "workers": workers,
+        "summary": summarize(rows),
+        "rows": [vars(row) for row in rows],
+    }
+
+
+def summarize(rows: list[SweepRow]) -> dict[str, Any]:
+    """Types counted (some modality transformers can run), verified (every counted modality
+    verified), and the share; the types transformers cannot run, apart."""
+    by_type: dict[str, list[SweepRow]] = {}
+    for row in rows:
+        by_type.setdefault(row.model_type, []).append(row)
+    counted = {t: [r for r in rs if r.counted] for t, rs in by_type.items()}
+    counted = {t: rs for t, rs in counted.items() if rs}
+    verified = sorted(t for t, rs in counted.items() if all(r.verified for r in rs))
+    return {
+        "types": len(by_type),
+        "counted": len(counted),
+        "verified": len(verified),
+        "verified_share": round(len(verified) / len(counted), 4) if counted else 0.0,
+        "failed": sorted(set(counted) - set(verified)),
+        "transformers_cannot_run": sorted(set(by_type) - set(counted)),
+    }
+
+
+def sweep_table(document: dict[str, Any]) -> str:
+    """The README's table from a sweep document: one row per model type, then the types
+    transformers itself cannot run, with its error."""
+    rows = [SweepRow(**row) for row in document["rows"]]
+    summary = document["summary"]
+    lines = [
+        f"`llmc-trace coverage --all` on transformers {document['transformers']} (torch "
+        f"{document['torch']}): {summary['verified']} of the {summary['counted']} generative "
+        f"model types transformers can run verified ({100 * summary['verified_share']:.1f} %), "
+        f"in {document['elapsed_s']:.0f} s with {document['workers']} workers "
+        f"({document['cpu_s']:.0f} CPU seconds in all).",
+        "",
+        "| model type | class | verified | fix | not verified: where |",
+        "|---|---|---|---|---|",
+    ]
+    apart = []
+    for model_type in sorted({row.model_type for row in rows}):
+        mine = [row for row in rows if row.model_type == model_type]
+        counted = [row for row in mine if row.counted]
+        if not counted:
+            apart.append(f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |")
+            continue
+        good = ", ".join(row.modality for row in counted if row.verified) or "no"
+        fixes = "; ".join(f"`{row.fix}`" for row in counted if row.fix)
+        bad = "; ".join(
+            f"{row.modality}: {row.outcome}: {_cell(row.problem)}"
+            for row in mine
+            if not row.verified
+        )
+        lines.append(f"| {model_type} | {mine[0].model_class} | {good} | {fixes} | {bad} |")
+    lines += [
+        "",
+        "Not counted: transformers itself cannot build these default configs, or run them "
+        "eagerly at full size (its own error):",
+        "",
+        "| model type | class | transformers' error |",
+        "|---|---|---|",
+        *apart,
+    ]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
