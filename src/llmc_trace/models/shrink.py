@@ -295,7 +295,7 @@ def _shrink_experts(config: PretrainedConfig) -> None:
 _SIZE_NAME = re.compile(r"(dim|size|hidden|width)")
 _NOT_A_WIDTH = re.compile(
     r"(vocab|position|max_|window|patch|image|chunk|kernel|conv|state|"
-    r"bucket|rope|sliding|token|length|group_size|num_)"
+    r"bucket|rope|sliding|token|length|group_size|num_|head_dim)"
 )
 
 
@@ -306,11 +306,30 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
     old width, the twin would grow a projection the real model does not have.
     """
     for key, value in list(vars(config).items()):
+        if _is_split_of_width(key, value, renamed):
+            # a width split into parts (Reformer's axial_pos_embds_dim sums to hidden_size):
+            # every part shrinks by the width's ratio
+            ratio = Fraction(renamed[sum(value)], sum(value))
+            parts = [part * ratio for part in value]
+            if all(part.denominator == 1 for part in parts):
+                setattr(config, key, type(value)(int(part) for part in parts))
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
             continue
         if key in WIDTH_KEYS or (_SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key)):
             if renamed[value] != value:
                 setattr(config, key, renamed[value])
+
+
+def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 1
+        and all(type(part) is int for part in value)
+        and sum(value) in renamed
+        and bool(_SIZE_NAME.search(key))
+        and not _NOT_A_WIDTH.search(key)
+    )
 
 
 def _is_token_field(key: str) -> bool:
