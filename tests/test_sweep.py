@@ -81,3 +81,30 @@ def test_summary_counts_only_what_transformers_can_run() -> None:
     assert summary["transformers_cannot_run"] == ["b"]
     assert (summary["counted"], summary["verified"], summary["failed"]) == (2, 1, ["c"])
     assert verified_types([vars(r) for r in rows]) == {"a"}
+
+
+def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatch) -> None:
+    """A real checkpoint of a swept type gets the sweep's fix as its first and only retry,
+    proved on the model itself, instead of the search."""
+    import torch
+    from transformers import PretrainedConfig
+
+    from llmc_trace.attempt import run
+    from llmc_trace.traced.model import trace_model
+    from llmc_trace.traced.twin import verify_on_sample
+    from llmc_trace.tracing.options import TracingOptions
+    from tests.patterns import untraceable as patterns
+
+    model = patterns.Wrapper(patterns.ValueBranch()).eval()
+    model.config = PretrainedConfig()
+    model.config.model_type = "toy"
+    offered = {("toy", "text"): ["ValueBranch.prepare"]}
+    monkeypatch.setattr(run, "swept_fix", lambda t, m: offered.get((t, m), []))
+    sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 3]])}
+    options = TracingOptions(sequential_targets=("Block",))
+    traced = trace_model(model, sample, options, name="toy")
+    assert traced.failure is not None
+    settled = run.settle(traced, verify_on_sample, fix=True)
+    assert settled.attempt.ok
+    assert [t.ignore for t in settled.tried] == [["ValueBranch.prepare"]]
+    assert "coverage --all" in settled.tried[0].description

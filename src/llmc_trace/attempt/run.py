@@ -175,7 +175,8 @@ def _try_swept_fix(
         attempt = retry(entries)
     except BadInputError:  # an entry of another release that does not apply here
         return None
-    outcome = "verified" if attempt.ok else "still fails" if attempt.failure else "verification failed"
+    failed = "still fails" if attempt.failure else "verification failed"
+    outcome = "verified" if attempt.ok else failed
     return attempt, FixAttempt(description, entries, outcome)
 
 

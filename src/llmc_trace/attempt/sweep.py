@@ -122,7 +122,9 @@ def sweep_type(model_type: str, class_name: str, *, fix: bool = True) -> list[Sw
     """Build ``model_type``'s twin from its default config and sweep each of its modalities."""
     start = time.perf_counter()
 
-    def row(modality: str, outcome: str, problem: str = "", fix_used: str = "", count: int = 0):
+    def row(
+        modality: str, outcome: str, problem: str = "", fix_used: str = "", count: int = 0
+    ) -> SweepRow:
         elapsed = round(time.perf_counter() - start, 2)
         return SweepRow(
             model_type, class_name, modality, outcome, fix_used, problem, count, elapsed
@@ -184,7 +186,7 @@ def _sweep_modality(
     failure = attempt.failure
     if failure is not None:
         where = f" at {failure.location}" if failure.location else ""
-        inside = f" in {failure.module_path} ({failure.module_class})" if failure.module_path else ""
+        inside = f" in {failure.module_path} ({failure.module_class})"
         return row(modality, "not_traceable", f"{failure.kind}{where}{inside}")
     problems = attempt.check.verification.problems if attempt.check else []
     return row(modality, "mismatch", "; ".join(problems)[:300], fix_used)

@@ -27,6 +27,10 @@ GENERATIVE_MAPPINGS = (
 OVERRIDES: dict[str, dict[str, Any]] = {
     # ReformerModelWithLMHead asserts is_decoder=True; the default config is an encoder's
     "reformer": {"is_decoder": True},
+    # the default names no image token, so the model has nowhere to put the Q-Former's output
+    # (the processor of every published checkpoint adds one); any text id serves
+    "blip-2": {"image_token_index": 50000},
+    "instructblip": {"image_token_index": 30000},
 }
 
 

@@ -434,11 +434,37 @@ def instructblip_image(
         ),
         "qformer_attention_mask": torch.ones_like(text),
         "pixel_values": torch.randn(
-            options.batch_size, vision.num_channels, side, side, generator=generator
+            options.batch_size, getattr(vision, "num_channels", 3), side, side, generator=generator
         ),
     }
     if not config.use_decoder_only_language_model:
         sample["decoder_input_ids"] = decoder_tokens(config, options, generator)
+    return sample
+
+
+@sample_builder("image", "blip-2")
+def blip2_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """InstructBLIP's image batch without its instruction for the Q-Former: BLIP-2's Q-Former
+    reads only the image."""
+    sample = instructblip_image(config, options, generator)
+    del sample["qformer_input_ids"], sample["qformer_attention_mask"]
+    return sample
+
+
+@sample_builder("image", "blip")
+def blip_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """An image and a caption: BLIP's text decoder cross-attends to the image, no placeholders."""
+    sample = text_sample(config, options, generator)
+    vision = config.vision_config
+    side = vision.image_size  # ViT position embeddings fix the input size
+    channels = getattr(vision, "num_channels", 3)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, channels, side, side, generator=generator
+    )
     return sample
 
 

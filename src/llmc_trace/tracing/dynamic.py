@@ -26,8 +26,9 @@ from llmc_trace.tracing.values import META, META_MEMO, map_leaves
 #: its config, prime so that no product or quotient of real sizes lands on it by chance.
 SENTINEL_OFFSET = 7919
 
-#: Per tensor leaf of a value (in :func:`~llmc_trace.tracing.values.map_leaves` order), the dimensions whose size depends on
-#: tensor data; ``None``: not known, every dimension of every leaf is taken to.
+#: Per tensor leaf of a value (in :func:`~llmc_trace.tracing.values.map_leaves` order), the
+#: dimensions whose size depends on tensor data; ``None``: not known, so every dimension of
+#: every leaf is taken to.
 DynamicDims = tuple[tuple[int, ...], ...] | None
 
 
