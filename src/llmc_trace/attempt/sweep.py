@@ -84,8 +84,12 @@ class SweepRow:
         return self.outcome not in NOT_COUNTED
 
 
-class TypeTimeout(Exception):
-    """A model type ran past :data:`TYPE_TIMEOUT_S`."""
+class TypeTimeout(BaseException):
+    """A model type ran past :data:`TYPE_TIMEOUT_S`.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: the tracer and model code catch
+    ``Exception`` to try another way, and would swallow it.
+    """
 
 
 def sweep(
