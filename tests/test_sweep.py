@@ -108,3 +108,25 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     assert settled.attempt.ok
     assert [t.ignore for t in settled.tried] == [["ValueBranch.prepare"]]
     assert "coverage --all" in settled.tried[0].description
+
+
+def test_coverage_all_json_and_the_table_generated_from_it(tmp_path) -> None:
+    """`coverage --all --json` is one document; `--table` turns it into the README's rows."""
+    from click.testing import CliRunner
+
+    from llmc_trace.cli.main import cli
+
+    runner = CliRunner()
+    result = runner.invoke(
+        cli, ["--quiet", "coverage", "--all", "-m", "llama", "--workers", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [(r["model_type"], r["outcome"]) for r in document["rows"]] == [("llama", "verified")]
+    saved = tmp_path / "sweep.json"
+    saved.write_text(result.stdout)
+    table = runner.invoke(cli, ["coverage", "--table", str(saved)])
+    assert table.exit_code == 0
+    assert "| llama | LlamaForCausalLM | text |  |  |" in table.output
+    bad = runner.invoke(cli, ["coverage", "--all", "-m", "no_such_type"])
+    assert bad.exit_code == 2 and "no_such_type" in bad.output
