@@ -152,8 +152,8 @@ def sweep_type(model_type: str, class_name: str, *, fix: bool = True) -> list[Sw
                 return [row("-", "twin", f"twin does not build: {_said(err)}")]
             rows = []
             for modality in supported_modalities(twin.config):
-                start = time.perf_counter()  # each modality's own seconds (build: the first's)
                 rows.append(_sweep_modality(cls, config, twin, modality, fix, row))
+                start = time.perf_counter()  # each modality's own seconds (build: the first's)
             return rows
     except TypeTimeout:
         return [row("-", "timeout", f"over {TYPE_TIMEOUT_S} s")]

@@ -203,6 +203,12 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
 def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
     attrs = vars(config)
     keep = min_layers
+    for key, value in list(attrs.items()):
+        is_depths = key.endswith("depths") and isinstance(value, (list, tuple))
+        if is_depths and all(_is_count(depth) for depth in value):
+            # blocks per stage of a convolutional or hierarchical tower: one block runs every
+            # stage's code, and the stage count (each stage's width) stays
+            setattr(config, key, type(value)([1] * len(value)))
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:
