@@ -13,7 +13,7 @@ failure fixed as ``attempt --fix`` would. Each row says what happened and where:
 * ``mismatch``: traced, but the replay differs from eager;
 * ``twin``, ``sample``, ``timeout``: ours too: the shrunk twin could not be built or run where
   the full-size model can, the forward needs an input no sample builder makes, or the type
-  took longer than its share of the sweep;
+  ran past :data:`TYPE_TIMEOUT_S` CPU seconds;
 * ``transformers``: transformers itself cannot build the default config, or run it eagerly at
   full size (on ``meta``, operation by operation, see
   :class:`~llmc_trace.tracing.values.MixedExecution`): listed apart, with its own error, and
@@ -58,7 +58,8 @@ from llmc_trace.tracing.values import MixedExecution
 NOT_COUNTED = ("transformers",)
 #: A short sequence: the twin's code paths do not depend on its length, its seconds do.
 SAMPLE = SampleOptions(seq_len=16)
-#: Seconds one model type may take (build, every modality, fix search) before it is abandoned.
+#: CPU seconds one model type may take (build, every modality, fix search) before it is
+#: abandoned.
 TYPE_TIMEOUT_S = 60
 
 
@@ -156,7 +157,7 @@ def sweep_type(model_type: str, class_name: str, *, fix: bool = True) -> list[Sw
                 start = time.perf_counter()  # each modality's own seconds (build: the first's)
             return rows
     except TypeTimeout:
-        return [row("-", "timeout", f"over {TYPE_TIMEOUT_S} s")]
+        return [row("-", "timeout", f"over {TYPE_TIMEOUT_S} CPU seconds")]
 
 
 def _sweep_modality(
@@ -250,18 +251,20 @@ def _one_thread() -> None:
 
 @contextlib.contextmanager
 def _time_limit(seconds: int) -> Iterator[None]:
-    """Raise :class:`TypeTimeout` in this (main) thread after ``seconds``."""
+    """Raise :class:`TypeTimeout` in this (main) thread after ``seconds`` of its process's CPU
+    time: on a machine shared with other work, wall time would time out whatever ran beside
+    the busiest neighbours."""
 
     def expire(signum: int, frame: FrameType | None) -> None:
         raise TypeTimeout
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def cpu_seconds() -> float:
