@@ -14,12 +14,15 @@ import json
 import pytest
 
 from llmc_trace.attempt.swept import SWEEP_FILE
-from llmc_trace.attempt.sweep import SweepRow, summarize, sweep, sweep_table
+from llmc_trace.attempt.sweep import SweepRow, cpu_seconds, sweep
+from llmc_trace.attempt.sweep_report import summarize, sweep_table
 from llmc_trace.models.defaults import generative_types
 from llmc_trace.models.source import builtin_root
 
 SHIPPED = json.loads((builtin_root() / SWEEP_FILE).read_text())
 SHARDS = 4
+#: CPU seconds a shard may take: three times its share of the shipped sweep's.
+SHARD_CPU_S = 3 * SHIPPED["cpu_s"] / SHARDS
 
 
 def verified_types(rows: list[dict[str, object]]) -> set[str]:
@@ -39,7 +42,9 @@ def verified_types(rows: list[dict[str, object]]) -> set[str]:
 def test_every_type_verified_in_the_shipped_sweep_still_verifies(shard: int) -> None:
     installed = generative_types()
     expected = sorted(verified_types(SHIPPED["rows"]) & set(installed))[shard::SHARDS]
+    start = cpu_seconds()
     rows = sweep(expected, workers=1)
+    spent = cpu_seconds() - start
     now = verified_types([vars(row) for row in rows])
     broken = [
         f"{row.model_type} ({row.modality}): {row.outcome}: {row.problem}"
@@ -50,6 +55,9 @@ def test_every_type_verified_in_the_shipped_sweep_still_verifies(shard: int) -> 
         f"transformers {SHIPPED['transformers']} verified these types; the installed one "
         f"does not: {broken}"
     )
+    # the time box: the whole sweep is measured at SHIPPED["cpu_s"]; a shard at several times
+    # its share would push the suite past its 10 minutes
+    assert spent < SHARD_CPU_S, f"shard {shard + 1} took {spent:.0f} CPU s: {expected}"
 
 
 def test_the_shipped_sweep_meets_its_goal_and_the_readme_shows_it() -> None:

@@ -71,7 +71,7 @@ def coverage(
     apart). Exit code 0 when every row verified (with --all: every counted type), 1 otherwise.
     """
     if table_from is not None:
-        from llmc_trace.attempt.sweep import sweep_table
+        from llmc_trace.attempt.sweep_report import sweep_table
 
         click.echo(sweep_table(json.loads(table_from.read_text())))
         return
@@ -141,7 +141,8 @@ def _sweep_all(
     markdown: bool,
     as_json: bool,
 ) -> None:
-    from llmc_trace.attempt.sweep import cpu_seconds, sweep, sweep_document, sweep_table
+    from llmc_trace.attempt.sweep import cpu_seconds, sweep
+    from llmc_trace.attempt.sweep_report import sweep_document, sweep_table
     from llmc_trace.models.defaults import generative_types
 
     unknown = sorted(set(model_types or []) - set(generative_types()))
