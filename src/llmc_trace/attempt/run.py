@@ -23,11 +23,18 @@ from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.swept import swept_fix, swept_transformers
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.traced.model import TracedModel, trace_model, trace_source
-from llmc_trace.traced.twin import TwinCheck, verify_instance, verify_on_twin, verify_on_weights
+from llmc_trace.traced.twin import (
+    TwinCheck,
+    sample_modality,
+    verify_instance,
+    verify_on_twin,
+    verify_on_weights,
+)
 from llmc_trace.tracing.options import TracingOptions
 
 logger = logging.getLogger(__name__)
@@ -153,8 +160,33 @@ def settle(
     first = prove(traced)
     if not fix or first.ok or first.failure is None:
         return SettledTrace(first, first, [], None)
+    swept = _try_swept_fix(traced, retry)
+    if swept is not None and swept[0].ok:
+        return SettledTrace(first, swept[0], [swept[1]], swept[1])
     found = search_fixes(first, traced.model, retry)
-    return SettledTrace(first, found.result, found.tried, found.applied)
+    tried = ([swept[1]] if swept is not None else []) + found.tried
+    return SettledTrace(first, found.result, tried, found.applied)
+
+
+def _try_swept_fix(
+    traced: TracedModel, retry: Callable[[list[str]], Attempt]
+) -> tuple[Attempt, FixAttempt] | None:
+    """Retry with the fix ``coverage --all`` verified for the model's type, if it found one
+    (:mod:`~llmc_trace.attempt.swept`): one retry instead of a search, proved on this model."""
+    model_type = getattr(getattr(traced.model, "config", None), "model_type", None)
+    entries = swept_fix(model_type, sample_modality(traced.sample)) if model_type else []
+    if not entries:
+        return None
+    description = f"the fix `coverage --all` verified for {model_type} on transformers " + (
+        swept_transformers()
+    )
+    try:
+        attempt = retry(entries)
+    except BadInputError:  # an entry of another release that does not apply here
+        return None
+    failed = "still fails" if attempt.failure else "verification failed"
+    outcome = "verified" if attempt.ok else failed
+    return attempt, FixAttempt(description, entries, outcome)
 
 
 def attempt_trace(

@@ -1,8 +1,12 @@
-"""``llmc-trace coverage``: which built-in architectures trace and verify, with which fix."""
+"""``llmc-trace coverage``: which built-in architectures (or, with ``--all``, which generative
+model types of the installed transformers) trace and verify, with which fix."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 
 import click
 
@@ -28,6 +32,26 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     help="Limit to these modalities (default: all each model supports).",
 )
 @click.option("--no-fix", is_flag=True, help="Do not retry failures with the fix search.")
+@click.option(
+    "--all",
+    "every_type",
+    is_flag=True,
+    help="Sweep every generative model type of the installed transformers, each built from "
+    "its default config (--model then names model types).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Processes the --all sweep runs in.",
+)
+@click.option(
+    "--table",
+    "table_from",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Print the README's Markdown table from a saved `coverage --all --json` and exit.",
+)
 @click.option("--markdown", is_flag=True, help="Print a Markdown table (the README's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout only.")
 @pass_cli
@@ -36,13 +60,26 @@ def coverage(
     models: tuple[str, ...],
     modalities: tuple[str, ...],
     no_fix: bool,
+    every_type: bool,
+    workers: int,
+    table_from: Path | None,
     markdown: bool,
     as_json: bool,
 ) -> None:
     """Attempt every built-in model and modality (with --fix for failures) and tabulate.
 
-    Exit code 0 when every row verified, 1 otherwise.
+    With --all, every generative model type of the installed transformers instead, each from
+    its default config shrunk to a tiny twin (types transformers itself cannot run are listed
+    apart). Exit code 0 when every row verified (with --all: every counted type), 1 otherwise.
     """
+    if table_from is not None:
+        from llmc_trace.attempt.sweep_report import sweep_table
+
+        click.echo(sweep_table(json.loads(table_from.read_text())))
+        return
+    if every_type:
+        _sweep_all(ctx, list(models) or None, not no_fix, workers, markdown, as_json)
+        return
     from llmc_trace.attempt.coverage import coverage_rows
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
@@ -96,3 +133,50 @@ def coverage(
             )
         ctx.out.print(table)
     sys.exit(0 if all(r.verified for r in rows) else 1)
+
+
+def _sweep_all(
+    ctx: CliContext,
+    model_types: list[str] | None,
+    fix: bool,
+    workers: int,
+    markdown: bool,
+    as_json: bool,
+) -> None:
+    from llmc_trace.attempt.sweep import cpu_seconds, sweep
+    from llmc_trace.attempt.sweep_report import sweep_document, sweep_table
+    from llmc_trace.models.defaults import generative_types
+
+    unknown = sorted(set(model_types or []) - set(generative_types()))
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown)} are not generative model types of this transformers.",
+            param_hint="--model",
+        )
+    start, cpu_start = time.perf_counter(), cpu_seconds()
+    with handle_errors(ctx), ctx.progress("coverage --all") as progress:
+        rows = sweep(model_types, fix=fix, workers=workers, progress=progress)
+    elapsed_s, cpu_s = time.perf_counter() - start, cpu_seconds() - cpu_start
+    document = sweep_document(rows, elapsed_s, cpu_s, workers)
+    summary = document["summary"]
+    if as_json:
+        ctx.print_json(document)
+    elif markdown:
+        click.echo(sweep_table(document))
+    else:
+        table = Table(
+            title=f"coverage --all (transformers {document['transformers']}): "
+            f"{summary['verified']}/{summary['counted']} model types verified, "
+            f"{len(summary['transformers_cannot_run'])} that transformers cannot run apart, "
+            f"{document['elapsed_s']:.0f} s",
+            title_justify="left",
+        )
+        for column in ("model type", "modality", "outcome", "fix", "where", "s"):
+            table.add_column(column)
+        for r in rows:
+            outcome = "[green]verified[/]" if r.verified else f"[red]{r.outcome}[/]"
+            table.add_row(
+                r.model_type, r.modality, outcome, r.fix, r.problem, f"{r.seconds:.1f}"
+            )
+        ctx.out.print(table)
+    sys.exit(0 if not summary["failed"] else 1)

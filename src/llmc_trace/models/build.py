@@ -69,8 +69,18 @@ def build_meta_model(
     source: ModelSource, attn_implementation: str = "eager", dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
     """The full-size model with every parameter on ``meta``: no memory, no initialisation."""
-    config = prepare_config(source.config())
-    cls = model_class(config, source.name)
+    config = source.config()
+    return build_meta_model_of(model_class(config, source.name), config, attn_implementation, dtype)
+
+
+def build_meta_model_of(
+    cls: type[PreTrainedModel],
+    config: PretrainedConfig,
+    attn_implementation: str = "eager",
+    dtype: torch.dtype | None = None,
+) -> PreTrainedModel:
+    """``cls`` at ``config``'s full size on ``meta`` (``config`` is prepared in place)."""
+    config = prepare_config(config)
     with _quiet_transformers(), torch.device("meta"):
         # the model's own experts implementation: on meta, fused kernels avoid data-dependent
         # routing loops that would need phantom execution

@@ -133,6 +133,11 @@ def vocab_size_of(config: PretrainedConfig) -> int:
         value = vars(candidate).get("vocab_size")
         if isinstance(value, int) and value > 0:
             return value
+    # translation models with one vocabulary per side (FSMT's src_ and tgt_vocab_size): ids
+    # below the smaller one are tokens of both
+    sides = [v for k, v in vars(config).items() if k.endswith("_vocab_size") and type(v) is int]
+    if sides and min(sides) > 0:
+        return min(sides)
     raise BadInputError(
         f"The {config.model_type} config names no vocabulary size, so no text sample can be built.",
         hint="Pass a model whose config (or text_config) has vocab_size.",
@@ -428,11 +433,37 @@ def instructblip_image(
         ),
         "qformer_attention_mask": torch.ones_like(text),
         "pixel_values": torch.randn(
-            options.batch_size, vision.num_channels, side, side, generator=generator
+            options.batch_size, getattr(vision, "num_channels", 3), side, side, generator=generator
         ),
     }
     if not config.use_decoder_only_language_model:
         sample["decoder_input_ids"] = decoder_tokens(config, options, generator)
+    return sample
+
+
+@sample_builder("image", "blip-2")
+def blip2_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """InstructBLIP's image batch without its instruction for the Q-Former: BLIP-2's Q-Former
+    reads only the image."""
+    sample = instructblip_image(config, options, generator)
+    del sample["qformer_input_ids"], sample["qformer_attention_mask"]
+    return sample
+
+
+@sample_builder("image", "blip")
+def blip_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """An image and a caption: BLIP's text decoder cross-attends to the image, no placeholders."""
+    sample = text_sample(config, options, generator)
+    vision = config.vision_config
+    side = vision.image_size  # ViT position embeddings fix the input size
+    channels = getattr(vision, "num_channels", 3)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, channels, side, side, generator=generator
+    )
     return sample
 
 

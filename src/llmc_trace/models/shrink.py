@@ -63,6 +63,7 @@ WIDTH_KEYS = (
     "mamba_expand_size",
     "attention_hidden_size",
     "lru_width",
+    "embedding_dim",  # xLSTM
 )
 LAYER_KEYS = (
     "num_hidden_layers",
@@ -75,6 +76,7 @@ LAYER_KEYS = (
     "depth",
     "num_encoder_layers",
     "num_global_layers",
+    "num_blocks",  # xLSTM
 )
 LAYER_LIST_KEYS = (
     "layer_types",
@@ -90,6 +92,7 @@ TOP_K_KEYS = (
     "moe_topk",
     "num_experts_per_token",
     "top_k_experts",  # Gemma 4
+    "moe_k",  # ERNIE 4.5
 )
 VOCAB_LIMIT = 1024
 EXPERTS = 4
@@ -200,6 +203,12 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
 def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
     attrs = vars(config)
     keep = min_layers
+    for key, value in list(attrs.items()):
+        is_depths = key.endswith("depths") and isinstance(value, (list, tuple))
+        if is_depths and all(_is_count(depth) for depth in value):
+            # blocks per stage of a convolutional or hierarchical tower: one block runs every
+            # stage's code, and the stage count (each stage's width) stays
+            setattr(config, key, type(value)([1] * len(value)))
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:
@@ -292,7 +301,7 @@ def _shrink_experts(config: PretrainedConfig) -> None:
 _SIZE_NAME = re.compile(r"(dim|size|hidden|width)")
 _NOT_A_WIDTH = re.compile(
     r"(vocab|position|max_|window|patch|image|chunk|kernel|conv|state|"
-    r"bucket|rope|sliding|token|length|group_size|num_)"
+    r"bucket|rope|sliding|token|length|group_size|num_|head_dim)"
 )
 
 
@@ -303,11 +312,32 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
     old width, the twin would grow a projection the real model does not have.
     """
     for key, value in list(vars(config).items()):
+        if _is_split_of_width(key, value, renamed):
+            # a width split into parts (Reformer's axial_pos_embds_dim sums to hidden_size):
+            # every part shrinks by the width's ratio
+            ratio = Fraction(renamed[sum(value)], sum(value))
+            parts = [part * ratio for part in value]
+            if all(part.denominator == 1 for part in parts):
+                setattr(config, key, type(value)(int(part) for part in parts))
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
             continue
-        if key in WIDTH_KEYS or (_SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key)):
+        # a depthwise convolution's groups equal its channels (Mimi's upsample_groups)
+        is_width = _SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key)
+        if key in WIDTH_KEYS or is_width or key.endswith("_groups"):
             if renamed[value] != value:
                 setattr(config, key, renamed[value])
+
+
+def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 1
+        and all(type(part) is int for part in value)
+        and sum(value) in renamed
+        and bool(_SIZE_NAME.search(key))
+        and not _NOT_A_WIDTH.search(key)
+    )
 
 
 def _is_token_field(key: str) -> bool:
@@ -323,10 +353,13 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
     configs = [config, *_sub_configs(config)]
     limit = None
     for sub in configs:
-        vocab = vars(sub).get("vocab_size")
-        if isinstance(vocab, int) and vocab > VOCAB_LIMIT:
-            sub.vocab_size = VOCAB_LIMIT
-            limit = VOCAB_LIMIT
+        for key, vocab in list(vars(sub).items()):
+            # every table indexed by ids: vocab_size, and src_/tgt_vocab_size (FSMT), hash
+            # n-gram vocabularies (BLT's 500002 rows, six tables of them), ...
+            is_vocabulary = key.endswith(("vocab_size", "_vocab"))
+            if is_vocabulary and type(vocab) is int and vocab > VOCAB_LIMIT:
+                setattr(sub, key, VOCAB_LIMIT)
+                limit = VOCAB_LIMIT
     if limit is None:
         return
     moved: dict[int, int] = {}

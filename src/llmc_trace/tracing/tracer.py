@@ -28,11 +28,13 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from llmc_trace.errors import VerificationError
+from llmc_trace.tracing.dynamic import DynamicDims, fresh_meta, moved_dimensions, with_sentinels
 from llmc_trace.tracing.guards import Guard, ask
 from llmc_trace.tracing.mutation import writes_in_place
 from llmc_trace.tracing.opaque import (
@@ -380,11 +382,32 @@ class LlmcTracer(fx.Tracer):
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
             node.meta["value_error"] = f"{type(computed.error).__name__}: {computed.error}"
-        node.meta["value_static"], node.meta["shape_static"] = _static_flags(
-            kind, target, arg_nodes, args, computed.value
-        )
+        value_static, shape_static = _static_flags(kind, target, arg_nodes, args, computed.value)
+        dims: DynamicDims = None
         if computed.beyond_meta or computed.error is not None:
-            node.meta["shape_static"] = False
+            shape_static = False
+        elif shape_static and not all(n.meta.get("shape_static", False) for n in arg_nodes):
+            dims = self._dynamic_dims(run, args, kwargs, computed.value)
+            shape_static = dims is not None and not any(dims)
+        node.meta["value_static"], node.meta["shape_static"] = value_static, shape_static
+        if not shape_static:
+            node.meta["dynamic_dims"] = dims
+
+    def _dynamic_dims(
+        self, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], value: Any
+    ) -> DynamicDims:
+        """The dimensions of ``value`` that an input's data-dependent sizes reach (see
+        :mod:`~llmc_trace.tracing.dynamic`): the operation derived again with those sizes moved."""
+
+        def sentinel(proxy: fx.Proxy) -> Any:
+            node = proxy.node
+            if node.meta.get("shape_static", False):
+                return fresh_meta(node.meta.get("val"))
+            return with_sentinels(node.meta.get("val"), node.meta.get("dynamic_dims"))
+
+        moved_args, moved_kwargs = _map_proxies(sentinel, (args, kwargs), self._object_paths)
+        with self._computing_values():
+            return moved_dimensions(run, moved_args, moved_kwargs, value)
 
     def _shared_container(self, value: Any) -> Any:
         """A dict or list handed to a leaf becomes one graph node, created once per forward.
@@ -568,6 +591,10 @@ class LlmcTracer(fx.Tracer):
             fields = {key: self.create_arg(value) for key, value in a.items()}
             class_path = f"{type(a).__module__}.{type(a).__qualname__}"
             return self.create_node("call_function", build_model_output, (class_path, fields), {})
+        if isinstance(a, np.generic):
+            # a NumPy scalar (CTRL scales by np.sqrt(d_model)) is the Python number it holds:
+            # the generated code cannot name NumPy, and torch treats both alike
+            return super().create_arg(a.item())
         if id(a) in self._object_paths:  # never a literal: those are left out of the paths
             node = self.create_node("get_attr", self._object_paths[id(a)], (), {})
             return self._holding(node, a, True)
@@ -827,7 +854,12 @@ def _holds_tensors(value: Any) -> bool:
 def _static_flags(
     kind: str, target: Any, arg_nodes: list[fx.Node], args: tuple[Any, ...], value: Any
 ) -> tuple[bool, bool]:
-    """(value_static, shape_static) of a new node from those of its inputs."""
+    """(value_static, shape_static) of a new node from those of its inputs.
+
+    For an operation, ``shape_static`` leaves out its tensor inputs' data-dependent sizes:
+    whether those reach the result is derived from the operation itself (the tracer's
+    ``_dynamic_dims``). A module call, whose code no one derives again, inherits them.
+    """
     name = op_name(target)
     if kind == "call_function" and target is getattr:
         name = args[1]
@@ -840,9 +872,8 @@ def _static_flags(
         for n in arg_nodes
         if not _holds_tensors(n.meta.get("val"))
     )
-    shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
     data_dependent = name in DATA_DEPENDENT_SHAPE_OPS and not _repeats_by_count(name, args)
-    shape_static = shapes_static and non_tensor_static and not data_dependent
+    shape_static = non_tensor_static and not data_dependent
     if name in CONSTRUCTORS:
         shape_static = values_static
     if kind == "call_function" and target is operator.getitem:
@@ -851,7 +882,8 @@ def _static_flags(
         if isinstance(index_value, torch.Tensor) and index_value.dtype == torch.bool:
             shape_static = False
     if kind == "call_module":
-        return False, shape_static
+        shapes_static = all(n.meta.get("shape_static", False) for n in arg_nodes)
+        return False, shape_static and shapes_static
     return values_static, shape_static
 
 

@@ -1,0 +1,96 @@
+"""The sweep's document and table: what ``coverage --all --json`` prints, what the README shows.
+
+A type counts when transformers can run some modality of it, and verifies when every counted
+modality does; the types transformers cannot run at all are listed apart with its own error.
+The README's table is generated from the document alone, so it cannot drift from the JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+
+from llmc_trace.attempt.sweep import SweepRow
+
+
+def sweep_document(
+    rows: list[SweepRow], elapsed_s: float, cpu_s: float, workers: int
+) -> dict[str, Any]:
+    """The sweep as ``--json`` prints it and the README's table is generated from."""
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "elapsed_s": round(elapsed_s, 1),
+        "cpu_s": round(cpu_s, 1),
+        "workers": workers,
+        "summary": summarize(rows),
+        "rows": [vars(row) for row in rows],
+    }
+
+
+def summarize(rows: list[SweepRow]) -> dict[str, Any]:
+    """Types counted (some modality transformers can run), verified (every counted modality
+    verified), and the share; the types transformers cannot run, apart."""
+    by_type: dict[str, list[SweepRow]] = {}
+    for row in rows:
+        by_type.setdefault(row.model_type, []).append(row)
+    counted = {t: [r for r in rs if r.counted] for t, rs in by_type.items()}
+    counted = {t: rs for t, rs in counted.items() if rs}
+    verified = sorted(t for t, rs in counted.items() if all(r.verified for r in rs))
+    return {
+        "types": len(by_type),
+        "counted": len(counted),
+        "verified": len(verified),
+        "verified_share": round(len(verified) / len(counted), 4) if counted else 0.0,
+        "failed": sorted(set(counted) - set(verified)),
+        "transformers_cannot_run": sorted(set(by_type) - set(counted)),
+    }
+
+
+def sweep_table(document: dict[str, Any]) -> str:
+    """The README's table from a sweep document: one row per model type, then the types
+    transformers itself cannot run, with its error."""
+    rows = [SweepRow(**row) for row in document["rows"]]
+    summary = document["summary"]
+    lines = [
+        f"`llmc-trace coverage --all` on transformers {document['transformers']} (torch "
+        f"{document['torch']}): {summary['verified']} of the {summary['counted']} generative "
+        f"model types transformers can run verified ({100 * summary['verified_share']:.1f} %), "
+        f"in {document['elapsed_s']:.0f} s with {document['workers']} workers "
+        f"({document['cpu_s']:.0f} CPU seconds in all).",
+        "",
+        "| model type | class | verified | fix | not verified: where |",
+        "|---|---|---|---|---|",
+    ]
+    apart = []
+    for model_type in sorted({row.model_type for row in rows}):
+        mine = [row for row in rows if row.model_type == model_type]
+        counted = [row for row in mine if row.counted]
+        if not counted:
+            apart.append(f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |")
+            continue
+        good = ", ".join(row.modality for row in counted if row.verified) or "no"
+        fixes = "; ".join(f"`{row.fix}`" for row in counted if row.fix)
+        bad = "; ".join(
+            f"{row.modality}: {row.outcome}: {_cell(row.problem)}"
+            for row in mine
+            if not row.verified
+        )
+        lines.append(f"| {model_type} | {mine[0].model_class} | {good} | {fixes} | {bad} |")
+    lines += [
+        "",
+        "Not counted: transformers itself cannot build these default configs, or run them "
+        "eagerly at full size (its own error):",
+        "",
+        "| model type | class | transformers' error |",
+        "|---|---|---|",
+        *apart,
+    ]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
