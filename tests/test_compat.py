@@ -25,26 +25,13 @@ from llmc_trace.compat import (
     trace_subgraphs,
 )
 from llmc_trace.errors import BadInputError
+from llmc_trace.compat.arguments import DEFAULT_TRACING_IGNORE
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.conftest import tiny_llama, token_batch
 
 #: llm-compressor 0.14's default ``tracing_ignore`` (DatasetArguments): names of many models.
-LLMC_IGNORE = [
-    "_update_causal_mask",
-    "create_causal_mask",
-    "_update_mamba_mask",
-    "make_causal_mask",
-    "get_causal_mask",
-    "mask_interface",
-    "mask_function",
-    "_prepare_4d_causal_attention_mask",
-    "_prepare_fsmt_decoder_inputs",
-    "_prepare_4d_causal_attention_mask_with_cache_position",
-    "_update_linear_attn_mask",
-    "project_per_layer_inputs",
-    "_apply_attn_res",
-]
+LLMC_IGNORE = list(DEFAULT_TRACING_IGNORE)
 
 
 def ancestors_by_walk(
