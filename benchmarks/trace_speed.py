@@ -73,12 +73,12 @@ COMMANDS = [
     (
         "SmolVLM-Instruct, image",
         "attempt --model HuggingFaceTB/SmolVLM-Instruct --modality image "
-        "--ignore Idefics3Model.inputs_merger",
+        "--tracing-ignore Idefics3Model.inputs_merger",
     ),
     (
         "Qwen2-VL-2B, image",
         "attempt --model Qwen/Qwen2-VL-2B-Instruct --modality image "
-        "--ignore Qwen2VLModel.get_rope_index",
+        "--tracing-ignore Qwen2VLModel.get_rope_index",
     ),
     (
         "Qwen2-VL-2B, image, --fix",

@@ -26,10 +26,10 @@ render --model facebook/opt-125m --targets-per-subgraph 4 --expand \
 render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view failure \
     --out assets/qwen2-vl-failure.svg
 render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view modules \
-    --ignore Qwen2VisionTransformerPretrainedModel --ignore Qwen2VLModel.get_rope_index \
+    --tracing-ignore Qwen2VisionTransformerPretrainedModel --tracing-ignore Qwen2VLModel.get_rope_index \
     --out assets/qwen2-vl-modules.svg
 render --model Qwen/Qwen2-VL-2B-Instruct --modality image \
-    --ignore Qwen2VLModel.get_rope_index --out assets/qwen2-vl-overview.svg
+    --tracing-ignore Qwen2VLModel.get_rope_index --out assets/qwen2-vl-overview.svg
 
 # A deep model's page, which opens folded: saved with the last layer unfolded into its
 # operations and its call into the layer's modules, down to the attention's projections.
