@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from llmc_trace.moe import observe_experts
+from llmc_trace.core.device import resolve
 from llmc_trace.core.host_memory import map_large_blocks
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import parameter_dtype
@@ -79,7 +80,7 @@ def compress(
     check_shareable(world, batches, request.needs_data)
     run = RunState(
         request,
-        device or world.device,
+        resolve(device or world.device),  # indexed, so "already there" compares exactly
         (progress or no_progress) if world.is_main else no_progress,
         world,
         RunTrace(request.source, request.tracing, request.modality),

@@ -10,6 +10,7 @@ import torch
 
 from llmc_trace.moe import router_layers
 from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
+from llmc_trace.core.device import HOST
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.graph.dtypes import retarget_dtype_literals
 from llmc_trace.models.weight_store import WeightStore
@@ -70,7 +71,7 @@ def run_stage(
     if stage.prunes:
         run.pruned = Pruned(stage.sparsity, targets)
     if store is None or out is None:
-        outcome = calibrate(InMemory(torch.device("cpu"), compute))
+        outcome = calibrate(InMemory(HOST, compute))
     else:
         outcome = calibrate_into_checkpoint(
             run, stage, model, store, out, calibrate=calibrate, compressor=compressor,

@@ -110,6 +110,9 @@ class IntermediatesCache:
 
     offload_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     batches: list[dict[str, Any]] = field(default_factory=list)
+    #: the values are computed on a GPU: host copies are pinned, so the copies to and from it
+    #: run asynchronously (a CPU run pins nothing, GPU or not on the machine)
+    for_gpu: bool = False
     _first: dict[str, Any] = field(default_factory=dict)
     _varies: set[str] = field(default_factory=set)
     _slabs: dict[str, _Slab] = field(default_factory=dict)
@@ -118,9 +121,9 @@ class IntermediatesCache:
 
     @classmethod
     def from_batches(
-        cls, batches: list[dict[str, Any]], offload_device: torch.device
+        cls, batches: list[dict[str, Any]], offload_device: torch.device, *, for_gpu: bool = False
     ) -> IntermediatesCache:
-        cache = cls(offload_device, [{} for _ in batches])
+        cache = cls(offload_device, [{} for _ in batches], for_gpu)
         for index, batch in enumerate(batches):
             cache._put(index, batch)
         return cache
@@ -257,7 +260,7 @@ class IntermediatesCache:
 
     @property
     def _pin(self) -> bool:
-        return self.offload_device.type == "cpu" and torch.cuda.is_available()
+        return self.offload_device.type == "cpu" and self.for_gpu
 
     def _drop(self, names: list[str], index: int) -> None:
         """Drop ``names`` from batch ``index``.

@@ -62,7 +62,7 @@ def run_sequential(
     offload = offload_device or torch.device("cpu")
     report = progress or no_progress
     inputs = [{k: v for k, v in b.items() if k in _graph_inputs(subgraphs)} for b in batches]
-    cache = IntermediatesCache.from_batches(inputs, offload)
+    cache = IntermediatesCache.from_batches(inputs, offload, for_gpu=device.type == "cuda")
     release_free_memory()  # what loading and tracing freed would count towards our peak
     stats = PipelineStats()
     residency = residency or InMemory(offload)

@@ -20,10 +20,11 @@ from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.traced.twin import verify_on_twin
 
 
-def available_device_memory() -> int:
-    """Free memory of the CUDA device when there is one, else the host's available memory."""
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
+def available_device_memory(device_is_host: bool) -> int:
+    """Free memory where calibration runs: the current CUDA device's, or the host's available
+    memory for a run on the CPU (whether or not the machine has a GPU)."""
+    if not device_is_host and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
         return int(free)
     return int(psutil.virtual_memory().available)
 
@@ -56,7 +57,9 @@ def plan_memory(
     )
     plan = choose_pipeline(
         estimates,
-        device_memory if device_memory is not None else available_device_memory(),
+        device_memory
+        if device_memory is not None
+        else available_device_memory(settings.device_is_host),
         host_memory if host_memory is not None else int(psutil.virtual_memory().available),
         needs_data=settings.needs_data,
         excluded=excluded,
