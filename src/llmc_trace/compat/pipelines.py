@@ -135,8 +135,23 @@ def _infer_pipeline(modifiers: Sequence[Any]) -> str:
     return "datafree"
 
 
+class _ProjectPipeline(CalibrationPipeline):
+    """A pipeline that is llmc-trace's pipeline of the same name (``runs``) with the
+    callbacks listening."""
+
+    runs: ClassVar[str]
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        dataloader: Iterable[Mapping[str, Any]] | None,
+        dataset_args: Any,
+    ) -> None:
+        _calibrate(self.runs, model, dataloader, dataset_args, self.callbacks)
+
+
 @CalibrationPipeline.register("sequential")
-class SequentialPipeline(CalibrationPipeline):
+class SequentialPipeline(_ProjectPipeline):
     """Trace the model into subgraphs, one sequential target group each, and calibrate them in
     turn: every batch through a subgraph with the hooks on, ``sequential_epoch_end`` with its
     modules, then (``propagate_error``) every batch again with the hooks off, so the next
@@ -147,17 +162,11 @@ class SequentialPipeline(CalibrationPipeline):
     :class:`~llmc_trace.errors.NotTraceableError` says where tracing stopped.
     """
 
-    def __call__(
-        self,
-        model: torch.nn.Module,
-        dataloader: Iterable[Mapping[str, Any]] | None,
-        dataset_args: Any,
-    ) -> None:
-        _calibrate(SEQUENTIAL, model, dataloader, dataset_args, self.callbacks)
+    runs = SEQUENTIAL
 
 
 @CalibrationPipeline.register("layer_sequential")
-class LayerSequentialPipeline(CalibrationPipeline):
+class LayerSequentialPipeline(_ProjectPipeline):
     """Capture the first target's inputs, then calibrate target by target, each target's
     output the next one's first argument and its other arguments (mask, rotary tables) kept.
 
@@ -167,43 +176,25 @@ class LayerSequentialPipeline(CalibrationPipeline):
     there.
     """
 
-    def __call__(
-        self,
-        model: torch.nn.Module,
-        dataloader: Iterable[Mapping[str, Any]] | None,
-        dataset_args: Any,
-    ) -> None:
-        _calibrate(LAYER_SEQUENTIAL, model, dataloader, dataset_args, self.callbacks)
+    runs = LAYER_SEQUENTIAL
 
 
 @CalibrationPipeline.register("basic")
-class BasicPipeline(CalibrationPipeline):
+class BasicPipeline(_ProjectPipeline):
     """Run the whole model on every batch with the hooks on, then ``sequential_epoch_end``
     once. Needs no trace and propagates no error; every module and every hook's state is on
     the device at once."""
 
-    def __call__(
-        self,
-        model: torch.nn.Module,
-        dataloader: Iterable[Mapping[str, Any]] | None,
-        dataset_args: Any,
-    ) -> None:
-        _calibrate(BASIC, model, dataloader, dataset_args, self.callbacks)
+    runs = BASIC
 
 
 @CalibrationPipeline.register("datafree", alias=["data_free"])
-class DataFreePipeline(CalibrationPipeline):
+class DataFreePipeline(_ProjectPipeline):
     """No forward pass: ``sequential_epoch_end`` for each sequential target's modules in turn,
     then for the modules outside every target, each group on the device while it is handled.
     ``dataloader`` may be ``None``."""
 
-    def __call__(
-        self,
-        model: torch.nn.Module,
-        dataloader: Iterable[Mapping[str, Any]] | None,
-        dataset_args: Any,
-    ) -> None:
-        _calibrate(DATA_FREE, model, dataloader, dataset_args, self.callbacks)
+    runs = DATA_FREE
 
 
 @CalibrationPipeline.register("independent")

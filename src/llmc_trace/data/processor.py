@@ -15,11 +15,11 @@ Nothing is fetched (local files only) and no code from the folder runs (remote c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmc_trace.core.files import read_json
 from llmc_trace.errors import BadInputError, DataError
 
 #: Files that hold a processor's media part; a folder needs one of them.
@@ -304,14 +304,7 @@ def _read_json(path: Path, folder: Path) -> dict[str, Any]:
             hint="Point at a checkpoint folder saved by transformers.",
             param="model",
         )
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise BadInputError(
-            f"{path} is not valid JSON ({err.msg} at line {err.lineno}).",
-            hint="Restore the file from the checkpoint it came from.",
-            param="model",
-        ) from err
+    return read_json(path)
 
 
 def _not_loading(folder: Path, err: BaseException) -> BadInputError:

@@ -17,6 +17,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from llmc_trace.core.files import read_json
 from llmc_trace.errors import BadInputError
 
 BUILTIN_PACKAGE = "llmc_trace.models"
@@ -82,7 +83,7 @@ def resolve_model(name: str) -> ModelSource:
     folder = builtin_root() / name
     is_hub_style = not Path(name).is_absolute() and ".." not in Path(name).parts
     if is_hub_style and (folder / "config.json").exists():
-        return ModelSource(name, "builtin", folder, _read_config(folder / "config.json"))
+        return ModelSource(name, "builtin", folder, read_json(folder / "config.json"))
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -92,7 +93,7 @@ def resolve_model(name: str) -> ModelSource:
                 "or use a hub id or a built-in name.",
                 param="model",
             )
-        return ModelSource(name, "folder", path, _read_config(path / "config.json"))
+        return ModelSource(name, "folder", path, read_json(path / "config.json"))
     if name.count("/") != 1:
         raise BadInputError(
             f"{name!r} is not a built-in model, a folder, or a hub id of the form org/name.",
@@ -116,17 +117,6 @@ def _from_hub(name: str) -> ModelSource:
             param="model",
         ) from err
     return ModelSource(name, "hub", None, config.to_dict())
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise BadInputError(
-            f"{path} is not valid JSON ({err.msg} at line {err.lineno}).",
-            hint="Restore the file from the checkpoint it came from.",
-            param="model",
-        ) from err
 
 
 def _short(err: BaseException) -> str:
