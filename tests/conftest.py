@@ -113,3 +113,28 @@ def tiny_gpt2(*, tie_word_embeddings: bool = True) -> GPT2LMHeadModel:
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="session")
+def twins(tmp_path_factory: pytest.TempPathFactory):
+    """`twins(name)`: the folder of built-in `name`'s tiny twin saved with its processor,
+    written once per session (tests that change it copy it first)."""
+    from tests.multimodal import TwinFolders
+
+    return TwinFolders(tmp_path_factory.mktemp("twins"))
+
+
+@pytest.fixture(scope="session")
+def drawn_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six drawn images in three sizes with captions: a `.jsonl` of image paths and texts."""
+    from tests.multimodal import write_images
+
+    return write_images(tmp_path_factory.mktemp("drawn"), count=6)
+
+
+@pytest.fixture(scope="session")
+def tone_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four captioned tones as .wav files, at 16 and 8 kHz: a `.jsonl` of paths and texts."""
+    from tests.multimodal import write_tones
+
+    return write_tones(tmp_path_factory.mktemp("tones"), count=4)

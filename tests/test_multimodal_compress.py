@@ -1,5 +1,6 @@
-"""compress calibrates a vision-language model on its own images, through the sequential
-pipeline, and writes a checkpoint transformers reloads, processor included, to our logits."""
+"""compress calibrates vision-language and audio models on their own media, through the
+sequential pipeline, and writes checkpoints transformers reloads, processor included, to our
+logits and our perplexity."""
 
 from __future__ import annotations
 
@@ -14,33 +15,75 @@ import yaml
 from llmc_trace import CompressRequest, compress
 from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.data.processor import load_processor
-from tests.multimodal import TwinFolders, write_images
+from llmc_trace.evaluate import evaluate_model
+from llmc_trace.evaluate.perplexity import perplexity
+from llmc_trace.models.parts import model_parts
+from tests.multimodal import TWINS
 
-QWEN2_VL = "Qwen/Qwen2-VL-2B-Instruct"
+#: Group size 32 divides every twin's widths (LLaVA's and Qwen2-Audio's MLP, 1376 = 11008 / 8,
+#: does not take 128, as their full-size 11008 does not either).
+SCHEME = {
+    "name": "W4A16",
+    "weights": {"num_bits": 4, "strategy": "group", "group_size": 32, "actorder": "static"},
+}
+RUN = dict(samples=4, seq_len=512, batch_size=2, pipeline="sequential", scheme=SCHEME)
 
 
-@pytest.fixture(scope="module")
-def qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Qwen2-VL's twin saved with its processor, and drawn images in three sizes."""
-    root = tmp_path_factory.mktemp("vlm")
-    return TwinFolders(root / "twins")(QWEN2_VL), write_images(root / "rows", count=6)
+def _rows(name: str, drawn_rows: Path, tone_rows: Path) -> Path:
+    return tone_rows if TWINS[name] == "audio" else drawn_rows
 
 
-def test_images_calibrate_through_the_sequential_pipeline_and_reload(
-    qwen2_vl: tuple[Path, Path], tmp_path: Path
+@pytest.mark.parametrize("name", list(TWINS))
+def test_media_calibrate_through_the_sequential_pipeline_and_reload(
+    name: str, twins, drawn_rows: Path, tone_rows: Path, tmp_path: Path
 ) -> None:
-    folder, rows = qwen2_vl
-    arguments = dict(samples=4, seq_len=256, batch_size=2, pipeline="sequential")
+    folder, rows, modality = twins(name), _rows(name, drawn_rows, tone_rows), TWINS[name]
     out = tmp_path / "out"
-    streamed = compress(CompressRequest(folder, rows, out, **arguments))
-    in_memory = compress(CompressRequest(folder, rows, None, **arguments))
+    streamed = compress(CompressRequest(folder, rows, out, modality=modality, **RUN))
+    in_memory = compress(CompressRequest(folder, rows, None, modality=modality, **RUN))
     assert streamed.pipeline == in_memory.pipeline == "sequential" and not streamed.fallbacks
     assert [r.name for r in streamed.layers] == [r.name for r in in_memory.layers]
-    assert all(r.name.startswith("model.language_model.") for r in streamed.layers)
-    # the image tokens reached the Hessians: more tokens than the captions alone hold
-    text = {**arguments, "seq_len": 8, "modality": "text"}  # the captions alone, packed
-    captions = compress(CompressRequest(folder, rows, None, **text))
-    assert streamed.layers[0].num_tokens > 2 * captions.layers[0].num_tokens
+    ours = in_memory.model.eval()
+    parts = model_parts(ours)
+    assert {parts.part_of(r.name) for r in streamed.layers} == {"language model"}
+    rows_of = {row.kind: row for row in streamed.stages[-1].coverage}
+    tower = "audio tower" if modality == "audio" else "vision tower"
+    assert rows_of[tower].compressed == 0 < rows_of[tower].total
+    assert rows_of["attention"].compressed == rows_of["attention"].total
+
+    saved = load_processor(out).processor
+    assert type(saved).__name__ == type(load_processor(folder).processor).__name__
+    batch = load_multimodal_calibration(rows, out, samples=2, seq_len=512, batch_size=2).batches[0]
+    architecture = getattr(
+        transformers, json.loads((out / "config.json").read_text())["architectures"][0]
+    )
+    # compared in the stored dtype, kernel for kernel: dequantizing in float32 would round
+    # differently from the weights our model holds
+    reloaded = architecture.from_pretrained(out, attn_implementation="eager").eval()
+    ours.set_attn_implementation("eager")
+    assert reloaded.dtype == ours.dtype
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, ours(**batch).logits)
+
+    # evaluate on the media before (our model) and after reload (the checkpoint's folder)
+    ours.set_attn_implementation("sdpa")
+    data = load_multimodal_calibration(
+        rows, out, samples=4, seq_len=512, batch_size=2, shuffle=False
+    )
+    before = perplexity(ours, data).perplexity
+    after = evaluate_model(out, rows, samples=4, batch_size=2, modality=modality).perplexity
+    assert after == pytest.approx(before, rel=1e-4)
+
+
+def test_images_reach_the_hessians_and_the_recipe(twins, drawn_rows: Path, tmp_path: Path) -> None:
+    """Qwen2-VL: image tokens add to the captions' tokens, and recipe and processor files make
+    the checkpoint reproducible and loadable as the original."""
+    folder = twins("Qwen/Qwen2-VL-2B-Instruct")
+    out = tmp_path / "out"
+    images = compress(CompressRequest(folder, drawn_rows, out, **RUN))
+    text = {**RUN, "seq_len": 8, "modality": "text"}  # the captions alone, packed
+    captions = compress(CompressRequest(folder, drawn_rows, None, **text))
+    assert images.layers[0].num_tokens > 2 * captions.layers[0].num_tokens
 
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
     assert recipe["calibration"]["modality"] == "image"
@@ -48,21 +91,18 @@ def test_images_calibrate_through_the_sequential_pipeline_and_reload(
     # loads as the original's does (AutoProcessor where torchvision is installed, else from
     # its parts: transformers' Qwen2-VL processor checks its video part against torchvision)
     saved, original = load_processor(out).processor, load_processor(folder).processor
-    assert type(saved).__name__ == type(original).__name__ == "Qwen2VLProcessor"
     assert saved.image_processor.to_dict() == original.image_processor.to_dict()
     assert saved.tokenizer.get_vocab() == original.tokenizer.get_vocab()
-
-    batch = load_multimodal_calibration(rows, out, samples=2, seq_len=256, batch_size=2).batches[0]
-    # compare in the stored dtype, kernel for kernel (calibration ran sdpa): dequantizing in
-    # float32 would round differently from the bf16 weights our model holds
-    architecture = getattr(
-        transformers, json.loads((out / "config.json").read_text())["architectures"][0]
-    )
-    reloaded = architecture.from_pretrained(out, attn_implementation="eager").eval()
-    ours = in_memory.model.eval()
-    ours.set_attn_implementation("eager")
-    assert reloaded.dtype == ours.dtype == torch.bfloat16
-    with torch.no_grad():
-        torch.testing.assert_close(reloaded(**batch).logits, ours(**batch).logits)
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["config_groups"]
+    # the towers are named for vLLM and transformers to keep dense
+    assert any(name.startswith("model.visual.") for name in config["quantization_config"]["ignore"])
+
+
+def test_towers_on_request(twins, drawn_rows: Path) -> None:
+    folder = twins("Qwen/Qwen2-VL-2B-Instruct")
+    result = compress(CompressRequest(folder, drawn_rows, None, towers=True, **RUN))
+    parts = {model_parts(result.model).part_of(r.name) for r in result.layers}
+    assert parts == {"language model", "vision tower", "projector"}
+    rows_of = {row.kind: row for row in result.stages[-1].coverage}
+    assert rows_of["vision tower"].compressed == rows_of["vision tower"].total

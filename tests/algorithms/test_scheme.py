@@ -105,7 +105,8 @@ def test_matches_agrees_with_compressed_tensors(patterns: tuple[str, ...]) -> No
         assert matches(name, module, patterns) == is_match(name, module, list(patterns)), name
 
 
-def test_default_scheme_quantizes_only_the_language_model_linears() -> None:
+def test_default_scheme_keeps_only_the_head() -> None:
+    """Towers are kept by the model's structure (models.parts), not by the scheme's names."""
     model = _TinyVLM()
     targeted = [name for name, module in model.named_modules() if W4A16.is_target(name, module)]
-    assert targeted == ["language_model.q_proj"]
+    assert targeted == ["vision_tower.proj", "multi_modal_projector", "language_model.q_proj"]

@@ -109,3 +109,62 @@ def test_last_subgraph_restricted_to_its_layer_sees_the_same_inputs() -> None:
     assert len(seen) == 2
     torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=0)
     assert set(cut_output) == {"model_layers_1"}
+
+
+class _Widening(torch.nn.Module):
+    """x (4, 8) -> up (4, 512) -> relu -> a view -> down (4, 8): the wide values are what the
+    code between two targets holds at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 512), torch.nn.Linear(512, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.relu(self.up(x))
+        return self.down(wide.view(4, 512)) + x
+
+
+def test_transient_bytes_holds_the_values_alive_at_once() -> None:
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from llmc_trace.pipelines.estimate import scaled_bytes, transient_bytes
+
+    graph = torch.fx.symbolic_trace(_Widening())
+    ShapeProp(graph).propagate(torch.randn(4, 8))
+    for node in graph.graph.nodes:
+        node.meta["val"] = torch.empty(node.meta["tensor_meta"].shape)
+    # up's output and relu's live together (the view is free); down's output is freed by the
+    # add, which is returned (outputs are counted by the pipelines as a subgraph's outputs)
+    assert transient_bytes(graph.graph, scaled_bytes) == 2 * 4 * 512 * 4
+
+
+def test_the_plan_counts_a_vision_towers_activations(twins, drawn_rows) -> None:
+    """Qwen2-VL's first subgraph runs the vision tower over every patch of the batch: its
+    MLP's inner activations (patches x intermediate width, float32) are a lower bound of what
+    the plan must count, and far more than the same model's text-only first subgraph holds."""
+    from llmc_trace.data import load_multimodal_calibration
+    from tests.multimodal import load_twin
+
+    folder = twins("Qwen/Qwen2-VL-2B-Instruct")
+    batch = load_multimodal_calibration(
+        drawn_rows, folder, samples=2, seq_len=512, batch_size=2, shuffle=False
+    ).batches[0]
+    model = load_twin(folder)
+    traced = partition_trace(trace_graph(model, batch))
+    seq = batch["input_ids"].shape[1]
+    settings = RunSettings(2, seq, batch_size=2, dtype_bytes=4)
+    image = estimate_pipelines(model, traced, settings, traced=(2, seq))
+    text_batch = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    config = model.config
+    media = [config.image_token_id, config.video_token_id, config.vision_start_token_id]
+    media_ids = torch.isin(text_batch["input_ids"], torch.tensor(media))
+    text_batch["input_ids"] = text_batch["input_ids"].masked_fill(media_ids, 7)  # no image
+    text = estimate_pipelines(
+        model, partition_trace(trace_graph(model, text_batch)), settings, traced=(2, seq)
+    )
+    patches = batch["pixel_values"].shape[0]
+    vision = model.config.vision_config
+    lower = patches * vision.embed_dim * vision.mlp_ratio * 4
+    by_name = {e.pipeline: e for e in image}
+    text_by_name = {e.pipeline: e for e in text}
+    assert by_name["sequential"].device_bytes - text_by_name["sequential"].device_bytes >= lower

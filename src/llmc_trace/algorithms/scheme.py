@@ -29,20 +29,11 @@ DEFAULT_TARGETS: tuple[str, ...] = ("Linear",)
 """Every `torch.nn.Linear` (and subclass), and GPT-2's transposed `Conv1D`, is quantized unless
 ignored (see `matches`)."""
 
-DEFAULT_IGNORE: tuple[str, ...] = (
-    "lm_head",
-    "re:.*visual.*",
-    "re:.*vision_tower.*",
-    "re:.*audio_tower.*",
-    "re:.*multi_modal_projector.*",
-)
-"""Modules kept in full precision by default.
-
-`lm_head` produces the logits directly, so its error is not averaged out by later layers, and
-llm-compressor and vLLM both leave it unquantized by convention. Vision and audio towers and the
-projector that feeds them to the language model are small next to the decoder, often have
-widths that no group size divides, and are far more sensitive per weight; quantizing them buys
-little memory for much accuracy.
+DEFAULT_IGNORE: tuple[str, ...] = ("lm_head",)
+"""Modules kept in full precision by default: `lm_head` produces the logits directly, so its
+error is not averaged out by later layers, and llm-compressor and vLLM both leave it
+unquantized by convention. A multimodal model's towers and projector are kept too, found from
+the model's structure rather than by name (:mod:`llmc_trace.models.parts`).
 """
 
 

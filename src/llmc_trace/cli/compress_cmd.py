@@ -11,7 +11,7 @@ from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, split_list
-from llmc_trace.core.names import AUTO, DTYPES
+from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
 from llmc_trace.oneshot import settings
 from llmc_trace.oneshot.declare import Declared, Float, Int, declared
 
@@ -157,14 +157,25 @@ def _given_on_command_line(context: click.Context, options: dict[str, Any]) -> d
 def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
     """Which weights the run compressed, by kind, and every layer compressed otherwise than
     its method (experts too few tokens reached); plainly when most were left untouched."""
+    from llmc_trace.models.parts import TOWER_PARTS
     from llmc_trace.oneshot.coverage import untouched_share
 
     coverage = result.stages[-1].coverage
-    parts = [
-        f"{row.kind} {100 * row.compressed / row.total:.0f}% of {row.total / 1e6:.2f}M"
-        for row in coverage
-    ]
-    ctx.out.print(f"[dim]compressed weights: {', '.join(parts)}[/]")
+    kinds, towers = (
+        [
+            f"{row.kind} {100 * row.compressed / row.total:.0f}% of {row.total / 1e6:.2f}M"
+            for row in coverage
+            if (row.kind in TOWER_PARTS) == apart
+        ]
+        for apart in (False, True)
+    )
+    if towers:
+        kept = any(row.kind in TOWER_PARTS and not row.compressed for row in coverage)
+        note = " (kept in full precision; --towers compresses them)" if kept else ""
+        ctx.out.print(f"[dim]compressed weights: language model: {', '.join(kinds)}[/]")
+        ctx.out.print(f"[dim]  {', '.join(towers)}{note}[/]")
+    else:
+        ctx.out.print(f"[dim]compressed weights: {', '.join(kinds)}[/]")
     share = untouched_share(coverage)
     if share > 0.5:
         ctx.err.print(
@@ -189,13 +200,22 @@ def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
     "--dataset",
     "data",
     required=True,
-    help="Token array (.npy) or text file, as for --dataset of compress.",
+    help="Token array (.npy), text file, or rows of images/video/audio with text, as for "
+    "--dataset of compress.",
+)
+@click.option(
+    "--modality",
+    default=AUTO,
+    **SHOW_DEFAULT,
+    type=click.Choice((AUTO, *MODALITIES)),
+    help="text, image, video or audio (auto: from the data's columns); media rows are scored "
+    "on their text given the media, through the model folder's processor.",
 )
 @click.option(
     "--samples",
     default=None,
     type=click.IntRange(1),
-    help="Rows to score (default: all of a .npy; 128 windows of text).",
+    help="Rows to score (default: all of a .npy or of media rows; 128 windows of text).",
 )
 @click.option(
     "--seq-len",
@@ -220,13 +240,15 @@ def evaluate(
     ctx: CliContext,
     model: str,
     data: str,
+    modality: str,
     samples: int | None,
     seq_len: int,
     batch_size: int,
     dtype: str,
     as_json: bool,
 ) -> None:
-    """Perplexity of MODEL on DATA (each row scored independently)."""
+    """Perplexity of MODEL on DATA (each row scored independently; media placeholder tokens
+    and padding never scored)."""
     from llmc_trace.evaluate import evaluate_model
 
     with handle_errors(ctx), ctx.progress("evaluate") as progress:
@@ -236,6 +258,7 @@ def evaluate(
             samples=samples,
             seq_len=seq_len,
             batch_size=batch_size,
+            modality=None if modality == AUTO else modality,
             dtype=_dtype(dtype),
             progress=progress,
         )
@@ -245,6 +268,7 @@ def evaluate(
                 "model": model,
                 "data": data,
                 "dtype": dtype,
+                "modality": modality,
                 "perplexity": result.perplexity,
                 "num_tokens": result.num_tokens,
                 "elapsed_s": result.elapsed_s,

@@ -103,7 +103,7 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
         raise BadInputError(
             f"a processor is read from a model folder, and {folder} is not one.",
             hint="Point at the folder of the checkpoint (config.json beside the processor "
-            "files); a built-in's twin with a processor is written by data.twins.save_twin.",
+            "files); a built-in's twin with a processor is written by llmc_trace.twins.save_twin.",
             param="model",
         )
     config = _read_json(folder / "config.json", folder)

@@ -9,8 +9,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
-from llmc_trace.data.multimodal import load_multimodal_calibration
+from llmc_trace.data.multimodal import load_multimodal_calibration, source_modality
 from llmc_trace.data.source import resolve_source
+from llmc_trace.data.tables import read_text_table
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
@@ -34,10 +35,13 @@ def evaluate_model(
     samples: int | None = None,
     seq_len: int = 512,
     batch_size: int = 8,
+    modality: str | None = None,
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
 ) -> PerplexityResult:
-    """Perplexity of the checkpoint in ``folder`` on ``data`` (a .npy array or a text file).
+    """Perplexity of the checkpoint in ``folder`` on ``data``: a .npy array, a text file, or
+    rows of media and text (:func:`evaluate_multimodal`, chosen from the columns as
+    ``compress`` chooses; ``modality`` forces one, ``"text"`` reads a table's text alone).
 
     A 2-D token array is scored row by row at its own length, a 1-D stream in windows of
     ``seq_len``; ``samples`` takes the first rows (all by default; 128 windows of text). The data
@@ -45,6 +49,16 @@ def evaluate_model(
     vocabulary) before the model is loaded, so bad data is refused in a second. ``dtype``:
     see :func:`load_for_evaluation`.
     """
+    media = source_modality(data, modality)
+    if media is not None:
+        if samples is None:
+            resolved = resolve_source(data)
+            assert resolved.path is not None  # a media table is a local file
+            samples = read_text_table(resolved.path, resolved.kind, resolved.description).num_rows
+        return evaluate_multimodal(
+            folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
+            modality=media.modality, dtype=dtype, progress=progress,
+        )  # fmt: skip
     source = resolve_model(str(folder))
     resolved = resolve_source(data)
     tokenizer = None

@@ -49,7 +49,7 @@ class LayerCompressor:
     The method's settings (``scheme`` ``None`` for pruning without quantization, ``sparsity``
     ``None`` for quantization without pruning, ``storage_dtype``, ``keep_zeros``,
     ``device_peaks``, ...) are :class:`~llmc_trace.oneshot.solve.LayerSolver`'s. ``skip``
-    names layers left dense (the routers); ``world`` the ranks of a distributed run (default:
+    names layers left dense (the routers, a multimodal model's towers); ``world`` the ranks of a distributed run (default:
     one process). After the run, ``results`` holds one
     :class:`~llmc_trace.oneshot.solve.LayerResult` per compressed layer in order, and
     ``quantized`` the integers of each quantized one, for the checkpoint.

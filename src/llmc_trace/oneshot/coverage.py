@@ -4,7 +4,9 @@ A run that exits 0 can still leave most of a model in full precision: the fused 
 MoE model once were never targeted, and nothing said so. After every run the parameters of
 each kind (attention, dense MLP, experts, routers, embeddings, head) are counted as compressed
 or left, so the console can say plainly when more than half of the linear-like weights were not
-touched.
+touched. A multimodal model's towers and projector are counted apart from its language model
+(:mod:`llmc_trace.models.parts`), one row each, whatever their layers' kinds: kept in full
+precision by default, they would otherwise pass for untouched attention and MLP weights.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from llmc_trace.moe import ExpertProjection
 from llmc_trace.layers.linear import as_linear
+from llmc_trace.models.parts import TOWER_PARTS, ModelParts, model_parts
+from llmc_trace.moe import ExpertProjection
 
 KINDS = ("attention", "dense MLP", "experts", "router", "embeddings", "head", "other")
+#: Every row's kind, in the order rows are listed: the language model's kinds, then its towers.
+ROWS = (*KINDS, *TOWER_PARTS)
 
 _ATTENTION = ("attn", "attention", "mixer", "q_proj", "k_proj", "v_proj", "o_proj", "qkv")
 _MLP = ("mlp", "feed_forward", "ffn", "fc1", "fc2", "shared_expert", "dense")
@@ -25,7 +30,7 @@ _MLP = ("mlp", "feed_forward", "ffn", "fc1", "fc2", "shared_expert", "dense")
 
 @dataclass(frozen=True)
 class KindCoverage:
-    """Weights of one kind of layer: how many were compressed, of how many."""
+    """Weights of one kind of layer (or of one tower): how many were compressed, of how many."""
 
     kind: str
     compressed: int
@@ -51,13 +56,18 @@ def kind_of(name: str, module: torch.nn.Module, routers: Collection[str]) -> str
 
 
 def parameter_coverage(
-    model: torch.nn.Module, compressed: Collection[str], routers: Collection[str] = ()
+    model: torch.nn.Module,
+    compressed: Collection[str],
+    routers: Collection[str] = (),
+    parts: ModelParts | None = None,
 ) -> list[KindCoverage]:
     """Weights of every linear-like layer (experts one by one) and embedding of ``model``, by
-    kind, with how many belong to the layers named in ``compressed``; kinds with no weights
-    are left out. Shapes alone are read: works on a skeleton on ``meta``."""
-    totals = dict.fromkeys(KINDS, 0)
-    done = dict.fromkeys(KINDS, 0)
+    kind of the language model's layers and by tower, with how many belong to the layers
+    named in ``compressed``; rows with no weights are left out. Shapes alone are read: works
+    on a skeleton on ``meta``."""
+    parts = parts or model_parts(model)
+    totals = dict.fromkeys(ROWS, 0)
+    done = dict.fromkeys(ROWS, 0)
     seen: set[int] = set()
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding):
@@ -70,15 +80,17 @@ def parameter_coverage(
             if id(weight) in seen:  # a tied head counts once, as its embedding
                 continue
             seen.add(id(weight))
-        kind = kind_of(name, module, routers)
-        totals[kind] += weight.numel()
+        part = parts.part_of(name)
+        row = part if part in TOWER_PARTS else kind_of(name, module, routers)
+        totals[row] += weight.numel()
         if name in compressed:
-            done[kind] += weight.numel()
-    return [KindCoverage(k, done[k], totals[k]) for k in KINDS if totals[k]]
+            done[row] += weight.numel()
+    return [KindCoverage(k, done[k], totals[k]) for k in ROWS if totals[k]]
 
 
 def untouched_share(coverage: list[KindCoverage]) -> float:
-    """The share of linear-like weights (embeddings aside) no method touched."""
-    rows = [row for row in coverage if row.kind != "embeddings"]
+    """The share of the language model's linear-like weights (embeddings aside) no method
+    touched: towers are kept on purpose, and said so apart."""
+    rows = [row for row in coverage if row.kind not in ("embeddings", *TOWER_PARTS)]
     total = sum(row.total for row in rows)
     return 1 - sum(row.compressed for row in rows) / total if total else 0.0

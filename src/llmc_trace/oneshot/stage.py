@@ -103,6 +103,13 @@ class Stage:
         "MoE: calibrate at most this many experts per pass (bounds the Hessians alive).",
         Int(1, optional=True),
     )
+    towers: bool = option(
+        False,
+        "Compress a multimodal model's vision and audio towers and their projectors too (by "
+        "default they stay in full precision, as served checkpoints keep them).",
+        Flag(),
+        every_stage=True,
+    )
     ignore: tuple[str, ...] = option(
         (),
         "Layers to keep in full precision: module paths (as report.html lists them), class "

@@ -12,7 +12,8 @@ from llmc_trace.moe import router_layers
 from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
 from llmc_trace.core.device import HOST
 from llmc_trace.core.sizes import parameter_dtype
-from llmc_trace.graph.dtypes import retarget_dtype_literals
+from llmc_trace.graph.literals import META, retarget_literals
+from llmc_trace.models.parts import model_parts
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.coverage import parameter_coverage
@@ -43,14 +44,18 @@ def run_stage(
     assert storage is not None  # loading refuses a model without floating-point weights
     batches = run.calibration_set(model).batches
     routers = router_layers(model)
-    compressor = _compressor(run, stage, storage, routers)
+    parts = model_parts(model)
+    towers = [] if stage.towers else parts.in_towers(n for n, _ in model.named_modules())
+    compressor = _compressor(run, stage, storage, skip=frozenset((*routers, *towers)))
     targets = check_targets(model, compressor, run.request.source.name)
     check_ignore(model, stage)
     run.progress("trace", 0, 1)
     needs_data = stage.method in DATA_METHODS
     traced, check = run.trace.trace(model, batches[0], needs_data=needs_data)
     compute = compute_dtype(storage, device=run.device)
-    retarget_dtype_literals(traced.subgraphs if traced.traced else [], storage, compute)
+    subgraphs = traced.subgraphs if traced.traced else []
+    retarget_literals(subgraphs, storage, compute)
+    retarget_literals(subgraphs, META, run.device)  # a skeleton's `self.device`, streamed
     plan, stage = plan_stage(
         traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
         compute=compute, streamed=store is not None, device=run.device,
@@ -87,16 +92,17 @@ def run_stage(
     if run.pruned is not None:
         compressed |= set(run.pruned.layers)
     ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
-    coverage = parameter_coverage(model, compressed, routers)
+    coverage = parameter_coverage(model, compressed, routers, parts)
     run.results.append(
         StageResult(ran, plan, outcome.stats, compressor.results, fallbacks, coverage)
     )
 
 
 def _compressor(
-    run: RunState, stage: Stage, storage: torch.dtype, routers: list[str]
+    run: RunState, stage: Stage, storage: torch.dtype, *, skip: frozenset[str]
 ) -> LayerCompressor:
-    """The callbacks that compress this stage's layers, holding an earlier stage's zeros."""
+    """The callbacks that compress this stage's layers (none of ``skip``), holding an
+    earlier stage's zeros."""
     return LayerCompressor(
         stage.method,
         stage.scheme,
@@ -108,7 +114,7 @@ def _compressor(
         world=run.world,
         device_peaks=run.device_peaks,
         keep_zeros=frozenset(run.pruned.layers) if run.pruned else frozenset(),
-        skip=frozenset(routers),
+        skip=skip,
         expert_tokens=stage.expert_tokens,
         min_expert_tokens=stage.min_expert_tokens,
         expert_group=stage.expert_group,

@@ -115,7 +115,7 @@ def estimate_basic(inputs: EstimateInputs) -> PipelineEstimate:
     everything = parameter_bytes(list(inputs.model.modules()), settings.dtype_bytes)
     logits = b * s * _vocab(inputs.model.config) * 4
     device = everything + max(
-        sum(c.hessian_bytes for c in costs) + inputs.working + logits, compressing(costs)
+        sum(c.hessian_bytes for c in costs) + inputs.working_peak + logits, compressing(costs)
     )
     return PipelineEstimate(
         BASIC,

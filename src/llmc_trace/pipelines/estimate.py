@@ -11,6 +11,12 @@ run's (:func:`scaled_bytes`: a dimension equal to the tracing sequence length sc
 run's; the tracing sizes are chosen so they collide with no model width). Values that are the
 same for every sample (masks, rotary tables) are counted once, as the caches store them.
 
+Inside a sequential target the graph is opaque and its working memory comes from the config
+(:func:`~llmc_trace.plan.estimate.layer_working_bytes`); between targets it is traced, node by
+node, so what that code holds while it runs is read off the graph (:func:`transient_bytes`): a
+vision tower's patches through its blocks, its attention over them, the merge into the text
+embeddings. A vision-language model's first subgraph can need more than a decoder layer.
+
 Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
 holds every weight in the checkpoint's dtype and the device one group in the compute dtype;
 streamed, the host holds one group's pages of the checkpoint while it is read and nothing
@@ -19,10 +25,12 @@ after. On a CPU run the device *is* the host, so the host figure includes the de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
 
 from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
@@ -104,8 +112,10 @@ class EstimateInputs:
     ``invariant`` names the intermediates equal for every sample; ``traced`` is the ``(batch,
     sequence)`` size the graph's example values were traced at. ``targets`` are the sequential
     targets (every linear layer when untraced), ``costs`` the compressor's per target,
-    ``weights`` all of the model's weights at the storage dtype, and ``working`` one decoder
-    layer's activations (:func:`~llmc_trace.plan.estimate.layer_working_bytes`).
+    ``weights`` all of the model's weights at the storage dtype, ``working`` one decoder
+    layer's activations (:func:`~llmc_trace.plan.estimate.layer_working_bytes`) and
+    ``between`` the most the traced code between targets holds at once (:func:`transient_bytes`
+    of the subgraphs without a target).
     """
 
     model: torch.nn.Module
@@ -117,10 +127,17 @@ class EstimateInputs:
     costs: list[CompressorCost]
     weights: int
     working: int
+    between: int = 0
 
     @property
     def batches(self) -> int:
         return -(-self.settings.samples // self.settings.batch_size)
+
+    @property
+    def working_peak(self) -> int:
+        """Activations alive at once in a forward that runs everything: a decoder layer's, or
+        the code between the layers' (a vision tower), whichever is more (they run in turn)."""
+        return max(self.working, self.between)
 
     @property
     def kept(self) -> int:
@@ -177,6 +194,42 @@ def scaled_bytes(
     if isinstance(value, (list, tuple)):
         return sum(scaled_bytes(v, batch, seq, traced, float_bytes) for v in value)
     return 0
+
+
+#: Operations whose result shares an input's storage (or is no tensor): they allocate nothing.
+_VIEWS = frozenset(
+    {
+        "view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten", "expand",
+        "narrow", "select", "chunk", "split", "unbind", "t", "getitem", "size", "dim",
+        "unflatten", "view_as", "expand_as", "detach", "contiguous",
+    }
+)  # fmt: skip
+
+
+def transient_bytes(graph: fx.Graph, size: Callable[[Any], int]) -> int:
+    """The most a subgraph's own code holds at once besides its inputs and outputs: each
+    computed value (sized by ``size`` from its example value) lives from the node that makes it
+    to its last reader. Views are free; a sequential target's inside is not seen here (its
+    call's result is, as any other value). An upper bound where an operation works in place."""
+    nodes = list(graph.nodes)
+    last_read = {used: i for i, node in enumerate(nodes) for used in node.all_input_nodes}
+    returned = {n for n in nodes if n.op == "output" for n in n.all_input_nodes}
+    alive: dict[fx.Node, int] = {}
+    live = peak = 0
+    for i, node in enumerate(nodes):
+        if node.op.startswith("call_") and node not in returned and _allocates(node):
+            alive[node] = size(node.meta.get("val"))
+            live += alive[node]
+            peak = max(peak, live)
+        for used in node.all_input_nodes:
+            if last_read[used] == i and used in alive:
+                live -= alive.pop(used)
+    return peak
+
+
+def _allocates(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name not in _VIEWS
 
 
 def compressing(costs: list[CompressorCost]) -> int:

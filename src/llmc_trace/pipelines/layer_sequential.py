@@ -279,7 +279,7 @@ def estimate_layer_sequential(inputs: EstimateInputs) -> PipelineEstimate:
         outside
         + largest_target
         + max(
-            max((c.hessian_bytes for c in costs), default=0) + inputs.working,
+            max((c.hessian_bytes for c in costs), default=0) + inputs.working_peak,
             max((c.compress_bytes for c in costs), default=0),
         )
         + 2 * hidden_state

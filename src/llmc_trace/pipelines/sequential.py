@@ -31,7 +31,12 @@ from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
 from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
-from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, compressing
+from llmc_trace.pipelines.estimate import (
+    EstimateInputs,
+    PipelineEstimate,
+    compressing,
+    transient_bytes,
+)
 from llmc_trace.pipelines.residency import InMemory, Residency
 from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
 from llmc_trace.traced.model import TracedModel
@@ -291,6 +296,7 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         group = parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         calibrating = sum(c.hessian_bytes for c in mine) + (working if subgraph.targets else 0)
+        calibrating += transient_bytes(subgraph.graph, size)
         io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
         device = group + io + max(calibrating, compressing(mine))
         peak_device = max(peak_device, device)

@@ -26,6 +26,7 @@ layer's by default): hundreds of Hessians for a 256-expert layer, which is what
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from llmc_trace.pipelines.estimate import (
     EstimateInputs,
     PipelineEstimate,
     RunSettings,
+    transient_bytes,
 )
 from llmc_trace.pipelines.registry import PIPELINES
 
@@ -273,6 +275,12 @@ def estimate_pipelines(
             model.config, settings.batch_size, settings.seq_len, settings.dtype_bytes
         ),
     )
+    if partitioned is not None:
+        between = max(
+            (transient_bytes(s.graph, inputs.size) for s in partitioned.subgraphs if not s.targets),
+            default=0,
+        )
+        inputs = dataclasses.replace(inputs, between=between)
     estimates = [pipeline.estimate(inputs) for pipeline in PIPELINES.values()]
     return [estimate for estimate in estimates if estimate is not None]
 

@@ -1,4 +1,4 @@
-"""Dtypes a trace recorded as literals, moved to the dtype calibration computes in.
+"""Dtypes and devices a trace recorded as literals, moved to where calibration computes.
 
 The tracer answers ``x.dtype`` from the example value and records the answer as a literal
 (``image_embeds.to(device, inputs_embeds.dtype)`` becomes ``.to(..., torch.bfloat16)``): the
@@ -9,6 +9,11 @@ slower there), so a literal of the stored dtype would cast activations back to i
 rotary table silently rounds. Moving those literals to the compute dtype gives the graph the
 model's own code would have traced with its parameters in that dtype, which is the model the
 residency runs.
+
+Devices are recorded the same way when the model's code asks a module rather than a tensor
+(``embeddings.to(self.device)``, Idefics3): a streamed run traces the skeleton on ``meta``,
+and a ``meta`` literal in a graph that runs on real tensors is always wrong, so it becomes the
+calibration device.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from typing import Any
 import torch
 from llmc_trace.graph.subgraph import Subgraph
 
+Recorded = torch.dtype | torch.device
+META = torch.device("meta")
 
-def retarget_dtype_literals(
-    subgraphs: Sequence[Subgraph], old: torch.dtype, new: torch.dtype
-) -> int:
-    """Replace every ``old`` dtype literal in the subgraphs' nodes with ``new``, in place
-    (each changed subgraph compiles again when next run); the number of nodes changed."""
+
+def retarget_literals(subgraphs: Sequence[Subgraph], old: Recorded, new: Recorded) -> int:
+    """Replace every ``old`` dtype or device literal in the subgraphs' nodes with ``new``, in
+    place (each changed subgraph compiles again when next run); the number of nodes changed."""
     if old == new:
         return 0
     changed = 0
@@ -38,19 +44,19 @@ def retarget_dtype_literals(
     return changed
 
 
-def _holds(value: Any, dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` stands anywhere in ``value`` (nested arguments)."""
-    if isinstance(value, torch.dtype):
-        return value == dtype
+def _holds(value: Any, literal: Recorded) -> bool:
+    """Whether ``literal`` stands anywhere in ``value`` (nested arguments)."""
+    if isinstance(value, type(literal)):
+        return value == literal
     if isinstance(value, (tuple, list)):
-        return any(_holds(item, dtype) for item in value)
+        return any(_holds(item, literal) for item in value)
     if isinstance(value, dict):
-        return any(_holds(item, dtype) for item in value.values())
+        return any(_holds(item, literal) for item in value.values())
     return False
 
 
-def _swap(value: Any, old: torch.dtype, new: torch.dtype) -> Any:
-    if isinstance(value, torch.dtype):
+def _swap(value: Any, old: Recorded, new: Recorded) -> Any:
+    if isinstance(value, type(old)):
         return new if value == old else value
     if isinstance(value, tuple):
         return tuple(_swap(item, old, new) for item in value)
