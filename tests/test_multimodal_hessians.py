@@ -1,6 +1,7 @@
 """Image tokens reach GPTQ's Hessians: the language layers' Hessians from an image
-calibration through the sequential pipeline equal those an eager run of the whole model
-collects with plain hooks, and differ from the captions' alone."""
+calibration through the sequential pipeline (traced on the first batch, fed batches of two
+other image sizes after it) equal those an eager run of the whole model collects with plain
+hooks on every batch, and differ from the captions' alone."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.multimodal import load_twin
 
 QWEN2_VL = "Qwen/Qwen2-VL-2B-Instruct"
 # propagate off: every layer then sees the float model's inputs, as the eager run does
-RUN = dict(samples=4, seq_len=512, batch_size=2, pipeline="sequential", propagate=False)
+RUN = dict(samples=6, seq_len=512, batch_size=2, pipeline="sequential", propagate=False)
 
 
 def _captured(monkeypatch: pytest.MonkeyPatch, request: CompressRequest) -> dict[str, torch.Tensor]:
@@ -76,9 +77,10 @@ def test_image_tokens_reach_the_language_layers_hessians(
 
     # the batches compress made (same rows, seed and sizes), run eagerly
     batches = load_multimodal_calibration(
-        drawn_rows, folder, samples=4, seq_len=512, batch_size=2
+        drawn_rows, folder, samples=6, seq_len=512, batch_size=2
     ).batches
-    assert any("pixel_values" in batch for batch in batches)
+    grids = {tuple(batch["image_grid_thw"].flatten().tolist()) for batch in batches}
+    assert len(grids) == 3  # three image sizes: later batches are not the one traced on
     eager = _eager(folder, batches, names)
     for name in names:
         torch.testing.assert_close(images[name], eager[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -70,7 +70,7 @@ def test_bad_media_input_exits_2_writing_nothing(
     out = tmp_path / "out"
     before = sorted(p.name for p in tmp_path.iterdir())
     code, output = invoke("compress", "-m", str(folder), "-d", str(rows), "-o", str(out),
-                          "--samples", "4", "--seq-len", "512")  # fmt: skip
+                          "--samples", "6", "--seq-len", "512")  # fmt: skip
     assert code == 2 and said in output, output
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no staging
     code, output = invoke("evaluate", "-m", str(folder), "--data", str(rows))

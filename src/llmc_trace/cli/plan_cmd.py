@@ -10,6 +10,8 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+from llmc_trace.cli.options import split_list
+from llmc_trace.core.names import MODALITIES
 
 if TYPE_CHECKING:
     from llmc_trace.plan import MemoryPlan
@@ -39,6 +41,18 @@ if TYPE_CHECKING:
 )
 @click.option("--host-memory", default=None, help="Host memory, e.g. 512GiB (default: available).")
 @click.option("--data-free", is_flag=True, help="Plan for a compressor that needs no data (RTN).")
+@click.option(
+    "--modality",
+    default="text",
+    show_default=True,
+    type=click.Choice(MODALITIES),
+    help="Calibration data of this modality (image: the vision tower's activations count).",
+)
+@click.option(
+    "--tracing-ignore",
+    multiple=True,
+    help="Tracing fixes (as `attempt --fix` prints them) added to the default ignore list.",
+)
 @click.option(
     "--ranks",
     default=1,
@@ -70,6 +84,8 @@ def plan(
     device_memory: str | None,
     host_memory: str | None,
     data_free: bool,
+    modality: str,
+    tracing_ignore: tuple[str, ...],
     recipe: Path | None,
     ranks: int,
     expert_group: int | None,
@@ -126,6 +142,8 @@ def plan(
                 )
                 for _, needs_data, quantizes in stages
             ],
+            modality=modality,
+            tracing_ignore=split_list(tracing_ignore),
             device_memory=device,
             host_memory=host,
         )

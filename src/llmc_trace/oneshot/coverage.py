@@ -5,8 +5,9 @@ MoE model once were never targeted, and nothing said so. After every run the par
 each kind (attention, dense MLP, experts, routers, embeddings, head) are counted as compressed
 or left, so the console can say plainly when more than half of the linear-like weights were not
 touched. A multimodal model's towers and projector are counted apart from its language model
-(:mod:`llmc_trace.models.parts`), one row each, whatever their layers' kinds: kept in full
-precision by default, they would otherwise pass for untouched attention and MLP weights.
+(:mod:`llmc_trace.models.parts`), one row each for their linear layers, whatever their kinds:
+kept in full precision by default, they would otherwise pass for untouched attention and MLP
+weights. Their position tables join the embeddings.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def parameter_coverage(
                 continue
             seen.add(id(weight))
         part = parts.part_of(name)
-        row = part if part in TOWER_PARTS else kind_of(name, module, routers)
+        tower = part in TOWER_PARTS and not isinstance(module, torch.nn.Embedding)
+        row = part if tower else kind_of(name, module, routers)
         totals[row] += weight.numel()
         if name in compressed:
             done[row] += weight.numel()

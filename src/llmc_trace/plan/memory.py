@@ -49,7 +49,10 @@ def plan_memory(
     invariant: set[str] = set()
     if traced.partitioned is None:
         kind = traced.failure.kind if traced.failure else "unknown"
-        excluded[SEQUENTIAL] = f"the model does not trace ({kind})"
+        excluded[SEQUENTIAL] = (
+            f"the model does not trace ({kind}); `attempt --fix` finds a fix to pass as "
+            "--tracing-ignore (compress applies it itself)"
+        )
     else:
         invariant = sample_invariant_names(twin or _twin_of(traced))
     estimates = estimate_pipelines(
@@ -71,15 +74,22 @@ def plan_source(
     model: str,
     settings: Sequence[RunSettings],
     *,
+    modality: str = "text",
+    tracing_ignore: Sequence[str] | None = None,
     device_memory: int | None = None,
     host_memory: int | None = None,
 ) -> list[MemoryPlan]:
     """Trace ``model`` once on ``meta`` at the planning sizes (which collide with no model
     width, so every sequence and batch dimension can be told apart and scaled) and plan it for
     each of ``settings`` (one per stage of a recipe), with the model's own dtype for storage
-    and the compute dtype of the device each names."""
+    and the compute dtype of the device each names. A ``modality`` other than text traces on
+    the config's own sample of it (a vision tower's patches are then counted), with
+    ``tracing_ignore`` (the fixes ``attempt --fix`` finds) added to the default ignore list."""
     traced = trace_source(
-        model, sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
+        model,
+        modality=modality,
+        ignore=list(tracing_ignore) if tracing_ignore else None,
+        sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
     )
     storage = parameter_dtype(traced.model) or torch.float32
     plans = []
