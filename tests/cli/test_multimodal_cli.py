@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
+from llmc_trace.cli.main import cli
 from tests.cli.test_interrupts_cli import invoke
 
 QWEN = "Qwen/Qwen2-VL-2B-Instruct"
@@ -92,10 +95,12 @@ def test_text_model_given_images_and_tokens_past_seq_len(
 
 def test_evaluate_scores_text_given_images(twins, drawn_rows: Path) -> None:
     folder = str(twins(QWEN))
-    code, output = invoke("evaluate", "-m", folder, "--data", str(drawn_rows), "--json")
-    assert code == 0, output
-    image = json.loads(output)
-    assert image["modality"] == "image" and image["num_tokens"] > 0
+    result = CliRunner().invoke(
+        cli, ["--quiet", "evaluate", "-m", folder, "--data", str(drawn_rows), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    image = json.loads(result.stdout)
+    assert image["modality"] == "auto" and image["num_tokens"] > 0
     code, output = invoke(
         "evaluate", "-m", folder, "--data", str(drawn_rows), "--modality", "audio"
     )
