@@ -22,11 +22,7 @@ from tests.multimodal import TWINS
 
 #: Group size 32 divides every twin's widths (LLaVA's and Qwen2-Audio's MLP, 1376 = 11008 / 8,
 #: does not take 128, as their full-size 11008 does not either).
-SCHEME = {
-    "name": "W4A16",
-    "weights": {"num_bits": 4, "strategy": "group", "group_size": 32, "actorder": "static"},
-}
-RUN = dict(samples=4, seq_len=512, batch_size=2, pipeline="sequential", scheme=SCHEME)
+RUN = dict(samples=4, seq_len=512, batch_size=2, pipeline="sequential", group_size=32)
 
 
 def _rows(name: str, drawn_rows: Path, tone_rows: Path) -> Path:

@@ -90,3 +90,16 @@ def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:
         "True",
         "llmc_trace.oneshot.request",
     ], result.stderr
+
+
+def test_group_size_overrides_the_schemes_and_zero_means_per_channel() -> None:
+    from llmc_trace.oneshot.stage import Stage, _scheme_mapping
+
+    assert Stage().scheme.weights.group_size == 128
+    grouped = Stage(group_size=32).scheme.weights
+    assert (grouped.strategy, grouped.group_size) == ("group", 32)
+    channel = Stage(scheme="W8A16", group_size=0).scheme.weights
+    assert (channel.strategy, channel.group_size, channel.num_bits) == ("channel", None, 8)
+    # the recipe a run writes reads back to the same stage
+    again = Stage(scheme=_scheme_mapping(Stage(group_size=32).scheme), group_size=32)
+    assert again.scheme == Stage(group_size=32).scheme

@@ -103,6 +103,12 @@ class Stage:
         "MoE: calibrate at most this many experts per pass (bounds the Hessians alive).",
         Int(1, optional=True),
     )
+    group_size: int | None = option(
+        None,
+        "Columns sharing a scale, overriding the scheme's (e.g. 32 where no layer width takes "
+        "128); 0 gives one scale per output channel.",
+        Int(0, optional=True),
+    )
     towers: bool = option(
         False,
         "Compress a multimodal model's vision and audio towers and their projectors too (by "
@@ -129,6 +135,12 @@ class Stage:
         scheme = self.scheme
         if isinstance(scheme, str) or isinstance(scheme, Mapping):
             scheme = _read_scheme(scheme, method)
+        if scheme is not None and self.group_size is not None:
+            scheme = (
+                scheme.with_weights(strategy="channel", group_size=None)
+                if self.group_size == 0
+                else scheme.with_weights(strategy="group", group_size=self.group_size)
+            )
         if scheme is not None and self.ignore:
             kept = tuple(dict.fromkeys((*scheme.ignore, *self.ignore)))
             scheme = dataclasses.replace(scheme, ignore=kept)

@@ -30,7 +30,8 @@ def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str
             raise BadInputError(
                 f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "
                 f"not a multiple of the group size {args.group_size}.",
-                hint="Use a per-channel scheme or a smaller group size, or ignore those layers.",
+                hint="Pass a group size that divides them (--group-size 32), or 0 for one scale "
+                "per output channel, or keep those layers in full precision (--ignore).",
                 param="scheme",
             )
     return [n for n, _ in targets]
