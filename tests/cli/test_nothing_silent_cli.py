@@ -19,6 +19,7 @@ from llmc_trace.cli.main import cli
 from refmodel import FOLDER as REFMODEL
 
 NAN, INF = float("nan"), float("inf")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def invoke(*args: str) -> tuple[int, str]:

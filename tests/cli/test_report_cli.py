@@ -6,12 +6,11 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 from click.testing import CliRunner
 
@@ -159,16 +158,6 @@ def test_render_needs_a_model_or_a_report_not_both(report_file: Path, tmp_path: 
         "render", "--report", str(report_file), "-m", "llama", "-o", str(tmp_path / "r.html")
     )
     assert code == 2 and "do not apply to --report" in " ".join(output.split())
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Compress on one thread: the solves are many tiny ops, which a second thread only slows
-    on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")
