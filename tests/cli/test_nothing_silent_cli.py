@@ -119,7 +119,8 @@ def test_evaluate_refuses_a_nan_weight_and_logits_that_are_not_finite(
         "the first module whose output is not finite is model.layers.0.mlp.down_proj (Linear)"
         in output
     )
-    assert "evaluate in float32" in output and "perplexity" not in output
+    assert "overflows in float32: the checkpoint's values are out of range" in output
+    assert "perplexity" not in output
 
 
 def test_calibration_inputs_that_are_not_finite_name_the_layer_and_subgraph(
@@ -129,7 +130,7 @@ def test_calibration_inputs_that_are_not_finite_name_the_layer_and_subgraph(
     code, output = compress(overflowing(folder, tmp_path / "big"), data, tmp_path / "out")
     assert code == 1, output
     assert "the calibration inputs of model.layers.0.mlp.down_proj (subgraph 1) hold" in output
-    assert "+inf" in output and "calibrate in float32" in output
+    assert "+inf" in output and "check the calibration data" in output
     assert not (tmp_path / "out").exists() and left_behind(tmp_path) == []
 
 

@@ -116,25 +116,26 @@ class World:
         and raises it: rank 0 names the rank (``rank 1: ...``) and the CLI shows it there
         alone (``shown_by_rank_0``), with the failing rank's exit code.
         """
-        failure: LlmcTraceError | None = None
-        value: T | None = None
         try:
             value = step()
         except LlmcTraceError as err:
-            if not self.distributed:
-                raise
-            failure = err
-        if not self.distributed:
-            return value  # type: ignore[return-value]
+            if self.distributed:
+                self._end_together(err)
+            raise
+        if self.distributed:
+            self._end_together(None)
+        return value
+
+    def _end_together(self, failure: LlmcTraceError | None) -> None:
+        """Tell every rank how this one's step ended (``failure``), and raise on every rank
+        the error of the first rank that failed; return when none did."""
         reports: list[tuple[bool, str, str, str | None] | None] = [None] * self.size
-        mine = None if failure is None else _report(failure)
-        dist.all_gather_object(reports, mine)
+        dist.all_gather_object(reports, None if failure is None else _report(failure))
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
         if not failed:
-            return value  # type: ignore[return-value]
+            return
         rank, (bad_input, message, hint, param) = failed[0]
-        if rank == self.rank:
-            assert failure is not None
+        if rank == self.rank and failure is not None:
             error = failure
         else:
             kind = BadInputError if bad_input else LlmcTraceError

@@ -35,11 +35,16 @@ def check_logits(
         if module is not None
         else ""
     )
-    dtype = str(logits.dtype).removeprefix("torch.")
+    dtype = next(model.parameters()).dtype
+    remedy = (
+        "the checkpoint's values are out of range for this data"
+        if dtype == torch.float32
+        else "evaluate in float32 (--dtype float32)"
+    )
     raise NonFiniteError(
         f"the model's logits on batch {batch} hold {problem}{found}.",
-        hint=f"Its weights are finite, so its forward pass overflows in {dtype}: evaluate in "
-        "float32 (--dtype float32); if it still does, the checkpoint's values are out of range.",
+        hint=f"Its weights are finite, so its forward pass overflows in "
+        f"{str(dtype).removeprefix('torch.')}: {remedy}.",
         location=module or "logits",
     )
 

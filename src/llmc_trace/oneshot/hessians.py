@@ -148,11 +148,16 @@ class HessianCollector:
             else f"the Hessian of {where} overflowed float32: its inputs reach "
             f"{tokens.abs().max().item():.3g}"
         )
+        remedy = (
+            "check the calibration data, or calibrate without error propagation "
+            "(--no-propagate) if compressed layers before it caused it"
+            if x.dtype == torch.float32
+            else "calibrate in float32 (--dtype float32)"
+        )
         return NonFiniteError(
             f"{what}.",
             hint="The model's weights are finite, so its forward pass diverged on this data "
-            "before this layer: calibrate in float32 (--dtype float32) or on other data; "
-            "nothing was written.",
+            f"before this layer: {remedy}. Nothing was written.",
             location=name,
         )
 
