@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,17 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, (os.cpu_count() or 1) // workers)
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Run the test on one torch thread, restoring the setting after it: compressing and
+    tracing tiny models are many tiny ops, which a second thread only slows on a busy 2-core
+    machine (a built-in sweep took 10 minutes so, 1.5 with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, float]:

@@ -166,3 +166,40 @@ def test_a_killed_rank_ends_every_rank_and_leaves_no_output(tmp_path: Path) -> N
     assert child.returncode != 0
     assert "rank: 1" in output or "rank 1" in output, output[-2000:]
     assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())
+
+
+@needs_torchrun
+def test_a_rank_that_cannot_read_its_dataset_ends_every_rank_with_its_sentence(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each rank runs in a folder of its own, as on a node of its own, and only rank 0's holds
+    the dataset the command names: every rank ends at once, rank 0 saying rank 1's sentence
+    (no rank waits in a collective for a peer that left, to die with a traceback), exit 2,
+    nothing written."""
+    folder, data = saved_llama
+    for rank in (0, 1):
+        (tmp_path / f"node{rank}").mkdir()
+    shutil.copyfile(data, tmp_path / "node0" / "calib.npy")
+    driver = tmp_path / "on_its_node.py"
+    driver.write_text(
+        "import os, sys\n"
+        f"os.chdir(os.path.join({str(tmp_path)!r}, 'node' + os.environ['RANK']))\n"
+        "from llmc_trace.cli.main import main\n"
+        "sys.argv[0] = 'llmc-trace'\n"
+        "main()\n"
+    )
+    assert TORCHRUN is not None
+    out = tmp_path / "out"
+    command = [TORCHRUN, "--nproc-per-node", "2", str(driver), "--quiet", "compress", "-m",
+               str(folder), "-d", "calib.npy", "--samples", "8", "--seq-len", "32", "-o", str(out)]  # fmt: skip
+    started = time.monotonic()
+    child = subprocess.run(
+        command, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    output = child.stdout + child.stderr
+    assert child.returncode != 0 and time.monotonic() - started < 120
+    said = "Invalid value for --dataset: rank 1: calibration file calib.npy does not exist."
+    assert output.count(said) == 1, output[-3000:]
+    assert "exitcode  : 2" in output and "[rank0]" not in output and "[rank1]" not in output
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -1,21 +1,26 @@
 """``trace_subgraphs`` as llm-compressor's drop-in: fixes on model instances, ``["Linear"]``
-targets under sdpa, located failures."""
+targets under sdpa, located failures, llm-compressor's ignore list on every built-in."""
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llmc_trace import trace_subgraphs
+from llmc_trace.compat import trace_subgraphs as compat_trace_subgraphs
+from llmc_trace.compat.arguments import DEFAULT_TRACING_IGNORE
 from llmc_trace.errors import NotTraceableError
-from llmc_trace.graph.verify import replay
+from llmc_trace.graph.verify import replay, verify_subgraphs
 from llmc_trace.models.build import build_twin
 from llmc_trace.models.samples import SampleOptions, make_sample
 from llmc_trace.models.source import resolve_model
+from llmc_trace.tracing.trace import concrete_arguments
 from tests.conftest import tiny_llama, token_batch
+from tests.test_builtins import cases
 
 SIZES = dict(
     vocab_size=128,
@@ -128,3 +133,51 @@ def test_a_model_on_meta_without_twin_is_not_accepted() -> None:
     with pytest.raises(NotTraceableError, match="control flow") as raised:
         trace_subgraphs(model, {"x": torch.randn(2, 4, device="meta")}, ["Block"])
     assert raised.value.failure.location.function == "route"
+
+
+def test_a_string_target_is_one_and_unknown_ignore_names_are_dropped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """llm-compressor's contract: one ``tracing_ignore`` for every model, its names this model
+    lacks dropped (here with one warning, a likely typo named with its closest name)."""
+    model = tiny_llama(layers=2)
+    ignore = [*DEFAULT_TRACING_IGNORE, "LlamaDecoderLayr"]
+    with caplog.at_level(logging.WARNING, logger="llmc_trace"):
+        subgraphs = trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", ignore)
+    assert [s.targets for s in subgraphs] == [[], ["model.layers.0"], ["model.layers.1"]]
+    [warning] = [r.getMessage() for r in caplog.records if "dropped from ignore" in r.getMessage()]
+    assert "'LlamaDecoderLayr' (a likely typo of 'LlamaDecoderLayer')" in warning
+    assert "'_update_mamba_mask'," in warning and warning.count("a likely typo") == 1
+    assert "create_causal_mask" not in warning  # Llama's mask builder: kept, not dropped
+    compat = compat_trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", ignore)
+    assert [s.targets for s in compat] == [s.targets for s in subgraphs]
+
+
+#: every built-in and modality, in shards that ``pytest -n 2`` spreads over its workers
+BUILTIN_CASES = cases()
+SHARDS = 4
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"shard{s + 1}of{SHARDS}")
+def test_llm_compressors_default_ignore_verifies_on_every_builtin_twin(shard: int) -> None:
+    """trace_subgraphs with llm-compressor's default ``tracing_ignore`` and the model's own
+    sequential targets: replaying the subgraphs gives the twin's eager outputs, on every
+    built-in in every modality it takes (fixes found and proved as trace_subgraphs does)."""
+    failed = []
+    for name, modality in BUILTIN_CASES[shard::SHARDS]:
+        twin = build_twin(resolve_model(name))
+        sample = make_sample(twin.config, modality, SampleOptions())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # configs' own deprecation notes
+            subgraphs = trace_subgraphs(twin, sample, None, list(DEFAULT_TRACING_IGNORE))
+        produced = {output for s in subgraphs for output in s.output_names}
+        inputs = [
+            k for k in sample if k not in produced and any(k in s.input_names for s in subgraphs)
+        ]
+        verification = verify_subgraphs(
+            twin, subgraphs, sample, inputs, eager_kwargs=concrete_arguments(twin, {})
+        )
+        if not verification.ok:
+            failed.append(f"{name} ({modality}): {verification.problems[:2]}")
+    assert not failed, failed

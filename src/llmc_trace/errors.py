@@ -28,6 +28,10 @@ class LlmcTraceError(Exception):
     so a command line can point at the option.
     """
 
+    #: set on the error every rank of a distributed run raises together
+    #: (:meth:`~llmc_trace.core.world.World.agree`): rank 0 shows it, the others end quietly
+    shown_by_rank_0: bool = False
+
     def __init__(self, message: str, *, hint: str = "", param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -119,6 +123,20 @@ class HessianError(CompressionError, ArithmeticError):
 
 class CheckpointError(CompressionError, ValueError):
     """The quantized modules and the scheme(s) do not describe a loadable checkpoint."""
+
+
+class NonFiniteError(LlmcTraceError):
+    """A value computed from finite inputs holds NaN or inf: a layer's calibration inputs or
+    Hessian, a compressed weight, a tensor on its way into a checkpoint, a model's logits.
+
+    Non-finite *inputs* (source weights, token ids) are bad input and refused as such where
+    they are read; this is the job's own answer going wrong (exit 1), raised where the value is
+    made so that nothing downstream is built on it. ``location`` names the tensor or layer.
+    """
+
+    def __init__(self, message: str, *, hint: str, location: str) -> None:
+        super().__init__(message, hint=hint)
+        self.location = location
 
 
 class DotNotFoundError(LlmcTraceError):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 import yaml
 from click.testing import CliRunner
 
@@ -91,6 +92,19 @@ def test_render_report_draws_the_overview_and_the_page(report_file: Path, tmp_pa
     assert "--ignore model.layers.0.mlp.down_proj --ignore model.layers.0.self_attn.q_proj" in page
 
 
+def edited(text: str, change: Callable[[dict[str, Any]], object]) -> str:
+    """``report.json``'s text after ``change`` edits its document (Python's JSON writes NaN
+    and Infinity as the bare words, as a hand-edited or foreign report may hold them)."""
+    document = json.loads(text)
+    change(document)
+    return json.dumps(document)
+
+
+def empty_run(document: dict[str, Any]) -> None:
+    document["settings"]["stages"] = []
+    document["layers"] = []
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -100,8 +114,31 @@ def test_render_report_draws_the_overview_and_the_page(report_file: Path, tmp_pa
         (lambda text: text.replace('"num_tokens"', '"tokens"'), "`num_tokens` of"),
         (lambda text: text.replace('"samples": 8', '"samples": "8"'), "`samples` is '8', not int"),
         (lambda text: text.replace('"stage": 0,\n      "', '"stage": 3,\n      "'), "stage 3"),
+        (lambda text: edited(text, empty_run), "it lists no stages"),
+        (lambda text: edited(text, lambda d: d.update(layers=[])), "it lists no layers"),
+        (
+            lambda text: edited(text, lambda d: d["layers"][0].update(loss=math.nan)),
+            "`loss` of model.layers.0.self_attn.q_proj is nan, not a finite number >= 0",
+        ),
+        (
+            lambda text: edited(
+                text, lambda d: d["layers"][1].update(loss=math.inf, baseline_loss=math.inf)
+            ),
+            "`loss` of model.layers.0.mlp.down_proj is inf, not a finite number >= 0",
+        ),
     ],
-    ids=["truncated", "schema", "version", "missing-key", "wrong-type", "stage"],
+    ids=[
+        "truncated",
+        "schema",
+        "version",
+        "missing-key",
+        "wrong-type",
+        "stage",
+        "no-stages-no-layers",
+        "no-layers",
+        "nan-loss",
+        "infinite-losses",
+    ],
 )
 def test_a_bad_report_exits_2_saying_what_is_wrong(
     report_file: Path, tmp_path: Path, change, message: str
@@ -121,16 +158,6 @@ def test_render_needs_a_model_or_a_report_not_both(report_file: Path, tmp_path: 
         "render", "--report", str(report_file), "-m", "llama", "-o", str(tmp_path / "r.html")
     )
     assert code == 2 and "do not apply to --report" in " ".join(output.split())
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Compress on one thread: the solves are many tiny ops, which a second thread only slows
-    on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.core.finite import non_finite
 from llmc_trace.errors import HessianError
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def inverse_factor(
     first factorisation (the inverse not positive definite in float32, rare once H factorised)
     cannot be retried, since H is gone, and raises.
     """
-    if not torch.isfinite(H).all():
+    if non_finite(H) is not None:
         raise HessianError(
             "the Hessian contains NaN or inf.",
             hint="check the layer's calibration inputs; a diverged forward pass produces them.",

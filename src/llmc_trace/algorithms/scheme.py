@@ -56,6 +56,17 @@ class QuantizationArgs:
     actorder: ActOrder | None = None
 
     def __post_init__(self) -> None:
+        for field, value, right, kind, hint in (
+            ("num_bits", self.num_bits, _whole(self.num_bits), "a whole number",
+             "use 2 to 8 bits, e.g. 4."),
+            ("symmetric", self.symmetric, isinstance(self.symmetric, bool), "true or false",
+             "use true (scales only) or false (scales and zero points)."),
+            ("group_size", self.group_size,
+             self.group_size is None or _whole(self.group_size), "a whole number or null",
+             "use e.g. 128, or null for a per-channel or per-tensor strategy."),
+        ):  # fmt: skip
+            if not right:
+                raise SchemeError(f"{field}={value!r} is not {kind}.", hint=hint)
         for field, value, allowed in (
             ("strategy", self.strategy, get_args(Strategy)),
             ("observer", self.observer, get_args(Observer)),
@@ -99,6 +110,11 @@ class QuantizationArgs:
     def qmax(self) -> int:
         """Largest integer on the grid: 2^(b-1) - 1 (7 for 4 bits)."""
         return (1 << (self.num_bits - 1)) - 1
+
+
+def _whole(value: object) -> bool:
+    """An integer, and not a boolean (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

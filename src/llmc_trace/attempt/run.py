@@ -35,7 +35,7 @@ from llmc_trace.traced.twin import (
     verify_on_twin,
     verify_on_weights,
 )
-from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.options import TracingOptions, known_ignore
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 def trace_subgraphs(
     model: torch.nn.Module,
     sample_input: dict[str, Any],
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
+    sequential_targets: str | list[str] | None = None,
+    ignore: str | list[str] | None = None,
     targets_per_subgraph: int = 1,
     *,
     fix: bool = True,
@@ -52,7 +52,12 @@ def trace_subgraphs(
     """Trace ``model`` on ``sample_input`` and cut it into subgraphs, one target group each.
 
     Same contract as llm-compressor's ``trace_subgraphs``: executing the subgraphs in order is
-    equivalent to executing the model. ``ignore=None`` means llmc-trace's defaults.
+    equivalent to executing the model. ``sequential_targets=None`` means the model's repeated
+    blocks; a string is one target (``"LlamaDecoderLayer"``). ``ignore`` is a program's list,
+    as llm-compressor's default ``tracing_ignore`` is one list for every model: names that
+    match nothing in ``model`` are dropped with one warning listing them, a likely typo with
+    its closest name (:func:`~llmc_trace.tracing.options.known_ignore`; the command line
+    refuses them instead, since a person typed them).
 
     When tracing fails and ``fix`` is set, the fixes ``attempt --fix`` would try are tried,
     each proved on a tiny twin built from the model's class and config (on the sample itself
@@ -61,7 +66,9 @@ def trace_subgraphs(
     ``failure`` (a :class:`~llmc_trace.diagnose.failure.TraceFailure`) and ``fixes`` (what
     was tried) on it.
     """
-    options = TracingOptions.parse(model, ignore or [], sequential_targets, targets_per_subgraph)
+    targets = [sequential_targets] if isinstance(sequential_targets, str) else sequential_targets
+    known = known_ignore(model, ignore or [])
+    options = TracingOptions.parse(model, known, targets, targets_per_subgraph)
     return trace_instance(model, sample_input, options, fix=fix).subgraphs
 
 

@@ -59,12 +59,13 @@ from llmc_trace.checkpoint.layout import (
     quantization_config,
     stores_quantized,
 )
-from llmc_trace.errors import CheckpointError, OutputError
+from llmc_trace.errors import CheckpointError, NonFiniteError, OutputError
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
 from llmc_trace.moe import per_expert_tensors
+from llmc_trace.core.finite import non_finite
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,10 @@ def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 class CheckpointWriter:
     """One checkpoint folder, written tensor by tensor (see the module docstring).
 
+    Every tensor is checked for NaN and inf as it is put (:func:`~llmc_trace.core.finite.
+    non_finite`: one reduction, no copy); one that holds any ends the write, named, and the
+    partial folder goes with it, so no checkpoint holding one is ever renamed into place.
+
     `assignment` names every module whose weight will be stored quantized, with its scheme;
     `quantized` is where their `QuantizedWeight`s appear (a compressor's dict): each is taken
     out of it when its module's weight is put (as is that of a compressed module stored
@@ -213,9 +218,11 @@ class CheckpointWriter:
             self.out_dir.parent.mkdir(parents=True, exist_ok=True)
             self.staging.mkdir()
             self._shards = ShardedSafetensors(self.staging, self.specs, max_shard_size)
-        except OSError as err:
+        except BaseException as err:  # not yet inside a ``with``: nothing else removes it
             shutil.rmtree(self.staging, ignore_errors=True)
-            raise OutputError.writing(self.out_dir, err) from err
+            if isinstance(err, OSError):
+                raise OutputError.writing(self.out_dir, err) from err
+            raise
 
     def __enter__(self) -> CheckpointWriter:
         return self
@@ -266,6 +273,16 @@ class CheckpointWriter:
                 if prefix in self.pruned:
                     self._count_zeros(value)
         for name, tensor in tensors.items():
+            problem = non_finite(tensor)
+            if problem is not None:
+                raise NonFiniteError(
+                    f"{name} holds {problem} on its way into the checkpoint.",
+                    hint="It was made from finite weights, by the cast to the checkpoint's "
+                    "dtype (float16 holds at most 65504: try --dtype bfloat16) or by the "
+                    "compression (please report it, with the command). Nothing was written; an "
+                    "existing --out is as it was.",
+                    location=name,
+                )
             self._shards.put(name, tensor)
 
     def _count_zeros(self, weight: torch.Tensor) -> None:
@@ -482,7 +499,9 @@ def remove_stale_staging(out_dir: Path) -> list[Path]:
     """Remove the hidden ``.partial`` folders an earlier writer of ``out_dir`` left when it was
     killed outright (SIGKILL, a lost machine: nothing could unwind), naming each in a warning;
     every other way a write ends removes its own. Returns the folders removed."""
-    stale = sorted(out_dir.parent.glob(f".{out_dir.name}.*.partial")) if out_dir.parent.is_dir() else []
+    stale = (
+        sorted(out_dir.parent.glob(f".{out_dir.name}.*.partial")) if out_dir.parent.is_dir() else []
+    )
     for folder in stale:
         logger.warning("removing %s, left by an earlier run that was killed while writing", folder)
         shutil.rmtree(folder, ignore_errors=True)

@@ -82,14 +82,15 @@ def _compress(
 
     given = _given_on_command_line(click.get_current_context(), options)
     world = join_from_environment()  # under torchrun: this rank of the group
-    with interruptible(ctx, "compress"), handle_errors(ctx), ctx.progress("compress") as progress:
+
+    def request() -> CompressRequest:
         if recipe is None:
-            request = CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
-        else:
-            request = CompressRequest.from_recipe(
-                recipe, model, out_dir, overwrite=overwrite, **given
-            )
-        result = run_compress(request, progress=progress)
+            return CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
+        return CompressRequest.from_recipe(recipe, model, out_dir, overwrite=overwrite, **given)
+
+    with interruptible(ctx, "compress"), handle_errors(ctx), ctx.progress("compress") as progress:
+        # every rank checks its request (its dataset among it); one that fails ends them all
+        result = run_compress(world.agree(request), progress=progress)
     if not world.is_main:
         return
     stages = " then ".join(

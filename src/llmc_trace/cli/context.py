@@ -71,6 +71,7 @@ pass_cli = click.make_pass_decorator(CliContext, ensure=True)
 @contextlib.contextmanager
 def handle_errors(ctx: CliContext) -> Iterator[None]:
     """Bad input exits 2 naming the parameter; other project errors exit 1 with their hint.
+    An error every rank of a distributed run raised together is shown by rank 0 alone.
 
     Under ``--json`` the error is the one JSON document on stdout (``error``, ``hint``,
     ``param``, ``exit_code``), so a script reading stdout never meets a half document.
@@ -81,6 +82,11 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
         if ctx.debug:
             raise
         code = 2 if isinstance(err, BadInputError) else 1
+        if err.shown_by_rank_0:  # every rank raised it together: rank 0 alone says it
+            from llmc_trace.core.world import current_world
+
+            if not current_world().is_main:
+                sys.exit(code)
         option = f"--{err.param.replace('_', '-')}" if err.param else None
         current = click.get_current_context(silent=True)
         if current is not None and current.params.get("as_json"):

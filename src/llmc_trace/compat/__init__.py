@@ -43,7 +43,8 @@ Where the behaviour differs, and why:
   keyword and ignores names it does not read.
 * **Tracing.** :func:`trace_subgraphs` runs llmc-trace's tracer (located failures, guards,
   opaque mask builders). ``ignore`` names the model does not have are dropped, as
-  llm-compressor's default list names functions of many models.
+  llm-compressor's default list names functions of many models, with one warning listing
+  them (a likely typo with the model's closest name), where llm-compressor says nothing.
 * **Errors** are :class:`~llmc_trace.errors.BadInputError` (a ``ValueError``) with a hint:
   a partition of a graph that is not well formed (llm-compressor asserts), deleting a name
   a batch does not hold (there a ``KeyError``), a ``forward`` parameter with no default that

@@ -8,7 +8,6 @@ the behaviour differs and why.
 from __future__ import annotations
 
 import inspect
-import logging
 import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -21,11 +20,8 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.graph import partition
 from llmc_trace.graph.subgraph import MODEL_OUTPUT
 from llmc_trace.graph.subgraph import Subgraph as LlmcSubgraph
-from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.targets import plan_leaves
 from llmc_trace.tracing.trace import concrete_arguments
-
-logger = logging.getLogger(__name__)
 
 
 class Subgraph(LlmcSubgraph):
@@ -90,41 +86,20 @@ def _output_names(graph: fx.Graph) -> list[str]:
 def trace_subgraphs(
     model: torch.nn.Module,
     sample_input: dict[str, Any],
-    sequential_targets: list[str] | None,
-    ignore: list[str],
+    sequential_targets: str | list[str] | None,
+    ignore: str | list[str],
     targets_per_subgraph: int = 1,
 ) -> list[Subgraph]:
     """Trace ``model`` and cut it into subgraphs, each sequential target in exactly one, such
     that executing the subgraphs in order is equivalent to executing the model.
 
-    llmc-trace's tracer does the work (:func:`llmc_trace.trace_subgraphs`). ``ignore`` names
-    that this model does not have are dropped, as llm-compressor passes one list of names
-    gathered from many models; llmc-trace would refuse them as mistyped.
+    :func:`llmc_trace.trace_subgraphs` itself, with its rule for ``ignore`` (names this model
+    does not have are dropped with one warning), its subgraphs as llm-compressor's class.
     """
-    known = known_ignore(model, ignore)
     subgraphs = trace_llmc_subgraphs(
-        model, sample_input, sequential_targets, known, targets_per_subgraph
+        model, sample_input, sequential_targets, ignore, targets_per_subgraph
     )
     return [Subgraph.adopt(subgraph) for subgraph in subgraphs]
-
-
-def known_ignore(model: torch.nn.Module, ignore: Iterable[str]) -> list[str]:
-    """The entries of ``ignore`` that name a module class, function or method of ``model``:
-    llm-compressor passes one list gathered from many models, where llmc-trace would refuse
-    a name the model lacks as mistyped. Entries in llmc-trace's own forms (``autowrap:...``,
-    ``tracing_models:...``) are kept, so that a malformed one is reported, not dropped."""
-    return [entry for entry in ignore if _names_something(model, entry)]
-
-
-def _names_something(model: torch.nn.Module, entry: str) -> bool:
-    if ":" in entry:
-        return True
-    try:
-        TracingOptions.parse(model, [entry])
-    except BadInputError:
-        logger.debug("ignore entry %r names nothing in %s; dropped", entry, type(model).__name__)
-        return False
-    return True
 
 
 def get_sequential_ancestors(

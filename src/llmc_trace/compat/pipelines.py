@@ -26,13 +26,12 @@ from llmc_trace.attempt.run import trace_instance
 from llmc_trace.compat.arguments import pipeline_arguments
 from llmc_trace.compat.callbacks import CalibrationCallbacks, Listening, hooks_disabled
 from llmc_trace.compat.dispatch import onload_device
-from llmc_trace.compat.helpers import known_ignore
 from llmc_trace.core.names import BASIC, DATA_FREE, LAYER_SEQUENTIAL, SEQUENTIAL
 from llmc_trace.errors import BadInputError
 from llmc_trace.pipelines.calibration import Calibration
 from llmc_trace.pipelines.registry import PIPELINES
 from llmc_trace.traced.model import TracedModel
-from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.options import TracingOptions, known_ignore
 from llmc_trace.tracing.targets import plan_leaves
 
 logger = logging.getLogger(__name__)

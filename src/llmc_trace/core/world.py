@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from llmc_trace.errors import BadInputError
+from llmc_trace.errors import BadInputError, LlmcTraceError
 
 T = TypeVar("T")
 
@@ -107,10 +107,52 @@ class World:
         if self.distributed:
             dist.barrier()
 
+    def agree(self, step: Callable[[], T]) -> T:
+        """``step()`` run on every rank, its project error on any rank raised on every rank.
+
+        A rank that cannot do its part (read its dataset) would otherwise end alone, and the
+        others wait in their next collective until torchrun kills them, each printing a
+        traceback about a closed connection. Here every rank learns of the failure at once
+        and raises it: rank 0 names the rank (``rank 1: ...``) and the CLI shows it there
+        alone (``shown_by_rank_0``), with the failing rank's exit code.
+        """
+        try:
+            value = step()
+        except LlmcTraceError as err:
+            if self.distributed:
+                self._end_together(err)
+            raise
+        if self.distributed:
+            self._end_together(None)
+        return value
+
+    def _end_together(self, failure: LlmcTraceError | None) -> None:
+        """Tell every rank how this one's step ended (``failure``), and raise on every rank
+        the error of the first rank that failed; return when none did."""
+        reports: list[tuple[bool, str, str, str | None] | None] = [None] * self.size
+        dist.all_gather_object(reports, None if failure is None else _report(failure))
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        if not failed:
+            return
+        rank, (bad_input, message, hint, param) = failed[0]
+        if rank == self.rank and failure is not None:
+            error = failure
+        else:
+            kind = BadInputError if bad_input else LlmcTraceError
+            error = kind(f"rank {rank}: {message}", hint=hint, param=param)
+        error.shown_by_rank_0 = True
+        raise error
+
     def _comm(self, tensor: torch.Tensor) -> torch.device:
         """Where a collective on ``tensor`` runs: NCCL needs the rank's GPU, gloo the CPU or
         the tensor's own device."""
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _report(error: LlmcTraceError) -> tuple[bool, str, str, str | None]:
+    """What another rank needs to raise ``error`` as its own: its kind (bad input or not),
+    message, hint and parameter."""
+    return isinstance(error, BadInputError), error.message, error.hint, error.param
 
 
 def current_world() -> World:

@@ -71,9 +71,10 @@ def load_calibration(
     `messages`; they are tokenised without added special tokens, then packed (`pack=True`:
     joined with eos and cut into full windows) or truncated (one sample per text). Rows, texts
     or stream windows are visited in an order drawn from `seed`, or in file order with
-    `shuffle=False`. A token array needs no tokenizer (its ids are checked against the
-    tokenizer's vocabulary, else against `vocab_size` when given) and is used as is: `pack`,
-    `column`, `split` and `subset` do not apply to it.
+    `shuffle=False`. A token array needs no tokenizer and is used as is: `pack`, `column`,
+    `split` and `subset` do not apply to it. Every sample's ids, tokenised or given, must lie
+    in `[0, vocab_size)` (the rows of the model's embedding table; the tokenizer's size when
+    `vocab_size` is not given): a tokenizer larger than the model's vocabulary is refused too.
 
     Raises `DataError` (with a `hint`) for any bad source, and before tokenising wherever the
     problem is visible without it.
@@ -91,13 +92,7 @@ def load_calibration(
     resolved = resolve_source(source)
     order_seed = seed if shuffle else None
     if resolved.is_token_array:
-        rows = _token_samples(
-            resolved,
-            len(tokenizer) if tokenizer is not None else vocab_size,
-            samples=samples,
-            seq_len=seq_len,
-            seed=order_seed,
-        )
+        rows = _token_samples(resolved, samples=samples, seq_len=seq_len, seed=order_seed)
     else:
         if tokenizer is None:
             raise DataError(
@@ -112,6 +107,9 @@ def load_calibration(
             table, token_lists, tokenizer, samples=samples, seq_len=seq_len, pack=pack
         )
     batches = pad_batches(rows, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+    limit = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer else None)
+    for batch in batches:
+        check_token_range(batch["input_ids"], limit, resolved.description)
     return CalibrationSet(
         batches=batches,
         num_samples=len(rows),
@@ -130,20 +128,13 @@ def visiting_order(count: int, seed: int | None) -> np.ndarray:
 
 
 def _token_samples(
-    resolved: ResolvedSource,
-    vocab_size: int | None,
-    *,
-    samples: int,
-    seq_len: int,
-    seed: int | None,
+    resolved: ResolvedSource, *, samples: int, seq_len: int, seed: int | None
 ) -> np.ndarray:
     assert resolved.path is not None
     array = open_token_array(resolved.path, resolved.description)
     available = count_windows(array, seq_len, resolved.description)
     check_enough(available, samples=samples, seq_len=seq_len, description=resolved.description)
-    windows = take_windows(array, visiting_order(available, seed)[:samples], seq_len)
-    check_token_range(windows, vocab_size, resolved.description)
-    return windows
+    return take_windows(array, visiting_order(available, seed)[:samples], seq_len)
 
 
 def _open_table(resolved: ResolvedSource, *, split: str, subset: str | None) -> TextTable:

@@ -28,6 +28,7 @@ from llmc_trace.data.processor import LoadedProcessor, load_processor
 from llmc_trace.data.rows import MediaRow, ModalityChoice, RowReader, detect_modality, has_media
 from llmc_trace.data.source import ResolvedSource, resolve_source
 from llmc_trace.data.tables import read_text_table
+from llmc_trace.data.tokens import check_token_range
 from llmc_trace.data.validation import check_sizes
 from llmc_trace.errors import DataError
 
@@ -85,6 +86,7 @@ def load_multimodal_calibration(
     modality: str | None = None,
     shuffle: bool = True,
     progress: Progress | None = None,
+    vocab_size: int | None = None,
 ) -> MultimodalCalibrationSet:
     """Take `samples` rows of `source` through `model`'s processor into batches.
 
@@ -94,10 +96,12 @@ def load_multimodal_calibration(
     `modality` forces image, video or audio; by default the columns decide. A sample longer
     than `seq_len` loses text from its end, never a media token (`data.fitting`); one that
     cannot fit is dropped and counted. `progress` hears `("rows", kept, samples)` as rows are
-    read and fitted, then `("batches", done, total)`.
+    read and fitted, then `("batches", done, total)`. With `vocab_size` (the rows of the
+    model's embedding table) every token id, placeholders included, must lie below it.
 
     Raises `DataError` for a bad source, a bad row (naming it), a model that does not take the
-    modality, a sample whose media tokens alone exceed `seq_len`, and too few samples.
+    modality, a sample whose media tokens alone exceed `seq_len`, token ids outside the
+    vocabulary, and too few samples.
 
     Example::
 
@@ -130,6 +134,7 @@ def load_multimodal_calibration(
     for first in range(0, len(kept), batch_size):
         chunk = kept[first : first + batch_size]
         batch = encoder.batch(chunk)
+        check_token_range(batch["input_ids"], vocab_size, table.description)
         batches.append(batch)
         if progress is not None:
             progress("batches", len(batches), total)

@@ -14,10 +14,14 @@ The array is memory-mapped: counting windows reads only the header, which keeps
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llmc_trace.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def open_token_array(path: Path, description: str) -> np.ndarray:
@@ -63,15 +67,20 @@ def take_windows(array: np.ndarray, indices: np.ndarray, seq_len: int) -> np.nda
     return np.asarray(windows, dtype=np.int64)
 
 
-def check_token_range(windows: np.ndarray, vocab_size: int | None, description: str) -> None:
-    """Raise if a token id is negative or, when `vocab_size` is known, not below it."""
-    if windows.size == 0:
+def check_token_range(
+    ids: np.ndarray | torch.Tensor, vocab_size: int | None, description: str
+) -> None:
+    """Raise if a token id is negative or, when `vocab_size` (the rows of the model's embedding
+    table) is known, not below it: an embedding lookup would fail deep inside the model, or
+    a gather read memory that is not the model's."""
+    if 0 in tuple(ids.shape):
         return
-    low, high = int(windows.min()), int(windows.max())
+    low, high = int(ids.min()), int(ids.max())
     if low < 0 or (vocab_size is not None and high >= vocab_size):
         limit = f"[0, {vocab_size})" if vocab_size is not None else "non-negative"
         raise DataError(
             f"{description} holds token ids from {low} to {high}, outside {limit}",
-            hint="Check that the array was made with this model's tokenizer.",
+            hint="Make the ids with this model's own tokenizer: each indexes a row of its "
+            "embedding table.",
             source=description,
         )

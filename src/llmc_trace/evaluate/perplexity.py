@@ -5,7 +5,9 @@ its README: each row runs independently (no state carried between rows), the log
 `0..T-2` are log-softmaxed in float32 and scored against the tokens at `1..T-1`, and perplexity
 is `exp(total NLL / scored tokens)`. Padding is never scored: a target counts only when it and
 the position predicting it both have attention mask 1, so right-padded batches of uneven texts
-give the same result as running each text alone.
+give the same result as running each text alone. Token ids must index the model's embedding
+table, and logits that are not finite are refused, naming the module where they diverged
+(:mod:`~llmc_trace.evaluate.diverged`): neither ever becomes a number.
 
 A `MultimodalCalibrationSet` is scored the same way, as the perplexity of its text given its
 media: each batch runs whole (`model(**batch)`: pixel values, grids, audio features), and a
@@ -26,7 +28,9 @@ import torch
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import CalibrationSet
 from llmc_trace.data.multimodal import MultimodalCalibrationSet
+from llmc_trace.data.tokens import check_token_range
 from llmc_trace.errors import DataError
+from llmc_trace.evaluate.diverged import check_logits
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def perplexity(
             hint="Pass 1 or more.",
             param="batch_size",
         )
-    batches, total_rows = _batches(data, batch_size)
+    batches, total_rows = _batches(data, batch_size, model.get_input_embeddings().num_embeddings)
     parameter = next(model.parameters())
     placeholders = torch.tensor(
         data.placeholder_ids if isinstance(data, MultimodalCalibrationSet) else (),
@@ -87,7 +91,7 @@ def perplexity(
     start = time.perf_counter()
     nll_sum, num_tokens, done_rows = 0.0, 0, 0
     try:
-        for batch in batches:
+        for number, batch in enumerate(batches):
             inputs = {
                 # media tensors (pixel values, audio features) in the model's dtype
                 name: value.to(parameter.device, parameter.dtype)
@@ -97,6 +101,7 @@ def perplexity(
             }
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]  # (B, T)
             logits = model(**inputs).logits
+            check_logits(model, inputs, logits, number)
             log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, vocab)
             target_log_probs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
             scored = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()  # (B, T-1)
@@ -124,9 +129,11 @@ def perplexity(
 
 
 def _batches(
-    data: np.ndarray | torch.Tensor | CalibrationSet, batch_size: int
+    data: np.ndarray | torch.Tensor | CalibrationSet, batch_size: int, vocab_size: int
 ) -> tuple[list[dict[str, torch.Tensor]] | Iterator[dict[str, torch.Tensor]], int]:
-    """The batches to score and the number of rows in all of them."""
+    """The batches to score and the number of rows in all of them. A calibration set's ids
+    were checked when it was loaded; an array's are checked here against the ``vocab_size``
+    rows of the model's embedding table."""
     if isinstance(data, CalibrationSet):
         return data.batches, data.num_samples
     tokens = torch.as_tensor(data)
@@ -137,6 +144,7 @@ def _batches(
             hint="Pass an array shaped (rows, seq_len), e.g. np.load('eval.npy'), or a "
             "CalibrationSet.",
         )
+    check_token_range(tokens, vocab_size, "the token array")
     tokens = tokens.long()
 
     def rows_in_batches() -> Iterator[dict[str, torch.Tensor]]:

@@ -76,7 +76,7 @@ def evaluate_model(
         seq_len=seq_len,
         shuffle=False,
         batch_size=batch_size,
-        vocab_size=getattr(source.config().get_text_config(), "vocab_size", None),
+        vocab_size=_vocab_size(source),
     )
     return perplexity(
         load_for_evaluation(source, dtype), calibration, batch_size=batch_size, progress=progress
@@ -102,6 +102,7 @@ def evaluate_multimodal(
     ``seq_len``, through the folder's own processor. Media placeholder tokens and padding are
     never scored. The data and the processor are checked before the model is loaded.
     """
+    source = resolve_model(str(folder))
     calibration = load_multimodal_calibration(
         data,
         folder,
@@ -110,8 +111,9 @@ def evaluate_multimodal(
         batch_size=batch_size,
         modality=modality,
         shuffle=False,
+        vocab_size=_vocab_size(source),
     )
-    model = load_for_evaluation(resolve_model(str(folder)), dtype)
+    model = load_for_evaluation(source, dtype)
     return perplexity(model, calibration, progress=progress)
 
 
@@ -126,3 +128,9 @@ def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
             "(tokenizer.json); or give --data as a .npy array of the model's token ids.",
             param="model",
         ) from err
+
+
+def _vocab_size(source: ModelSource) -> int | None:
+    """The rows of the model's embedding table, from its config (before the model loads, so
+    bad data is refused first)."""
+    return getattr(source.config().get_text_config(), "vocab_size", None)

@@ -15,7 +15,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
 from llmc_trace.models.weight_store import WeightStore, stored_names
-from llmc_trace.models.weights import missing_tensors
+from llmc_trace.models.weights import check_finite, missing_tensors
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
 AUTO_CLASSES = (
@@ -181,7 +181,8 @@ def load_pretrained(
     (default: the one its ``config.json`` declares).
 
     Weights that cannot be this config's model (a missing, truncated, pickled or misshapen
-    tensor) raise :class:`~llmc_trace.errors.BadInputError` instead of loading half.
+    tensor, or one holding NaN or inf) raise :class:`~llmc_trace.errors.BadInputError` instead
+    of loading half.
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
     checkpoint is decompressed by transformers itself, the path a user's code takes (see
@@ -226,6 +227,11 @@ def load_pretrained(
     missing = sorted(info["missing_keys"])
     if missing:
         raise missing_tensors(source.folder, missing)
+    checked: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in checked:  # a tied tensor once, under its first name
+            checked.add(id(tensor))
+            check_finite(source.folder, name, tensor)
     prepare_config(model.config)
     return model.eval()
 

@@ -23,7 +23,7 @@ import torch
 
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.errors import BadInputError
-from llmc_trace.models.weights import check_weight_files, missing_tensors
+from llmc_trace.models.weights import check_finite, check_weight_files, missing_tensors
 
 #: safetensors' dtype names, as written in the headers.
 SAFETENSORS_DTYPES = {
@@ -80,7 +80,8 @@ class WeightStore:
     ) -> dict[Source, torch.Tensor]:
         """The tensors ``names``, as fresh tensors on ``device`` (floating ones cast to ``dtype``
         when given), read one at a time (see the module docstring); a :class:`Stacked` source
-        is assembled expert by expert into its fused tensor."""
+        is assembled expert by expert into its fused tensor. Each is checked for NaN and inf
+        as it arrives (:func:`~llmc_trace.models.weights.check_finite`), before any use."""
         names = list(names)
         out: dict[Source, torch.Tensor] = {}
         for stacked in [n for n in names if isinstance(n, Stacked)]:
@@ -94,6 +95,7 @@ class WeightStore:
             try:
                 for name in wanted:
                     tensor = _read(fd, self.tensors[name], name)
+                    check_finite(self.folder, name, tensor)
                     if dtype is not None and tensor.is_floating_point():
                         tensor = tensor.to(dtype)
                     out[name] = tensor.to(device)

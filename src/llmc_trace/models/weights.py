@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
 
+from llmc_trace.core.finite import non_finite
 from llmc_trace.errors import BadInputError
 
 #: Weight files that are pickles; named in the refusal so the user knows what was found.
@@ -76,3 +78,16 @@ def missing_tensors(folder: Path, missing: list[str]) -> BadInputError:
         hint="Re-save the checkpoint whole; a checkpoint is only usable complete.",
         param="model",
     )
+
+
+def check_finite(folder: Path, name: str, tensor: torch.Tensor) -> None:
+    """Refuse a checkpoint tensor holding NaN or inf, named, as it is read: one such value
+    reaches every activation after it, and every Hessian and logit after those."""
+    problem = non_finite(tensor)
+    if problem is not None:
+        raise BadInputError(
+            f"the weights in {folder} are not finite: {name} holds {problem}.",
+            hint="Restore the checkpoint from a good copy (a diverged run or a broken "
+            "conversion writes NaN and inf); nothing was written.",
+            param="model",
+        )

@@ -132,7 +132,11 @@ class LayerCompressor:
 
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
         if self.method in DATA_METHODS:
-            self._hessians.start(self.targets(modules), all_tokens=self.expert_tokens == ALL_TOKENS)
+            self._hessians.start(
+                self.targets(modules),
+                all_tokens=self.expert_tokens == ALL_TOKENS,
+                subgraph=index,
+            )
 
     def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self._hessians.see_batch(batch)

@@ -246,6 +246,8 @@ def normalize(section: Any) -> None:
         value = getattr(section, entry.name)
         try:
             read = entry.kind.read(value)
+        except BadInputError:  # a ValueError too, that already says what and what to do
+            raise
         except ValueError as err:
             raise BadInputError(f"{entry.name} {err}.", hint=entry.help, param=entry.name) from None
         object.__setattr__(section, entry.name, read)

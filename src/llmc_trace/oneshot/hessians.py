@@ -6,6 +6,11 @@ counting tokens). Layers that read the *same input tensor* (q/k/v, gate/up) shar
 instead of keeping identical copies: the first hook of a forward adds the input, the others see
 the very same tensor object and only join.
 
+Each Hessian is checked for NaN and inf after every batch it takes in (a reduction over one
+``(in, in)`` matrix, 1/tokens of the product that filled it): a layer whose inputs hold NaN or
+inf, or whose inputs overflow float32 in the product, stops the run there, naming the layer and
+its subgraph, before a solve turns it into weights.
+
 Fused experts (:mod:`llmc_trace.moe`) get one Hessian per expert for gate and up (they read the
 same tokens) and one for down, made when the hooks go in, so an expert no token reaches still
 has one (empty) on every rank. With ``all_tokens`` every observed expert runs on every token
@@ -23,6 +28,8 @@ from typing import Any
 import torch
 
 from llmc_trace.algorithms.hessian import HessianAccumulator
+from llmc_trace.core.finite import non_finite
+from llmc_trace.errors import NonFiniteError
 from llmc_trace.layers.linear import LinearLayer
 from llmc_trace.moe import DOWN, ExpertProjection, ObservedExperts
 
@@ -49,10 +56,12 @@ class HessianCollector:
     _hessians: dict[str, SharedHessian] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
     _mask: torch.Tensor | None = None
+    _subgraph: int = 0
 
-    def start(self, targets: Targets, *, all_tokens: bool) -> None:
-        """Hook every layer of ``targets``; with ``all_tokens``, their experts run on every
-        token."""
+    def start(self, targets: Targets, *, all_tokens: bool, subgraph: int) -> None:
+        """Hook every layer of ``targets`` (of the pipeline's ``subgraph``, which a failure
+        names); with ``all_tokens``, their experts run on every token."""
+        self._subgraph = subgraph
         shared: list[SharedHessian] = []
         for name, layer in targets:
             state = None
@@ -119,10 +128,38 @@ class HessianCollector:
                 self._hessians[name] = entry
             if entry.last_input is not None and entry.last_input() is x:
                 return  # a sibling already added this very input
-            entry.accumulator.add(x.detach(), self._token_mask(x, experts))
+            mask = self._token_mask(x, experts)
+            entry.accumulator.add(x.detach(), mask)
             entry.last_input = weakref.ref(x)
+            if non_finite(entry.accumulator.H) is not None:
+                raise self._not_finite(name, x.detach(), mask)
 
         return observe
+
+    def _not_finite(self, name: str, x: torch.Tensor, mask: torch.Tensor | None) -> NonFiniteError:
+        """The error for layer ``name``, whose Hessian stopped being finite on input ``x``:
+        its real tokens (``mask``) hold NaN or inf, or their products overflowed."""
+        tokens = x if mask is None else x[mask.to(device=x.device, dtype=torch.bool)]
+        problem = non_finite(tokens)
+        where = f"{name} (subgraph {self._subgraph})"
+        what = (
+            f"the calibration inputs of {where} hold {problem}"
+            if problem is not None
+            else f"the Hessian of {where} overflowed float32: its inputs reach "
+            f"{tokens.abs().max().item():.3g}"
+        )
+        remedy = (
+            "check the calibration data, or calibrate without error propagation "
+            "(--no-propagate) if compressed layers before it caused it"
+            if x.dtype == torch.float32
+            else "calibrate in float32 (--dtype float32)"
+        )
+        return NonFiniteError(
+            f"{what}.",
+            hint="The model's weights are finite, so its forward pass diverged on this data "
+            f"before this layer: {remedy}. Nothing was written.",
+            location=name,
+        )
 
     def _token_mask(self, x: torch.Tensor, experts: ObservedExperts | None) -> torch.Tensor | None:
         """Which rows of ``x`` are real tokens: the batch's attention mask where it lines up

@@ -239,10 +239,10 @@ def _values(mapping: _Located, section: type, where: str) -> dict[str, Any]:
 def _read(entry: Declared, value: object, line: int) -> Any:
     try:
         return entry.kind.read(value)
-    except ValueError as err:
-        raise _error(f"`{entry.name}` {err}.", entry.name, line) from None
-    except BadInputError as err:
+    except BadInputError as err:  # a ValueError too: caught first, so its hint stays its own
         raise _error(err.message, entry.name, line, err.hint) from None
+    except ValueError as err:
+        raise _error(f"{err}.", entry.name, line) from None
 
 
 def _written(section: Any) -> list[tuple[str, object]]:

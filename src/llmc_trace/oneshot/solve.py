@@ -4,7 +4,8 @@ GPTQ, SparseGPT, round-to-nearest or magnitude pruning runs on the layer's ``(ou
 weight matrix (:mod:`llmc_trace.layers.linear`), and the result replaces the weight in the
 module's own layout, so error propagation sees compressed outputs. An expert whose Hessian
 holds fewer than ``min_expert_tokens`` tokens is compressed with the method's data-free
-baseline instead, and its :class:`LayerResult` says so (never silently).
+baseline instead, and its :class:`LayerResult` says so (never silently). A result holding NaN
+or inf (from a finite weight and Hessian: a solver's bug) ends the run there, named.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity, sparsegpt
 from llmc_trace.core.device_peak import DevicePeaks, PeakReading
+from llmc_trace.core.finite import non_finite
 from llmc_trace.core.names import BASELINE, DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
+from llmc_trace.errors import NonFiniteError
 from llmc_trace.layers.linear import LinearLayer
 from llmc_trace.moe import ExpertProjection
 from llmc_trace.oneshot.hessians import SharedHessian
@@ -88,13 +91,21 @@ class LayerSolver:
         the layer whose Hessian this one shares, for the report."""
         start = time.perf_counter()
         fallback = self._expert_fallback(layer, hessian)
+        method = BASELINE[self.method] if fallback else self.method
         with self._measure(layer) as peak:
             loss, baseline_loss = self._compress(
                 name,
                 layer,
                 hessian.accumulator.H if hessian and not fallback else None,
                 last_use=last_use,
-                method=BASELINE[self.method] if fallback else self.method,
+                method=method,
+            )
+        problem = non_finite(layer.module.weight)
+        if problem is not None:
+            raise NonFiniteError(
+                f"{method} made a weight holding {problem} for {name}, from finite inputs.",
+                hint="Please report it, with the command and the model; nothing was written.",
+                location=name,
             )
         return LayerResult(
             name,

@@ -349,18 +349,21 @@ def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None
             param="scheme",
         )
     activations = value.get("input_activations")
+    names = Names()
     try:
         return QuantizationScheme(
             str(value["name"]),
             QuantizationArgs(**value["weights"]),
             DynamicActivationArgs(**activations) if activations is not None else None,
-            tuple(value.get("targets", DEFAULT_TARGETS)),
-            tuple(value.get("ignore", DEFAULT_IGNORE)),
+            names.read(value.get("targets", DEFAULT_TARGETS)),
+            names.read(value.get("ignore", DEFAULT_IGNORE)),
         )
-    except TypeError as err:  # an unknown argument of the weights or activations
+    except BadInputError:  # a weight argument of the wrong kind or value, said as such
+        raise
+    except (TypeError, ValueError) as err:  # an unknown argument, targets that are no names
         raise BadInputError(
             f"the scheme's arguments are not valid ({err}).",
-            hint="Use the keys a written recipe.yaml has.",
+            hint="Use the keys and kinds a written recipe.yaml has.",
             param="scheme",
         ) from None
 

@@ -51,30 +51,30 @@ class RunState:
 
     def calibration_set(self, model: torch.nn.Module) -> CalibrationSet:
         """The calibration rows, loaded once for every stage: media rows through the model's
-        own processor, texts through its tokenizer, token ids as they are (checked against the
-        embedding table instead)."""
+        own processor, texts through its tokenizer, token ids as they are; every id checked
+        against the embedding table. Under torchrun every rank loads them together, and a
+        rank that cannot ends every rank with its error (:meth:`World.agree`)."""
         if self.calibration is None:
-            request, settings = self.request, self.request.calibration
-            assert settings.dataset is not None  # a request has a dataset
-            sizes = {
-                "samples": settings.samples,
-                "seq_len": settings.seq_len,
-                "seed": settings.seed,
-                "batch_size": settings.batch_size,
-            }
-            if request.modality != "text":
-                assert request.source.folder is not None  # a request has weights
-                self.calibration = load_multimodal_calibration(
-                    settings.dataset, request.source.folder, modality=request.modality, **sizes
-                )
-            else:
-                self.calibration = load_calibration(
-                    settings.dataset,
-                    _tokenizer(request.source) if request.data_kind != "npy" else None,
-                    vocab_size=model.get_input_embeddings().num_embeddings,
-                    **sizes,
-                )
+            self.calibration = self.world.agree(lambda: self._load_calibration(model))
         return self.calibration
+
+    def _load_calibration(self, model: torch.nn.Module) -> CalibrationSet:
+        request, settings = self.request, self.request.calibration
+        assert settings.dataset is not None  # a request has a dataset
+        sizes = {
+            "samples": settings.samples,
+            "seq_len": settings.seq_len,
+            "seed": settings.seed,
+            "batch_size": settings.batch_size,
+            "vocab_size": model.get_input_embeddings().num_embeddings,
+        }
+        if request.modality != "text":
+            assert request.source.folder is not None  # a request has weights
+            return load_multimodal_calibration(
+                settings.dataset, request.source.folder, modality=request.modality, **sizes
+            )
+        tokenizer = _tokenizer(request.source) if request.data_kind != "npy" else None
+        return load_calibration(settings.dataset, tokenizer, **sizes)
 
     def report(
         self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None

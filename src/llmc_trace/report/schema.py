@@ -40,6 +40,7 @@ traced). ``summary`` is derived from the rows, one entry per stage, and is not r
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -227,15 +228,19 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
             sparsity=reader.get(stage, "sparsity", str, optional=True),
             pipeline=reader.get(stage, "pipeline", str),
             refine_passes=reader.get(stage, "refine_passes", int),
-            percdamp=float(reader.get(stage, "percdamp", (int, float))),
+            percdamp=reader.number(stage, "percdamp"),
         )
         for stage in reader.items(settings, "stages")
     )
+    if not stages:
+        raise _not_a_report(where, "it lists no stages; every run has at least one")
     subgraphs = tuple(
         SubgraphRow(reader.get(item, "index", int), tuple(reader.strings(item, "targets")))
         for item in reader.items(top, "subgraphs")
     )
     layers = tuple(_layer(reader, item, len(stages)) for item in reader.items(top, "layers"))
+    if not layers:
+        raise _not_a_report(where, "it lists no layers; every run compresses at least one")
     return CompressionReport(
         model=reader.get(top, "model", str),
         device=reader.get(top, "device", str),
@@ -255,16 +260,15 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
 
 
 def _layer(reader: _Reader, item: Mapping[str, Any], stages: int) -> LayerRow:
-    number = (int, float)
     row = LayerRow(
         name=reader.get(item, "name", str),
         stage=reader.get(item, "stage", int),
         method=reader.get(item, "method", str),
         baseline=reader.get(item, "baseline", str, optional=True),
-        loss=_float(reader.get(item, "loss", number, optional=True)),
-        baseline_loss=_float(reader.get(item, "baseline_loss", number, optional=True)),
+        loss=reader.number(item, "loss", optional=True),
+        baseline_loss=reader.number(item, "baseline_loss", optional=True),
         num_tokens=reader.get(item, "num_tokens", int, optional=True),
-        seconds=float(reader.get(item, "seconds", number)),
+        seconds=reader.number(item, "seconds"),
         device_peak_bytes=reader.get(item, "device_peak_bytes", int, optional=True),
         shares_hessian_with=reader.get(item, "shares_hessian_with", str, optional=True),
         subgraph=reader.get(item, "subgraph", int, optional=True),
@@ -274,10 +278,6 @@ def _layer(reader: _Reader, item: Mapping[str, Any], stages: int) -> LayerRow:
     if not 0 <= row.stage < stages:
         raise _not_a_report(reader.where, f"layer {row.name} names stage {row.stage}")
     return row
-
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
 
 
 class _Reader:
@@ -299,9 +299,7 @@ class _Reader:
         *,
         optional: bool = False,
     ) -> Any:
-        where = f"`{key}`" + (
-            f" of {mapping['name']}" if isinstance(mapping.get("name"), str) else ""
-        )
+        where = _named(mapping, key)
         if key not in mapping:
             raise _not_a_report(self.where, f"{where} is missing")
         value = mapping[key]
@@ -313,6 +311,18 @@ class _Reader:
             raise _not_a_report(self.where, f"{where} is {value!r}, not {wanted}")
         return value
 
+    def number(self, mapping: Mapping[str, Any], key: str, *, optional: bool = False) -> Any:
+        """A finite number of at least 0 (a loss, seconds, a damping), as a float: JSON as
+        Python writes it may hold NaN and Infinity, which no loss or time can be."""
+        value = self.get(mapping, key, (int, float), optional=optional)
+        if value is None:
+            return None
+        if not (math.isfinite(value) and value >= 0):
+            raise _not_a_report(
+                self.where, f"{_named(mapping, key)} is {value!r}, not a finite number >= 0"
+            )
+        return float(value)
+
     def items(self, mapping: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
         return [self.mapping(item, f"an item of `{key}`") for item in self.get(mapping, key, list)]
 
@@ -321,6 +331,11 @@ class _Reader:
         if not all(isinstance(value, str) for value in values):
             raise _not_a_report(self.where, f"`{key}` holds something other than strings")
         return values
+
+
+def _named(mapping: Mapping[str, Any], key: str) -> str:
+    """``key`` as a message names it: with the layer it belongs to, where it has a name."""
+    return f"`{key}`" + (f" of {mapping['name']}" if isinstance(mapping.get("name"), str) else "")
 
 
 def _not_a_report(where: object, detail: str) -> BadInputError:

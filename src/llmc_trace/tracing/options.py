@@ -9,12 +9,19 @@ alone, as llm-compressor's does: module classes (``Qwen2VisionTransformerPretrai
 fields against the model, and a name that matches nothing in the model is bad input that
 names the closest matches (a mistyped class name must not silently become a function name).
 :meth:`TracingOptions.ignore_list` gives the strings back, for reports and recipes.
+
+A program's list is another matter: llm-compressor's contract is one ``tracing_ignore`` for
+every model (its default names functions of a dozen architectures), so :func:`known_ignore`
+keeps what names something of this model and drops the rest with one warning listing them,
+flagging a likely typo with its closest name. The command line and recipes, typed by a
+person, are refused instead (:meth:`TracingOptions.parse`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +32,11 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.tracing.autowrap import is_autowrap_entry, parse_entry
 from llmc_trace.tracing.definitions import is_definition_entry
 from llmc_trace.tracing.opaque import default_opaque_functions, module_files
+
+logger = logging.getLogger(__name__)
+
+#: how close to a name of the model an unknown entry must be to be called a likely typo
+TYPO_CUTOFF = 0.85
 
 
 @dataclass(frozen=True)
@@ -66,26 +78,23 @@ class TracingOptions:
         sequential_targets: Sequence[str] | None = None,
         targets_per_subgraph: int = 1,
     ) -> TracingOptions:
-        """Sort the ``ignore`` strings into typed fields, checking each against ``model``."""
-        classes = {cls_.__name__ for m in model.modules() for cls_ in type(m).__mro__}
-        modules, calls, autowraps, definitions = [], [], [], []
+        """Sort the ``ignore`` strings into typed fields, checking each against ``model``: an
+        entry naming nothing of it is bad input (see :func:`known_ignore` for a program's)."""
+        classes = _class_names(model)
+        sorted_into: dict[str, list[str]] = {kind: [] for kind in _KINDS}
         for entry in dict.fromkeys(ignore):  # keep order, drop repeats
-            if is_autowrap_entry(entry):
-                parse_entry(entry)  # raises for a malformed entry
-                autowraps.append(entry)
-            elif is_definition_entry(entry):
-                definitions.append(entry)
-            elif entry.startswith("re:") or entry in classes:
-                modules.append(entry)
-            elif _names_a_call(model, entry):
-                calls.append(entry)
-            else:
+            kind = _kind(model, entry, classes)
+            if kind is None:
                 raise BadInputError(
                     f"{entry!r} in ignore matches no module class, function or method of "
                     f"{type(model).__name__}.",
                     hint=_closest(entry, model, classes),
                     param="tracing_ignore",
                 )
+            if kind == "autowrap":
+                parse_entry(entry)  # raises for a malformed entry
+            sorted_into[kind].append(entry)
+        modules, calls, autowraps, definitions = sorted_into.values()
         return cls(
             sequential_targets=None if sequential_targets is None else tuple(sequential_targets),
             ignored_modules=tuple(modules),
@@ -107,6 +116,50 @@ class TracingOptions:
             self.sequential_targets,
             self.targets_per_subgraph,
         )
+
+
+def known_ignore(model: torch.nn.Module, ignore: str | Sequence[str]) -> list[str]:
+    """The entries of ``ignore`` that name something of ``model``, in order; the others are
+    dropped with one warning listing them, each likely typo with the model's closest name (see
+    the module docstring). A string is one entry, never its characters. Entries in llmc-trace's
+    own forms (``re:``, ``autowrap:``, ``tracing_models:``) are kept, so that a malformed one
+    is reported when parsed, not dropped."""
+    entries = list(dict.fromkeys([ignore] if isinstance(ignore, str) else ignore))
+    classes = _class_names(model)
+    unknown = [entry for entry in entries if _kind(model, entry, classes) is None]
+    if unknown:
+        listed = []
+        for entry in unknown:
+            close = _close_names(entry, model, classes, TYPO_CUTOFF)
+            listed.append(f"{entry!r}" + (f" (a likely typo of {close[0]!r})" if close else ""))
+        logger.warning(
+            "dropped from ignore, naming nothing in %s: %s",
+            type(model).__name__,
+            ", ".join(listed),
+        )
+    return [entry for entry in entries if entry not in unknown]
+
+
+#: what an ``ignore`` entry can be, in the order :class:`TracingOptions` holds them
+_KINDS = ("module", "call", "autowrap", "definition")
+
+
+def _kind(model: torch.nn.Module, entry: str, classes: set[str]) -> str | None:
+    """Which of :data:`_KINDS` ``entry`` is, for ``model``; ``None``: it names nothing."""
+    if is_autowrap_entry(entry):
+        return "autowrap"
+    if is_definition_entry(entry):
+        return "definition"
+    if entry.startswith("re:") or entry in classes:
+        return "module"
+    if _names_a_call(model, entry):
+        return "call"
+    return None
+
+
+def _class_names(model: torch.nn.Module) -> set[str]:
+    """Every class name of ``model``'s modules and their bases."""
+    return {cls.__name__ for module in model.modules() for cls in type(module).__mro__}
 
 
 def _check_pattern(pattern: str, param: str) -> None:
@@ -138,14 +191,21 @@ def _names_a_call(model: torch.nn.Module, name: str) -> bool:
     return False
 
 
-def _closest(name: str, model: torch.nn.Module, classes: set[str]) -> str:
-    """A hint naming the model's class or method names closest to ``name``."""
+def _close_names(
+    name: str, model: torch.nn.Module, classes: set[str], cutoff: float = 0.6
+) -> list[str]:
+    """The model's class and ``Class.method`` names closest to ``name`` (at most three)."""
     candidates = set(classes)
     for module in model.modules():
         for attr, value in vars(type(module)).items():
             if inspect.isfunction(value) and not attr.startswith("__"):
                 candidates.add(f"{type(module).__name__}.{attr}")
-    close = difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=0.6)
+    return difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=cutoff)
+
+
+def _closest(name: str, model: torch.nn.Module, classes: set[str]) -> str:
+    """A hint naming the model's class or method names closest to ``name``."""
+    close = _close_names(name, model, classes)
     suggestion = f"Did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     return (
         f"{suggestion}Name a module class, a 're:' pattern on module paths, a function, or a "
