@@ -200,9 +200,11 @@ def same_samples(twin: Path, rows: Path, spec: dict[str, Any], theirs: dict[str,
 def eager_first_layer(twin: Path, rows: Path, spec: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """GPTQ W4A16 of the first decoder layer's Linears on Hessians taken from the model's
     eager forward (float32, ``spec``'s attention) over the batch-1 samples: what a calibration
-    that computes the model as transformers does gives that layer. llmc-trace's ``gptq`` and
-    llm-compressor's ``quantize_weight`` return the same integers for the same Hessian
-    (``gptq_agreement.py``), so this is either tool's answer on the true inputs."""
+    that computes the model as transformers does gives that layer. The weights are quantized in
+    the dtype the twin stores them in, as both tools quantize them (their scales follow it).
+    llmc-trace's ``gptq`` and llm-compressor's ``quantize_weight`` return the same integers for
+    the same Hessian (``gptq_agreement.py``), so this is either tool's answer on the true
+    inputs."""
     import torch
     from transformers import Qwen2VLForConditionalGeneration
 
@@ -224,9 +226,10 @@ def eager_first_layer(twin: Path, rows: Path, spec: dict[str, Any]) -> dict[str,
         for batch in calibration.batches:
             model(**batch)
     args = QuantizationArgs(num_bits=4, group_size=128, actorder="static")
+    stored = getattr(torch, json.loads((twin / "config.json").read_text())["dtype"])
     layers = {}
     for name, module in linears.items():
-        weight = gptq(module.weight.detach(), hessians[name].H, args).quantized
+        weight = gptq(module.weight.detach().to(stored), hessians[name].H, args).quantized
         layers[f"layers.0.{name}"] = (weight.int_weight, weight.scale.float())
     return layers
 
