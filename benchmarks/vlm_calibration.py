@@ -29,11 +29,16 @@ identical integers, the largest difference in quantization steps, the largest di
 dequantized weights and the share of identical scales. GPTQ is chaotic in its inputs (a Hessian
 summed in another order flips some roundings), so the same figures between llmc-trace at batch
 size 1 and at ``--batch-size`` (the same rows, other sums) say how far apart two runs of one
-tool land; neither comparison is asserted. On a CPU, llmc-trace calibrates the bf16 twin in
-float32 and llm-compressor in bf16, which alone moves GPTQ's inputs; ``--dtype float32``
-rewrites the twin in float32, so that the checkpoints differ by the tools alone.
+tool land; neither comparison is asserted. Last, the first decoder layer of each tool's
+checkpoint is compared with GPTQ on Hessians from the model's eager forward over the same
+samples (``eager_first_layer``), and llm-compressor's worker counts the image positions that
+reach that layer still holding the placeholder token's embedding: together they say whether a
+tool calibrated on what the model computes from the images. On a CPU, llmc-trace calibrates
+the bf16 twin in float32 and llm-compressor in bf16, which alone moves GPTQ's inputs;
+``--dtype float32`` rewrites the twin in float32, so that the checkpoints differ by the tools
+alone.
 
-    python benchmarks/vlm_calibration.py                  # 16 images, ~2 minutes on 2 cores
+    python benchmarks/vlm_calibration.py                  # 16 images, ~5 minutes on 2 idle cores
     python benchmarks/vlm_calibration.py --images 64 --batch-size 8
 """
 
