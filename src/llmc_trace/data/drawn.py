@@ -7,6 +7,11 @@ writes them as PNG files and a `.jsonl` of `{"image": "images/0000.png", "text":
 (paths relative to the `.jsonl`, the layout `load_multimodal_calibration` reads). The same seed
 draws the same images and captions.
 
+By default a caption fixes its image (one image per caption and size: enough to calibrate on).
+`varied=True` also draws the shapes' size, their offset inside the named region and a small
+shift of each colour channel, so that a model trained on drawn images meets images it has not
+seen when it is evaluated on another seed's, and must read the picture rather than recall it.
+
 Example::
 
     >>> import tempfile
@@ -59,10 +64,20 @@ CAPTION_WORDS: tuple[str, ...] = tuple(
 SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (224, 84))
 
 
-def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tuple[Image, str]:
+#: How far `varied` drawing moves each colour channel, at most, either way.
+COLOUR_SHIFT = 20
+
+
+def draw_captioned_image(
+    rng: np.random.Generator, size: tuple[int, int], *, varied: bool = False
+) -> tuple[Image, str]:
     """One image of `size` (width, height) and its caption, drawn from `rng`.
 
     Returns a `PIL.Image.Image` in RGB and a caption such as "two red circles at the top left.".
+    `varied` draws the radius (3/4 of the fixed one up to it), the group's offset (as far as
+    keeps it inside the half-width, half-height box around its named point) and a shift of up
+    to `COLOUR_SHIFT` per colour channel (see the module docstring); the caption's words are
+    drawn as without it.
     """
     from PIL import Image as PILImage
     from PIL import ImageDraw
@@ -77,19 +92,31 @@ def draw_captioned_image(rng: np.random.Generator, size: tuple[int, int]) -> tup
     # three shapes and their gaps span at most 7 radii, half the width: they stay inside their
     # half of the image and apart from each other (a gap of 2 pixels or more)
     radius = max(4, min(width // 14, height // 10))
+    fill = COLOURS[colour]
+    shift_x = shift_y = 0
+    if varied:
+        radius = int(rng.integers(max(3, radius * 3 // 4), radius + 1))
     step = 2 * radius + max(2, radius // 2)
+    if varied:
+        # the group moves only as far as keeps it inside a region of half the width and height
+        slack_x = max(0, (width // 2 - (count - 1) * step - 2 * radius) // 2)
+        slack_y = max(0, (height // 2 - 2 * radius) // 2)
+        shift_x = int(rng.integers(-slack_x, slack_x + 1))
+        shift_y = int(rng.integers(-slack_y, slack_y + 1))
+        shifted = np.asarray(fill) + rng.integers(-COLOUR_SHIFT, COLOUR_SHIFT + 1, size=3)
+        fill = tuple(int(c) for c in np.clip(shifted, 0, 255))
     centre_x, centre_y = POSITIONS[position]
     for index in range(count):
-        x = int(round(width * centre_x + (index - (count - 1) / 2) * step))
-        y = int(height * centre_y)
+        x = int(round(width * centre_x + (index - (count - 1) / 2) * step)) + shift_x
+        y = int(height * centre_y) + shift_y
         box = (x - radius, y - radius, x + radius, y + radius)
         if shape == "circle":
-            draw.ellipse(box, fill=COLOURS[colour])
+            draw.ellipse(box, fill=fill)
         elif shape == "square":
-            draw.rectangle(box, fill=COLOURS[colour])
+            draw.rectangle(box, fill=fill)
         else:
             draw.polygon([(x, y - radius), (x - radius, y + radius), (x + radius, y + radius)],
-                         fill=COLOURS[colour])  # fmt: skip
+                         fill=fill)  # fmt: skip
     noun = shape if count == 1 else shape + "s"
     caption = f"{COUNTS[count - 1]} {colour} {noun} at the {position} ."
     return image, caption
@@ -102,18 +129,22 @@ def write_drawn_dataset(
     seed: int = 0,
     sizes: Sequence[tuple[int, int]] = SIZES,
     name: str = "captions.jsonl",
+    varied: bool = False,
 ) -> Path:
     """Draw `count` images into `folder/images/` and write `folder/name` with one row each.
 
     Rows are `{"image": "images/0000.png", "text": caption}`; image `i` has size
-    `sizes[i % len(sizes)]`. Returns the path of the `.jsonl` file.
+    `sizes[i % len(sizes)]`; `varied` as for `draw_captioned_image`. Returns the path of the
+    `.jsonl` file.
     """
     folder = Path(folder)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     rows = []
     for index in range(count):
-        image, caption = draw_captioned_image(rng, tuple(sizes[index % len(sizes)]))
+        image, caption = draw_captioned_image(
+            rng, tuple(sizes[index % len(sizes)]), varied=varied
+        )
         relative = f"images/{index:04d}.png"
         image.save(folder / relative, format="PNG")
         rows.append({"image": relative, "text": caption})
