@@ -16,6 +16,7 @@ from llmc_trace.data.drawn import (
     COLOUR_SHIFT,
     COLOURS,
     COUNTS,
+    MAX_OFFSET,
     POSITIONS,
     SIZES,
     write_drawn_dataset,
@@ -49,7 +50,8 @@ def test_captions_say_what_the_images_show(tmp_path):
 def test_varied_images_stay_in_their_region_in_their_colour_and_vary(tmp_path):
     """Every painted pixel lies inside the half-width, half-height box around the named point
     and within ``COLOUR_SHIFT`` of the named colour (which no other colour comes near), the
-    count of shapes is the caption's, and images of one caption differ."""
+    middle of the group's bounding box within ``MAX_OFFSET`` of the point, the count of shapes
+    is the caption's, and images of one caption differ."""
     rows_path = write_drawn_dataset(tmp_path, count=200, seed=5, sizes=((96, 96),), varied=True)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     captions, images = set(), set()
@@ -69,6 +71,9 @@ def test_varied_images_stay_in_their_region_in_their_colour_and_vary(tmp_path):
         ys, xs = np.nonzero(painted)
         assert 96 * (centre_x - 0.25) <= xs.min() and xs.max() <= 96 * (centre_x + 0.25), row
         assert 96 * (centre_y - 0.25) <= ys.min() and ys.max() <= 96 * (centre_y + 0.25), row
+        middle_x, middle_y = (xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2
+        assert abs(middle_x - 96 * centre_x) <= 96 * MAX_OFFSET + 1, row
+        assert abs(middle_y - 96 * centre_y) <= 96 * MAX_OFFSET + 1, row
         through = painted[int(round(ys.mean()))].astype(int)  # a row through the shapes
         assert int((np.diff(np.concatenate([[0], through])) == 1).sum()) == count, row
         captions.add(row["text"])

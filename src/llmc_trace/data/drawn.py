@@ -66,6 +66,10 @@ SIZES: tuple[tuple[int, int], ...] = ((112, 112), (168, 112), (224, 84))
 
 #: How far `varied` drawing moves each colour channel, at most, either way.
 COLOUR_SHIFT = 20
+#: How far `varied` drawing moves a group of shapes, at most, as a share of the width (of the
+#: height, up or down): named points are a quarter apart, so groups of different regions keep
+#: their centres a twentieth of the image apart and every caption stays decidable.
+MAX_OFFSET = 0.1
 
 
 def draw_captioned_image(
@@ -74,10 +78,10 @@ def draw_captioned_image(
     """One image of `size` (width, height) and its caption, drawn from `rng`.
 
     Returns a `PIL.Image.Image` in RGB and a caption such as "two red circles at the top left.".
-    `varied` draws the radius (3/4 of the fixed one up to it), the group's offset (as far as
-    keeps it inside the half-width, half-height box around its named point) and a shift of up
-    to `COLOUR_SHIFT` per colour channel (see the module docstring); the caption's words are
-    drawn as without it.
+    `varied` draws the radius (3/4 of the fixed one up to it), the group's offset (at most
+    `MAX_OFFSET` of the width and of the height, and never out of the half-width, half-height
+    box around its named point) and a shift of up to `COLOUR_SHIFT` per colour channel (see the
+    module docstring); the caption's words are drawn as without it.
     """
     from PIL import Image as PILImage
     from PIL import ImageDraw
@@ -101,6 +105,8 @@ def draw_captioned_image(
         # the group moves only as far as keeps it inside a region of half the width and height
         slack_x = max(0, (width // 2 - (count - 1) * step - 2 * radius) // 2)
         slack_y = max(0, (height // 2 - 2 * radius) // 2)
+        slack_x = min(slack_x, int(MAX_OFFSET * width))
+        slack_y = min(slack_y, int(MAX_OFFSET * height))
         shift_x = int(rng.integers(-slack_x, slack_x + 1))
         shift_y = int(rng.integers(-slack_y, slack_y + 1))
         shifted = np.asarray(fill) + rng.integers(-COLOUR_SHIFT, COLOUR_SHIFT + 1, size=3)
@@ -142,9 +148,7 @@ def write_drawn_dataset(
     rng = np.random.default_rng(seed)
     rows = []
     for index in range(count):
-        image, caption = draw_captioned_image(
-            rng, tuple(sizes[index % len(sizes)]), varied=varied
-        )
+        image, caption = draw_captioned_image(rng, tuple(sizes[index % len(sizes)]), varied=varied)
         relative = f"images/{index:04d}.png"
         image.save(folder / relative, format="PNG")
         rows.append({"image": relative, "text": caption})
