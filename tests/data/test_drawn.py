@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from llmc_trace.data.drawn import (
     COLOUR_SHIFT,
     COLOURS,
+    CORNERS,
     COUNTS,
     MAX_OFFSET,
     POSITIONS,
     SIZES,
+    draw_captioned_scene,
     write_drawn_dataset,
 )
 
@@ -69,8 +72,8 @@ def test_varied_images_stay_in_their_region_in_their_colour_and_vary(tmp_path):
             if other != colour
         ), row
         ys, xs = np.nonzero(painted)
-        assert 96 * (centre_x - 0.25) <= xs.min() and xs.max() <= 96 * (centre_x + 0.25), row
-        assert 96 * (centre_y - 0.25) <= ys.min() and ys.max() <= 96 * (centre_y + 0.25), row
+        assert 96 * (centre_x - 0.25) <= xs.min() and xs.max() < 96 * (centre_x + 0.25), row
+        assert 96 * (centre_y - 0.25) <= ys.min() and ys.max() < 96 * (centre_y + 0.25), row
         middle_x, middle_y = (xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2
         assert abs(middle_x - 96 * centre_x) <= 96 * MAX_OFFSET + 1, row
         assert abs(middle_y - 96 * centre_y) <= 96 * MAX_OFFSET + 1, row
@@ -88,3 +91,44 @@ def test_same_seed_same_files(tmp_path):
     assert first.read_text() == again.read_text() != other.read_text()
     for name in (f"images/{i:04d}.png" for i in range(4)):
         assert (first.parent / name).read_bytes() == (again.parent / name).read_bytes()
+
+
+def test_a_scene_names_each_corners_group_in_reading_order(tmp_path):
+    """Each group the caption names ("<count> <colour> <shape(s)> at the <corner>", joined by
+    "and") is in its corner's quarter of the image, in its colour, with its count of shapes;
+    the corners it does not name are white, and names come in ``CORNERS`` order."""
+    rows_path = write_drawn_dataset(
+        tmp_path, count=60, seed=4, sizes=((96, 96),), varied=True, groups=2
+    )
+    for line in rows_path.read_text().splitlines():
+        row = json.loads(line)
+        pixels = np.asarray(Image.open(tmp_path / row["image"]).convert("RGB"))
+        groups = row["text"].removesuffix(" .").split(" and ")
+        named = {}
+        for group in groups:
+            words = group.split()
+            named[" ".join(words[5:])] = (COUNTS.index(words[0]) + 1, words[1])
+        assert list(named) == [corner for corner in CORNERS if corner in named], row
+        assert len(named) == 2, row
+        for corner in CORNERS:
+            centre_x, centre_y = POSITIONS[corner]
+            left, top = int(96 * (centre_x - 0.25)), int(96 * (centre_y - 0.25))
+            quarter = pixels[top : top + 48, left : left + 48]
+            white = np.all(quarter == 255, axis=-1)
+            if corner not in named:
+                assert white.all(), (row, corner)
+                continue
+            count, colour = named[corner]
+            painted = painted_pixels(quarter, colour, COLOUR_SHIFT)
+            assert (painted | white).all() and painted.any(), (row, corner)
+            ys, _ = np.nonzero(painted)
+            through = painted[int(round(ys.mean()))].astype(int)
+            assert int((np.diff(np.concatenate([[0], through])) == 1).sum()) == count, row
+
+
+def test_a_scene_has_one_to_four_groups():
+    rng = np.random.default_rng(0)
+    _, caption = draw_captioned_scene(rng, (96, 96), groups=4)
+    assert caption.count(" and ") == 3
+    with pytest.raises(ValueError, match="a scene holds 1 to 4 groups, not 5"):
+        draw_captioned_scene(rng, (96, 96), groups=5)
