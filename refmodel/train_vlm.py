@@ -5,7 +5,7 @@ Why it exists: whether a compressor keeps what a vision-language model learned f
 shows on a model that learned to read them. A random-weight twin answers the same whatever the
 picture, so "GPTQ calibrated on images beats GPTQ calibrated on captions alone" means nothing
 on it. This script trains a ``LlavaForConditionalGeneration`` (a CLIP vision tower, LLaVA's
-two-layer projector, a Llama language model) on one CPU core in about ten minutes, to caption
+two-layer projector, a Llama language model) on one CPU core in 10-15 minutes, to caption
 scenes drawn here by ``llmc_trace.data.drawn``: two groups of one to three shapes, each group
 of one colour and shape and in its own corner, and a caption that names them in reading order
 ("one red circle at the top left and three blue squares at the bottom right ."). Nothing in a
@@ -43,7 +43,7 @@ llmc-trace's ``evaluate_multimodal`` against these figures, so they must not com
 follows the same conventions: rows in file order in batches of 8, right-padded; every text
 token after the first is scored except image placeholders and padding.
 
-    python refmodel/train_vlm.py                  # about 10 min, writes into refmodel/vlm/
+    python refmodel/train_vlm.py                  # 10-15 min, writes into refmodel/vlm/
     python refmodel/train_vlm.py --out DIR        # elsewhere
     python refmodel/train_vlm.py --steps 50       # a quick look at the speed (writes to --out)
     python refmodel/train_vlm.py --evaluate-only  # recompute results.json's measured part
