@@ -108,13 +108,13 @@ def use_reference_kernel() -> None:
     wna16.choose_mp_linear_kernel = lambda config, *args, **kwargs: ReferenceWNA16Kernel
 
 
-def architecture_class(checkpoint: str) -> type:
-    """The vLLM model class for the checkpoint's architecture, imported in this process."""
+def architecture(checkpoint: str) -> tuple[str, type]:
+    """The checkpoint's architecture and vLLM's model class for it, imported in this process."""
     from vllm import ModelRegistry
 
     with open(os.path.join(checkpoint, "config.json")) as file:
-        architecture = json.load(file)["architectures"][0]
-    return ModelRegistry.models[architecture].load_model_cls()
+        name = json.load(file)["architectures"][0]
+    return name, ModelRegistry.models[name].load_model_cls()
 
 
 def use_pillow_processors(checkpoint: str) -> None:
@@ -127,8 +127,7 @@ def use_pillow_processors(checkpoint: str) -> None:
     sys.modules["transformers.models.pixtral.image_processing_pixtral"] = importlib.import_module(
         "transformers.models.pixtral.image_processing_pil_pixtral"
     )
-    model_class = architecture_class(checkpoint)
-    ModelRegistry.register_model(model_class.__name__, model_class)
+    ModelRegistry.register_model(*architecture(checkpoint))
 
 
 def use_clip_names(checkpoint: str) -> None:
@@ -138,7 +137,7 @@ def use_clip_names(checkpoint: str) -> None:
 
     from vllm.model_executor.models.utils import WeightsMapper
 
-    model_class = architecture_class(checkpoint)
+    _, model_class = architecture(checkpoint)
     flat = re.compile(r"^(model\.)?vision_tower\.(?!vision_model\.)")
     level = WeightsMapper(orig_to_new_regex={flat: "vision_tower.vision_model."})
     model_class.hf_to_vllm_mapper = level | model_class.hf_to_vllm_mapper
