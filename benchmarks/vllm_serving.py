@@ -325,7 +325,7 @@ def judge(
         row.verdict = ", ".join(piece.label for piece in missing) + "; reference agrees"
     else:
         row.verdict = "agrees"
-    row.detail = "; ".join(piece.reason for piece in missing)
+    row.detail = "; ".join(piece.reason for piece in missing[len(known) :])  # named once
     return tuple(missing)
 
 

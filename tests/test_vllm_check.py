@@ -140,6 +140,7 @@ def test_stand_ins_are_added_one_missing_piece_at_a_time(serving, monkeypatch, t
     row = serving.Row(serving.CASES[1], ours=10.0)
     serving.judge(row, tmp_path, None, 1e-3, (found[0],))
     assert calls == [["pillow-processors"], ["pillow-processors", "clip-names"]]
+    assert "vision_tower.embeddings" in row.detail and "torchvision" not in row.detail
     monkeypatch.setattr(serving, "serve", lambda *_: ({"ok": False, "error": "x"}, CLIP_LOG))
     serving.judge(row, tmp_path, None, 1e-3, found)
     assert row.verdict == "REFUSED" and not row.passed
