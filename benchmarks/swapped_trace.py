@@ -26,7 +26,9 @@ swapped against shipped, with the largest difference in quantization steps and t
 identical group scales. Last, the first decoder layer's Hessians as each run handed them to
 GPTQ (each normalized by its mean diagonal: llm-compressor divides by samples, llmc-trace by
 tokens), pairwise: that layer's inputs do not depend on any quantization yet, so where its
-integers differ these say whether the inputs did. Nothing is asserted.
+integers differ these say whether the inputs did; and our GPTQ run on each llm-compressor
+run's first-layer Hessians against that run's integers, which says whether anything but the
+Hessians differs. Nothing is asserted.
 
 On a CPU llm-compressor computes a bf16 model in bf16 and llmc-trace in float32, so (a) and
 (b) include that difference; ``--dtype float32`` gives both tools a float32 copy of the model,
@@ -180,6 +182,24 @@ def hessian_gap(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
     return gaps[worst], worst
 
 
+def gptq_on(hessians: dict[str, Any], model_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """Our GPTQ W4A16 on ``hessians`` (first-layer Hessians another run handed its GPTQ) and
+    the model's weights as stored: (integers, float32 scales) per Linear, named as
+    :func:`quantized` names them. Equal to that run's integers, they say the run's GPTQ and
+    ours agree and only the Hessians can differ."""
+    from safetensors.torch import load_file
+
+    from llmc_trace.algorithms import gptq
+    from llmc_trace.algorithms.scheme import W4A16
+
+    weights = load_file(model_dir / "model.safetensors")
+    layers = {}
+    for name, H in hessians.items():
+        result = gptq(weights[f"{name}.weight"], H, W4A16.weights).quantized
+        layers[name.removeprefix("model.")] = (result.int_weight, result.scale.float())
+    return layers
+
+
 def share(figures: dict[str, Any]) -> str:
     return f"{figures['same'] / figures['count']:.2%}"
 
@@ -331,6 +351,14 @@ def main() -> None:
             for label, a, b in pairs:
                 gap, where = hessian_gap(hessians[a], hessians[b])
                 print(f"  {label}: largest difference {gap:.2e} of the largest entry ({where})")
+            for label in ("shipped", "swapped"):
+                if label in done:
+                    same = agreement(gptq_on(hessians[label], paths["model"]), checkpoints[label])
+                    print(
+                        f"  our GPTQ on the {label} run's first-layer Hessians against its "
+                        f"integers: {share(same['all'])} identical, scales "
+                        f"{same['all']['same_scales'] / same['all']['scales']:.2%}"
+                    )
         print_environments(runs)
     print(f"load average at end: {load_average()}")
 
