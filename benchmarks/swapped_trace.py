@@ -244,7 +244,8 @@ def their_sweep(
     env = {**os.environ, "PYTHONPATH": ""}  # the reference venv alone, as in the shipped run
     child = subprocess.run(command, capture_output=True, text=True, env=env)
     if child.returncode != 0:
-        return {"error": (child.stderr or child.stdout).strip().splitlines()[-1:]}
+        tail = (child.stderr or child.stdout).strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {child.returncode}"}
     theirs = {}
     for layer in torch.load(folder / "sweep_out.pt"):
         scale = layer["scale"].float()
