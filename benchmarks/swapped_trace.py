@@ -26,15 +26,17 @@ swapped against shipped, with the largest difference in quantization steps and t
 identical group scales. Last, the first decoder layer's Hessians as each run handed them to
 GPTQ (each normalized by its mean diagonal: llm-compressor divides by samples, llmc-trace by
 tokens), pairwise: that layer's inputs do not depend on any quantization yet, so where its
-integers differ these say whether the inputs did; and our GPTQ run on each llm-compressor
-run's first-layer Hessians against that run's integers, which says whether anything but the
-Hessians differs. Nothing is asserted.
+integers differ these say whether the inputs did. Then, on the shipped run's first-layer
+Hessians, our GPTQ against that run's integers (anything but the Hessians that differs shows
+here), and llm-compressor's sweep alone (``_reference/gptq_sweep_llmcompressor.py``) with our
+scales in the model's dtype and in float32, against ours. Nothing is asserted.
 
-On a CPU llm-compressor computes a bf16 model in bf16 and llmc-trace in float32, so (a) and
-(b) include that difference; ``--dtype float32`` gives both tools a float32 copy of the model,
-so that they differ by their own arithmetic alone.
+On a CPU llm-compressor computes a bf16 model in bf16 and llmc-trace in float32, and its GPTQ
+sweep dequantizes each column in the scales' dtype (bf16), so (a) and (b) include both;
+``--dtype float32`` gives both tools a float32 copy of the model, so that they differ by their
+own float sums alone.
 
-    python benchmarks/swapped_trace.py                       # 16 x 256 tokens, ~3 min on 2 cores
+    python benchmarks/swapped_trace.py                       # 16 x 256 tokens, ~5 min on 2 busy cores
     python benchmarks/swapped_trace.py --dtype float32
 """
 
@@ -44,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +63,7 @@ from vlm_calibration import agreement, kept, quantized, to_float32  # noqa: E402
 
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_SCRIPT = HERE / "_reference" / "swapped_trace_llmcompressor.py"
+SWEEP_SCRIPT = HERE / "_reference" / "gptq_sweep_llmcompressor.py"
 SRC = HERE.parent / "src"
 FIRST_LAYER = "model.layers.0."
 #: what a float32 copy of the reference model needs: weights, config, tokenizer
@@ -182,22 +186,104 @@ def hessian_gap(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
     return gaps[worst], worst
 
 
-def gptq_on(hessians: dict[str, Any], model_dir: Path) -> dict[str, tuple[Any, Any]]:
-    """Our GPTQ W4A16 on ``hessians`` (first-layer Hessians another run handed its GPTQ) and
-    the model's weights as stored: (integers, float32 scales) per Linear, named as
-    :func:`quantized` names them. Equal to that run's integers, they say the run's GPTQ and
-    ours agree and only the Hessians can differ."""
+def our_first_layer(hessians: dict[str, Any], model_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """Our GPTQ W4A16 on ``hessians`` (the first-layer Hessians a run handed its GPTQ) and the
+    model's weights as stored: (weight, :class:`QuantizedWeight`) per Linear."""
     from safetensors.torch import load_file
 
     from llmc_trace.algorithms import gptq
     from llmc_trace.algorithms.scheme import W4A16
 
     weights = load_file(model_dir / "model.safetensors")
-    layers = {}
-    for name, H in hessians.items():
-        result = gptq(weights[f"{name}.weight"], H, W4A16.weights).quantized
-        layers[name.removeprefix("model.")] = (result.int_weight, result.scale.float())
-    return layers
+    return {
+        name: (
+            weights[f"{name}.weight"],
+            gptq(weights[f"{name}.weight"], H, W4A16.weights).quantized,
+        )
+        for name, H in hessians.items()
+    }
+
+
+def integers(layers: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """(integers, float32 scales) per Linear, named as :func:`quantized` names them."""
+    return {
+        name.removeprefix("model."): (q.int_weight, q.scale.float())
+        for name, (_, q) in layers.items()
+    }
+
+
+def their_sweep(
+    hessians: dict[str, Any],
+    layers: dict[str, tuple[Any, Any]],
+    scale_dtype: str,
+    folder: Path,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """llm-compressor's GPTQ sweep alone (``_reference/gptq_sweep_llmcompressor.py``) on the
+    same Hessians, weights and our scales, given in ``scale_dtype`` (the model's dtype, as its
+    own run holds them, or ``float32``), against our integers. compressed-tensors
+    dequantizes in the scale's dtype inside the sweep, so with bf16 scales the error each
+    column passes on is taken against a value rounded to bf16."""
+    import torch
+
+    sent = [
+        {
+            "name": name,
+            "W": weight,
+            "H": hessians[name],
+            "scale": q.scale.to(getattr(torch, scale_dtype)),
+            "zero_point": q.zero_point,
+            "bits": q.args.num_bits,
+            "group_size": q.args.group_size,
+        }
+        for name, (weight, q) in layers.items()
+    ]
+    torch.save(sent, folder / "sweep_in.pt")
+    command = [str(args.reference_python), str(SWEEP_SCRIPT), str(folder / "sweep_in.pt")]
+    command += [str(folder / "sweep_out.pt"), "--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": ""}  # the reference venv alone, as in the shipped run
+    child = subprocess.run(command, capture_output=True, text=True, env=env)
+    if child.returncode != 0:
+        tail = (child.stderr or child.stdout).strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {child.returncode}"}
+    theirs = {}
+    for layer in torch.load(folder / "sweep_out.pt"):
+        scale = layer["scale"].float()
+        steps = layer["Q"].float() / torch.repeat_interleave(scale, layer["group_size"], dim=1)
+        theirs[layer["name"].removeprefix("model.")] = (steps.round().to(torch.int8), scale)
+    return agreement(integers(layers), theirs)["all"]
+
+
+def print_first_layer(
+    hessians: dict[str, dict[str, Any]],
+    checkpoints: dict[str, dict[str, Any]],
+    pairs: list[tuple[str, str, str]],
+    folder: Path,
+    model_dir: Path,
+    args: argparse.Namespace,
+) -> None:
+    """Where the first decoder layer's integers part: the Hessians each run handed GPTQ,
+    pairwise; our GPTQ on the shipped run's Hessians against its integers; and llm-compressor's
+    sweep alone on those Hessians with our scales, in the model's dtype and in float32."""
+    print("\nFirst decoder layer's Hessians, each over its mean diagonal:")
+    for label, a, b in pairs:
+        gap, where = hessian_gap(hessians[a], hessians[b])
+        print(f"  {label}: largest difference {gap:.2e} of the largest entry ({where})")
+    if "shipped" not in checkpoints:
+        return
+    layers = our_first_layer(hessians["shipped"], model_dir)
+    same = agreement(integers(layers), checkpoints["shipped"])["all"]
+    print(
+        f"  our GPTQ on the shipped run's Hessians against its integers: {share(same)} "
+        f"identical, scales {same['same_scales'] / same['scales']:.2%}"
+    )
+    for scale_dtype in dict.fromkeys((args.dtype, "float32")):
+        figures = their_sweep(hessians["shipped"], layers, scale_dtype, folder, args)
+        outcome = figures["error"] if "error" in figures else f"{share(figures)} identical"
+        print(
+            f"  llm-compressor's sweep alone on the same Hessians, weights and our scales in "
+            f"{scale_dtype}, against ours: {outcome}"
+        )
 
 
 def share(figures: dict[str, Any]) -> str:
@@ -347,18 +433,7 @@ def main() -> None:
             print_agreement(
                 {label: agreement(checkpoints[a], checkpoints[b]) for label, a, b in pairs}
             )
-            print("\nFirst decoder layer's Hessians, each over its mean diagonal:")
-            for label, a, b in pairs:
-                gap, where = hessian_gap(hessians[a], hessians[b])
-                print(f"  {label}: largest difference {gap:.2e} of the largest entry ({where})")
-            for label in ("shipped", "swapped"):
-                if label in done:
-                    same = agreement(gptq_on(hessians[label], paths["model"]), checkpoints[label])
-                    print(
-                        f"  our GPTQ on the {label} run's first-layer Hessians against its "
-                        f"integers: {share(same['all'])} identical, scales "
-                        f"{same['all']['same_scales'] / same['all']['scales']:.2%}"
-                    )
+            print_first_layer(hessians, checkpoints, pairs, folder, paths["model"], args)
         print_environments(runs)
     print(f"load average at end: {load_average()}")
 
