@@ -12,8 +12,10 @@ from pathlib import Path
 #: The folder holding the model, its tokenizer and its calibration and evaluation token arrays.
 FOLDER = Path(__file__).resolve().parent
 
-#: The mixture-of-experts variant (``Qwen3MoeForCausalLM``, 8 experts, 2 per token), with the
-#: same files; its tokenizer, ``calib.npy``, ``eval.npy`` and ``split.json`` are ``FOLDER``'s.
+#: The mixture-of-experts variant (``Qwen3MoeForCausalLM``, 8 experts, 2 per token): its model,
+#: a copy of ``FOLDER``'s tokenizer, and its results; its ``calib.npy``, ``eval.npy`` and
+#: ``split.json`` are ``FOLDER``'s, read from there (not copied: the repository travels to GPU
+#: machines under a size limit).
 MOE_FOLDER = FOLDER / "moe"
 
 #: The vision-language model (``LlavaForConditionalGeneration``: CLIP tower, Llama language
