@@ -6,10 +6,10 @@ tokens per second, and the float32 rate that makes), then one GPTQ W4A16 solve a
 SparseGPT 50 % solve on a bf16 W with that Hessian.
 
 The floor is the matrix work both solves cannot avoid, timed alone on the same device: the
-damped inverse's factorisation (:func:`~llmc_trace.algorithms.inverse_factor`: two Cholesky
-factorisations and a triangular inverse of the (in, in) Hessian) and the lazy block updates,
-``W[:, i2:] -= Err @ H_inv[i1:i2, i2:]`` for every block of 128 columns, with the same shapes
-and dtypes as the sweep. What a solve spends beyond the floor is the column-by-column sweep
+damped Hessian's factorisation (:func:`~llmc_trace.algorithms.sweep_factor`: one Cholesky
+factorisation of the (in, in) Hessian) and the lazy block updates,
+``G[:, i2:] += D @ R[i1:i2, i2:]`` for every block of 128 columns, with the same shapes and
+dtypes as the sweep. What a solve spends beyond the floor is the column-by-column sweep
 inside each block: thousands of small launches, the part an H100 cannot hide.
 
 The shapes are Llama-3-8B's attention (4096 x 4096), MLP up (14336 x 4096) and down
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from common import Deadline, measured_once, timed_s
-from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq, inverse_factor, sparsegpt
+from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq, sparsegpt, sweep_factor
 
 #: (name, out, in): the full-size shapes, and tiny ones with the same aspect for the dry run.
 FULL_SHAPES = [
@@ -55,13 +55,13 @@ def matmul_tflops(size: int, dtype: torch.dtype, device: torch.device) -> float:
     return 2 * size**3 / seconds / 1e12
 
 
-def block_products(W: torch.Tensor, H_inv: torch.Tensor) -> None:
-    """The sweep's lazy updates alone: every block's error times its rows of ``H_inv``."""
-    columns = W.shape[1]
-    Err = torch.randn(W.shape[0], BLOCKSIZE, device=W.device)  # (out, block)
+def block_products(G: torch.Tensor, R: torch.Tensor) -> None:
+    """The sweep's lazy updates alone: every block's weight changes times its rows of ``R``."""
+    columns = G.shape[1]
+    D = torch.randn(G.shape[0], BLOCKSIZE, device=G.device)  # (out, block)
     for i1 in range(0, columns, BLOCKSIZE):
         i2 = min(i1 + BLOCKSIZE, columns)
-        W[:, i2:] -= Err[:, : i2 - i1] @ H_inv[i1:i2, i2:]
+        G[:, i2:].addmm_(D[:, : i2 - i1], R[i1:i2, i2:])
 
 
 def measure_shape(
@@ -76,8 +76,8 @@ def measure_shape(
     accumulator = HessianAccumulator(in_features, device=device)
     add_s = timed_s(lambda: accumulator.add(X), device)
     H = accumulator.H
-    factor_s, _ = measured_once(lambda: inverse_factor(H), device)
-    products = partial(block_products, W.float(), inverse_factor(H).H_inv)
+    factor_s, _ = measured_once(lambda: sweep_factor(H), device)
+    products = partial(block_products, W.float(), sweep_factor(H).R)
     products_s, _ = measured_once(products, device)
     del products  # its float32 W and factor: 4 GB at the 70B shape
     gptq_s, gptq_peak = measured_once(lambda: gptq(W, H, W4A16.weights), device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _compress_data import LayerInputs, hessian
 
-from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, rtn, sparsegpt
+from llmc_trace.algorithms import QuantizationArgs, gptq, sweep_factor, rtn, sparsegpt
 from llmc_trace.algorithms.baseline import DampedError, baseline_weight, damped_error
 from llmc_trace.algorithms.hessian import damping_diagonal
 from llmc_trace.algorithms.sparsegpt import magnitude_prune
@@ -34,7 +34,7 @@ def problem(correlated_inputs: Callable[..., torch.Tensor]) -> tuple[torch.Tenso
 def exact_damped_error(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor, percdamp: float) -> float:
     """tr(D H_d D^T) / 2 in float64 with H_d built as the solvers factor it, dead columns of D
     left out (the reference: every term written out, nothing folded)."""
-    factor = inverse_factor(H, percdamp)
+    factor = sweep_factor(H, percdamp)
     H_d = factor.damped(H).double()
     D = (W - Q).double()
     D[:, factor.dead] = 0

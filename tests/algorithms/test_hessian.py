@@ -1,4 +1,4 @@
-"""The streamed Hessian and its damped inverse factor, against direct float64 computations."""
+"""The streamed Hessian and the factor the sweeps read, against direct float64 computations."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import logging
 import pytest
 import torch
 
-from llmc_trace.algorithms import HessianAccumulator, HessianError, inverse_factor
+from llmc_trace.algorithms import HessianAccumulator, HessianError, sweep_factor
+from llmc_trace.algorithms.hessian import _reverse
 
 
 def test_running_mean_equals_the_batch_hessian_whatever_the_batching() -> None:
@@ -39,40 +40,83 @@ def test_masked_padding_tokens_do_not_count() -> None:
     torch.testing.assert_close(acc.H, 2 * real.T @ real / 11)
 
 
-def test_inverse_factor_is_the_upper_cholesky_of_the_damped_inverse() -> None:
+def test_the_lower_triangle_bands_and_their_mirror_give_the_whole_product() -> None:
+    """Wider than three bands (not a multiple of one), streamed in batches, H is the full
+    symmetric product, exactly symmetric; a NaN in a later batch is seen without mirroring."""
+    width = 2 * HessianAccumulator.BAND + 77
+    X = torch.randn(4, 40, width, generator=torch.Generator().manual_seed(5))
+    acc = HessianAccumulator(width)
+    for batch in X:
+        acc.add(batch)
+    rows = X.reshape(-1, width).double()
+    torch.testing.assert_close(acc.H.double(), 2 * rows.T @ rows / 160, rtol=1e-5, atol=1e-5)
+    assert torch.equal(acc.H, acc.H.T)
+    poisoned = X[0].clone()
+    poisoned[3, width - 1] = float("nan")
+    acc.add(poisoned)
+    assert acc.problem() is not None
+
+
+def damped_hessian(H: torch.Tensor, percdamp: float) -> torch.Tensor:
+    """H with percdamp * mean(diag(H)) on its diagonal, in float64."""
+    return H.double() + percdamp * torch.diag(H).mean().double() * torch.eye(
+        H.shape[0], dtype=torch.double
+    )
+
+
+def paper_factor(damped: torch.Tensor) -> torch.Tensor:
+    """What GPTQ's paper reads: the upper Cholesky factor of the damped inverse, float64."""
+    return torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+
+
+def test_sweep_factor_is_the_cholesky_factor_of_the_damped_hessian() -> None:
+    """R is upper triangular with R R^T = H_d, and its inverse is the paper's factor U, whose
+    diagonal blocks the sweeps read."""
     generator = torch.Generator().manual_seed(2)
     X = torch.randn(64, 32, generator=generator)
     H = 2 * X.T @ X / 64
     H_before = H.clone()
-    factor = inverse_factor(H, percdamp=0.01)
+    factor = sweep_factor(H, percdamp=0.01)
 
-    damped = H.double() + 0.01 * torch.diag(H).mean().double() * torch.eye(32, dtype=torch.double)
-    U = factor.H_inv.double()
-    assert torch.equal(U, torch.triu(U)) and (torch.diag(U) > 0).all()
-    torch.testing.assert_close(U.T @ U, torch.linalg.inv(damped), rtol=1e-4, atol=1e-5)
+    damped = damped_hessian(H, 0.01)
+    R = factor.R.double()
+    assert torch.equal(factor.R, torch.triu(factor.R)) and (torch.diag(R) > 0).all()
+    torch.testing.assert_close(R @ R.T, damped, rtol=1e-5, atol=1e-5)
+    U = paper_factor(damped)
+    torch.testing.assert_close(torch.linalg.inv(R), U, rtol=1e-4, atol=1e-5)
+    for i1, i2 in ((0, 12), (12, 32)):
+        block = factor.block_inverse(i1, i2).double()
+        torch.testing.assert_close(block, U[i1:i2, i1:i2], rtol=1e-4, atol=1e-5)
     assert factor.percdamp == 0.01 and not factor.dead.any()
     assert torch.equal(H, H_before)
+
+
+@pytest.mark.parametrize("width", [7, 8, 1025])
+def test_reversing_in_place_reverses_rows_and_columns(width: int) -> None:
+    """Odd and even widths, and one wider than two bands of rows."""
+    M = torch.randn(width, width, generator=torch.Generator().manual_seed(width))
+    expected = M.flip((0, 1))
+    _reverse(M)
+    assert torch.equal(M, expected)
 
 
 def test_dead_columns_become_identity_rows() -> None:
     X = torch.randn(64, 8, generator=torch.Generator().manual_seed(3))
     X[:, 5] = 0
-    factor = inverse_factor(2 * X.T @ X / 64)
+    factor = sweep_factor(2 * X.T @ X / 64)
     assert factor.dead.tolist() == [i == 5 for i in range(8)]
-    assert torch.isfinite(factor.H_inv).all()
+    assert torch.isfinite(factor.R).all()
 
 
 def test_indefinite_hessian_is_retried_with_more_damping(caplog: pytest.LogCaptureFixture) -> None:
     # Eigenvalues -0.05 and 2.05: 1 % of the mean diagonal is not enough, 10 % is.
     H = torch.tensor([[1.0, 1.05], [1.05, 1.0]])
     with caplog.at_level(logging.WARNING, logger="llmc_trace.algorithms.hessian"):
-        factor = inverse_factor(H, percdamp=0.01)
+        factor = sweep_factor(H, percdamp=0.01)
     assert factor.percdamp == pytest.approx(0.1)
     assert "percdamp=0.1" in caplog.text
-    damped = H.double() + 0.1 * torch.eye(2, dtype=torch.double)
-    torch.testing.assert_close(
-        factor.H_inv.double().T @ factor.H_inv.double(), torch.linalg.inv(damped), rtol=1e-5, atol=0
-    )
+    R = factor.R.double()
+    torch.testing.assert_close(R @ R.T, damped_hessian(H, 0.1), rtol=1e-5, atol=0)
 
 
 def test_overwriting_factorisation_reuses_the_hessian_and_gives_the_same_factor() -> None:
@@ -82,16 +126,16 @@ def test_overwriting_factorisation_reuses_the_hessian_and_gives_the_same_factor(
     X = torch.randn(64, 32, generator=torch.Generator().manual_seed(4))
     X[:, 7] = 0
     for H in (2 * X.T @ X / 64, torch.tensor([[1.0, 1.05], [1.05, 1.0]])):
-        kept = inverse_factor(H.clone(), percdamp=0.01)
+        kept = sweep_factor(H.clone(), percdamp=0.01)
         given_up = H.clone()
-        factor = inverse_factor(given_up, percdamp=0.01, overwrite=True)
-        assert factor.H_inv.data_ptr() == given_up.data_ptr()
-        assert torch.equal(factor.H_inv, kept.H_inv) and torch.equal(factor.dead, kept.dead)
-        assert factor.percdamp == kept.percdamp
+        factor = sweep_factor(given_up, percdamp=0.01, overwrite=True)
+        assert factor.R.data_ptr() == given_up.data_ptr()
+        assert torch.equal(factor.R, kept.R)
+        assert torch.equal(factor.dead, kept.dead) and factor.percdamp == kept.percdamp
 
 
 @pytest.mark.parametrize("H", [torch.tensor([[1.0, 0.0], [0.0, float("nan")]]), -torch.eye(2)])
 def test_unfactorisable_hessian_raises_with_a_hint(H: torch.Tensor) -> None:
     with pytest.raises(HessianError) as info:
-        inverse_factor(H)
+        sweep_factor(H)
     assert info.value.hint

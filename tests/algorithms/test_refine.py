@@ -11,14 +11,14 @@ from _compress_data import capture_inputs, hessian
 from refmodel import FOLDER as REFMODEL
 
 from llmc_trace.algorithms import QuantizationArgs, dequantize, gptq
-from llmc_trace.algorithms.hessian import inverse_factor
+from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.refine import MAX_PASSES
 
 
 def damped_objective(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> float:
     """tr((W - Q) H_damped (W - Q)^T) / 2 in float64, H damped as GPTQ damps it; a dead input's
     weights (which GPTQ zeroes: they cannot change the output) count as zero."""
-    factor = inverse_factor(H)
+    factor = sweep_factor(H)
     H_damped = factor.damped(H).double()
     E = (W * ~factor.dead - Q).double()
     return 0.5 * torch.trace(E @ H_damped @ E.T).item()
@@ -76,7 +76,7 @@ def test_refinement_ends_where_no_single_integer_can_move_down(
     in float64 from the returned integers alone, raises (or keeps) the objective."""
     W, H = problem
     q = gptq(W, H, args, refine_passes=MAX_PASSES).quantized
-    factor = inverse_factor(H)
+    factor = sweep_factor(H)
     H_damped = factor.damped(H).double()
     E = (W * ~factor.dead - q.weight).double()
     R = E @ H_damped  # f changes by d^2 H_jj - 2 d R_rj when weight (r, j) moves by d

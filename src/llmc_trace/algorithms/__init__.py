@@ -7,7 +7,7 @@ and a scheme, and return tensors. Feed `HessianAccumulator.add` with a layer's i
 
 from llmc_trace.errors import CheckpointError, CompressionError, HessianError, SchemeError
 from llmc_trace.algorithms.gptq import GPTQResult, gptq
-from llmc_trace.algorithms.hessian import HessianAccumulator, InverseFactor, inverse_factor
+from llmc_trace.algorithms.hessian import HessianAccumulator, SweepFactor, sweep_factor
 from llmc_trace.algorithms.quantize import (
     QuantizedWeight,
     compute_qparams,
@@ -48,22 +48,22 @@ __all__ = [
     "GPTQResult",
     "HessianAccumulator",
     "HessianError",
-    "InverseFactor",
     "QuantizationArgs",
     "QuantizationScheme",
     "QuantizedWeight",
     "SchemeError",
     "SparseGPTResult",
+    "SweepFactor",
     "Sparsity",
     "compute_qparams",
     "dequantize",
     "fake_quantize",
     "gptq",
-    "inverse_factor",
     "magnitude_prune",
     "matches",
     "quantize_to_int",
     "resolve_scheme",
     "rtn",
     "sparsegpt",
+    "sweep_factor",
 ]

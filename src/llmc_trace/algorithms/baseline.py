@@ -1,12 +1,12 @@
 """The loss a data-free baseline leaves on a layer, in the terms GPTQ and SparseGPT state theirs.
 
-GPTQ's loss, the sum over columns of err^2 / 2, is exactly an output error: with U the upper
-Cholesky factor of the damped inverse (`InverseFactor.H_inv`, so U H_d U^T = I), the sweep
-leaves W - Q = E U, E holding the columns err, hence
+GPTQ's loss, the sum over columns of err^2 / 2, is exactly an output error: with R the upper
+triangular factor of the damped Hessian (`SweepFactor`, H_d = R R^T), the sweep leaves
+E = (W - Q) R, E holding the columns err, hence
 
     sum(err^2) / 2 = tr(E E^T) / 2 = tr((W - Q) H_d (W - Q)^T) / 2,
 
-the error of the result under the *damped* Hessian H_d (`InverseFactor.damped`). SparseGPT's
+the error of the result under the *damped* Hessian H_d (`SweepFactor.damped`). SparseGPT's
 sweep is the same, so its loss is that too; `tests/algorithms/test_baseline.py` checks both. The
 comparable loss of round-to-nearest (or of magnitude pruning) is therefore tr(D H_d D^T) / 2 with
 D = W - baseline(W), on the same H and the same damping: a layer's relative loss, method over
@@ -57,7 +57,7 @@ class DampedError:
     live_square: float
     """||D||^2 over the live columns: the damping adds `damping * live_square`."""
     mean_diagonal: float
-    """mean(diag(H)) with dead columns counted as 1, what `inverse_factor` scales percdamp by."""
+    """mean(diag(H)) with dead columns counted as 1, what `sweep_factor` scales percdamp by."""
 
     def loss(self, percdamp: float) -> float:
         """tr(D H_d D^T) / 2 for H damped by `percdamp` (pass the one the method reports)."""

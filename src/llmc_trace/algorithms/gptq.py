@@ -13,7 +13,7 @@ import torch
 
 from llmc_trace.algorithms.baseline import DampedError, damped_error, rtn_damped_error
 from llmc_trace.algorithms.grid import SweepGrid
-from llmc_trace.algorithms.hessian import damping_diagonal, inverse_factor
+from llmc_trace.algorithms.hessian import damping_diagonal, sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
@@ -55,7 +55,9 @@ def gptq(
     maths runs in float32 on `W`'s device; the result's scales and dequantized weight are in
     `W`'s dtype. Columns are visited in blocks of `blocksize`; within a block each column is
     rounded and its error spread over the block's remaining columns at once, while later blocks
-    receive the block's accumulated error in one matmul (the paper's lazy batch updates).
+    receive the block's accumulated error in one matmul (the paper's lazy batch updates). The
+    error is spread through the Cholesky factor of H itself (`SweepFactor`), which gives the
+    paper's updates without inverting H.
 
     `args.actorder` chooses the sweep order:
 
@@ -86,7 +88,7 @@ def gptq(
     so the default, 0, is the paper's GPTQ alone, as llm-compressor runs it.
 
     `overwrite_hessian=True` says the caller no longer needs `H`: its float32 storage is then
-    reused for the factorisation (`inverse_factor`), one (in, in) matrix less at the peak, and
+    reused for the factorisation (`sweep_factor`), one (in, in) matrix less at the peak, and
     its contents are undefined afterwards. Refinement needs `H` after the sweep, so with
     `refine_passes` `H` is kept anyway.
 
@@ -123,29 +125,34 @@ def gptq(
         del permuted
         W = W[:, perm]
         zeros = zeros[:, perm] if zeros is not None else None
-    _, dead = damping_diagonal(H)  # inverse_factor's dead columns, needed before it runs
+    _, dead = damping_diagonal(H)  # sweep_factor's dead columns, needed before it runs
     dead_weights = baseline and bool(W[:, dead].any())
     W[:, dead] = 0
     grid = SweepGrid(
         W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
     )
     rtn_error = _rtn_error(original, W, H, grid, perm, dead_weights) if baseline else None
-    factor = inverse_factor(H, percdamp, overwrite=overwrite)
-    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
+    factor = sweep_factor(H, percdamp, overwrite=overwrite)
+    R = factor.R
     blocksize = grid.aligned(blocksize)
 
     rows, columns = W.shape
-    q = torch.empty(rows, device=W.device)  # the column being fixed, dequantized
-    loss = torch.zeros((), device=W.device)
+    G = W.zero_()  # (out, in): D_A R_A,: for the columns not reached yet (SweepFactor)
+    del W
+    loss = torch.zeros((), device=G.device)
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        W1 = W[:, i1:i2].clone()  # (out, block): the rank-1 updates' layout fixes their bits
-        Q1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out) integers, row i = column i
-        Err1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out)
-        Hinv1 = H_inv[i1:i2, i1:i2]
+        before = _original_block(original, perm, dead, i1, i2)  # (out, block): W before it
+        U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
+        W1 = torch.addmm(before, G[:, i1:i2], U1)  # the block as the paper's sweep finds it
+        Q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out) integers, row i = column i
+        q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out) their grid values
+        Err1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out)
         # views made once per block, so that the column loop allocates no tensor
-        columns_of_block = zip(W1.unbind(1), Q1.unbind(), Err1.unbind(), Hinv1.diagonal().unbind())
-        for i, (w, integers, err, d) in enumerate(columns_of_block):
+        columns_of_block = zip(
+            W1.unbind(1), Q1.unbind(), q1.unbind(), Err1.unbind(), U1.diagonal().unbind()
+        )
+        for i, (w, integers, q, err, d) in enumerate(columns_of_block):
             if grid.starts_group(i1 + i):
                 group = W1[:, i : i + grid.group_size]
                 if zeros is not None:  # the range the kept weights need
@@ -153,11 +160,11 @@ def gptq(
                 grid.fit(i1 + i, group)
             grid.quantize_into(i1 + i, w, integers, q)
             torch.sub(w, q, out=err).div_(d)
-            W1[:, i:].addr_(err, Hinv1[i, i:], alpha=-1)  # rank-1, in place
+            W1[:, i:].addr_(err, U1[i, i:], alpha=-1)  # rank-1, in place
         grid.set_block(i1, Q1)
-        Err1 = Err1.T.contiguous()  # (out, block), the layout the lazy update's bits depend on
         loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
-        W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
+        if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
+            G[:, i2:].addmm_(before.sub_(q1.T), R[i1:i2, i2:])
 
     baseline_loss = rtn_error.loss(factor.percdamp) if rtn_error is not None else None
     if not refine_passes:
@@ -166,15 +173,28 @@ def gptq(
         )
     # the descent needs the original weight and the damped H itself, not the sweep's state
     percdamp, dead = factor.percdamp, factor.dead
-    del W, W1, Err1
+    del G, W1, Err1
     H_damped = factor.damped(H)
-    del H, H_inv, factor
+    del H, R, factor
     W = original.to(torch.float32, copy=True)
     if perm is not None:
         W = W[:, perm]
     W[:, dead] = 0
     refined = coordinate_descent(W, H_damped, grid, max_passes=refine_passes, blocksize=blocksize)
     return GPTQResult(grid.result(perm, dtype), refined.loss, percdamp, refined, baseline_loss)
+
+
+def _original_block(
+    original: torch.Tensor, perm: torch.Tensor | None, dead: torch.Tensor, i1: int, i2: int
+) -> torch.Tensor:
+    """Sweep positions `i1` to `i2` of the weight before the sweep, float32 (out, block): the
+    columns of `original` in sweep order, dead ones zeroed, as the sweep started from them."""
+    if perm is None:
+        block = original[:, i1:i2].to(torch.float32, copy=True)
+    else:
+        block = original[:, perm[i1:i2]].to(torch.float32)
+    block[:, dead[i1:i2]] = 0
+    return block
 
 
 def _rtn_error(

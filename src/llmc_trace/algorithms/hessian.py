@@ -1,9 +1,9 @@
-"""Accumulate a layer's Hessian from its inputs and factor its damped inverse, for GPTQ and SparseGPT.
+"""Accumulate a layer's Hessian from its inputs and factor it for GPTQ's and SparseGPT's sweeps.
 
 Both methods minimise ||W X - W' X||^2 over a layer's calibration inputs X; the second
 derivative of that loss is H = 2 X^T X, which is all they need to know about the data. This
-module holds the one implementation of the two steps they share: the streamed H, and the upper
-Cholesky factor of the damped inverse that their column sweeps read from.
+module holds the one implementation of the two steps they share: the streamed H, and the
+Cholesky factor of the damped H that their column sweeps read from (`SweepFactor`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class HessianAccumulator:
 
     A running mean instead of a sum keeps memory at one (in, in) matrix whatever the number of
     samples, and keeps H's magnitude independent of n, so the relative damping in
-    `inverse_factor` means the same for 16 samples as for 16,000. H is kept in float32 whatever
+    `sweep_factor` means the same for 16 samples as for 16,000. H is kept in float32 whatever
     the activation dtype: a bf16 sum over millions of tokens would stop growing once the terms
     fall below its 8-bit mantissa, and the Cholesky factorisation of a nearly singular H needs
     at least float32 to succeed.
@@ -32,6 +32,11 @@ class HessianAccumulator:
     Counting tokens rather than sequences weighs every real token equally, so a batch of short,
     padded sequences counts for less than a batch of long ones; padding tokens, masked out, do
     not count at all.
+
+    H is symmetric, so `add` computes only its lower triangle, a band of `BAND` columns per
+    matrix product (about 60 % of the multiply-adds of the whole product, and what dominated
+    calibration's Hessian time); the upper triangle is mirrored from it once, when `H` is next
+    read, a band at a time. `problem` checks the computed entries without mirroring them.
 
     >>> acc = HessianAccumulator(4)
     >>> x = torch.randn(2, 3, 4)  # (batch, seq, in_features)
@@ -42,9 +47,28 @@ class HessianAccumulator:
     >>> torch.testing.assert_close(acc.H, 2 * rows.T @ rows / 4)
     """
 
+    BAND = 256
+    """Columns of the lower triangle per matrix product: narrow enough that the products'
+    wasted upper parts (one band-wide square each) stay small, wide enough to run at the
+    matrix unit's full rate."""
+
     def __init__(self, in_features: int, device: torch.device | str = "cpu") -> None:
-        self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self._H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self._mirrored = True
         self.num_tokens = 0
+
+    @property
+    def H(self) -> torch.Tensor:
+        """The (in, in) float32 Hessian, symmetric (its upper triangle mirrored on demand)."""
+        if not self._mirrored:
+            _mirror_lower(self._H, self.BAND)
+            self._mirrored = True
+        return self._H
+
+    def problem(self) -> str | None:
+        """`non_finite` of the entries computed so far (the lower triangle and whatever was
+        mirrored before), without mirroring: cheap enough to ask after every batch."""
+        return non_finite(self._H)
 
     def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Fold the inputs `x` (..., in_features) into H.
@@ -52,43 +76,79 @@ class HessianAccumulator:
         `mask` has `x`'s leading shape (e.g. the tokenizer's `attention_mask`, (batch, seq));
         tokens where it is 0 or False are left out.
         """
-        in_features = self.H.shape[0]
+        H = self._H
+        in_features = H.shape[0]
         if x.shape[-1] != in_features:
             raise ValueError(f"expected inputs with {in_features} features, got {tuple(x.shape)}")
         if mask is not None and not bool(mask.all()):  # indexing copies: only when padded
             x = x[mask.to(device=x.device, dtype=torch.bool)]
-        x = x.reshape(-1, in_features).to(device=self.H.device, dtype=torch.float32)
+        x = x.reshape(-1, in_features).to(device=H.device, dtype=torch.float32)
         new_tokens = x.shape[0]
         if new_tokens == 0:
             return
         total = self.num_tokens + new_tokens
-        # H <- H * n / (n + m) + (2 / (n + m)) x^T x, as one in-place matrix product
-        self.H.addmm_(x.T, x, beta=self.num_tokens / total, alpha=2 / total)
+        beta, alpha = self.num_tokens / total, 2 / total
+        # H <- H * n / (n + m) + (2 / (n + m)) x^T x on the lower triangle, band by band
+        for a in range(0, in_features, self.BAND):
+            b = min(a + self.BAND, in_features)
+            H[a:, a:b].addmm_(x[:, a:].T, x[:, a:b], beta=beta, alpha=alpha)
+        self._mirrored = False
         self.num_tokens = total
 
 
-@dataclass(frozen=True)
-class InverseFactor:
-    """The upper Cholesky factor of (H + damp I)^-1, with the fixes made to get it.
+def _mirror_lower(H: torch.Tensor, band: int) -> None:
+    """Copy `H`'s strict lower triangle onto its upper one in place, a band of rows at a time
+    (the temporary is one band's transpose, never a second (in, in) matrix)."""
+    n = H.shape[0]
+    for a in range(0, n, band):
+        b = min(a + band, n)
+        H[a:b, b:] = H[b:, a:b].T
+        block = H[a:b, a:b]
+        block.copy_(torch.tril(block) + torch.tril(block, -1).T)
 
-    GPTQ and SparseGPT read row i of `H_inv` when they fix column i: its diagonal entry is the
-    scale of column i's error and the rest of the row spreads that error over later columns.
+
+@dataclass(frozen=True)
+class SweepFactor:
+    """The Cholesky factor the column sweeps read, with the fixes made to get it.
+
+    GPTQ (Algorithm 1 of the paper) reads U, the upper Cholesky factor of H_d^-1 (H_d: H
+    damped), and llm-compressor computes it as written: a Cholesky factorisation of H_d, the
+    inverse from it, and a Cholesky factorisation of that inverse, 4n^3/3 flops. The same U is
+    the inverse of R, the upper triangular factor of H_d = R R^T (uniqueness of the Cholesky
+    factor: H_d^-1 = R^-T R^-1), and R is the lower Cholesky factor of H_d with its rows and
+    columns reversed: one factorisation, n^3/3 flops, and no inverse of the whole matrix.
+
+    The sweeps need U only block by block. U's diagonal block on the columns B of a block is
+    R_BB^-1 (a block-sized triangular inverse), and the paper's lazy updates of B by all
+    earlier columns A, W_B - E_A U_AB, equal W_B + (D_A R_AB) R_BB^-1, with D = W - Q the
+    weight changes made so far (W as before the sweep; E = D R is the paper's error matrix). So
+    a sweep accumulates G = D_A R_AB for the columns not reached yet, one matrix product per
+    finished block, and finds each block's weights as W_B + G_B R_BB^-1: within the block the
+    paper's per-column steps with R_BB^-1, every decision (a group's scale, a pruning mask) on
+    the very weights the paper's sweep decides on. `tests/algorithms/test_sweep_factor.py`
+    checks the sweeps against the paper's, with U computed the paper's way in float64.
     """
 
-    H_inv: torch.Tensor  # (in, in) upper triangular, float32
+    R: torch.Tensor  # (in, in) upper triangular, float32: H_d = R R^T
     dead: torch.Tensor  # (in,) bool: columns whose inputs were always zero
     percdamp: float  # damping actually used, as a fraction of mean(diag(H))
     damping: float  # the same damping as an absolute amount added to the diagonal
 
+    def block_inverse(self, i1: int, i2: int) -> torch.Tensor:
+        """U's diagonal block on columns `i1` to `i2`: R's block inverted, (block, block)."""
+        block = self.R[i1:i2, i1:i2]
+        identity = torch.eye(i2 - i1, device=block.device, dtype=block.dtype)
+        return torch.linalg.solve_triangular(block, identity, upper=True)
+
     def damped(self, H: torch.Tensor) -> torch.Tensor:
-        """The matrix whose inverse `H_inv` factors: `H` (not modified) with dead columns'
-        diagonal set to 1 and the damping added, in float32."""
+        """The matrix the factor is of: `H` (not modified) with dead columns' diagonal set to
+        1 and the damping added, in float32."""
         return _damped_copy(H, self.dead, self.damping)
 
 
 def damping_diagonal(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`H`'s diagonal in float32 with dead columns (diag(H) == 0: the input was always 0) set
-    to 1, and the mask of those columns: the diagonal `inverse_factor` damps, whose mean scales
+    to 1, and the mask of those columns: the diagonal `sweep_factor` damps, whose mean scales
     `percdamp`. One definition, so a loss computed beside the solver
     (`llmc_trace.algorithms.baseline`) is damped exactly as the solver was."""
     diagonal = torch.diag(H).float()
@@ -97,26 +157,23 @@ def damping_diagonal(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return diagonal, dead
 
 
-def inverse_factor(
+def sweep_factor(
     H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4, overwrite: bool = False
-) -> InverseFactor:
-    """Factor the damped inverse of `H` (in, in) as in GPTQ's `fasterquant`.
+) -> SweepFactor:
+    """Factor the damped `H` (in, in) for GPTQ's and SparseGPT's sweeps (`SweepFactor`).
 
     Dead columns (diag(H) == 0: the input was always 0) get H_ii = 1 so that H is invertible;
     the caller must zero those columns of W, which cannot affect the output. Damping adds
-    `percdamp * mean(diag(H))` to the diagonal, then H^-1 = cholesky_inverse(cholesky(H)) and its
-    upper Cholesky factor is taken. If a factorisation fails (H numerically not positive
-    definite), it is retried with ten times the damping, up to `max_attempts` in all; the
-    damping that worked is returned and logged as a warning.
+    `percdamp * mean(diag(H))` to the diagonal. If the factorisation fails (H numerically not
+    positive definite), it is retried with ten times the damping, up to `max_attempts` in all;
+    the damping that worked is returned and logged as a warning.
 
     The work happens in one (in, in) float32 matrix: a copy of `H` (left unmodified), or, with
-    `overwrite=True` and a float32 `H`, `H` itself, which then *becomes* the returned `H_inv`.
-    Every step writes in place, so besides that matrix at most one more is alive (the
-    Cholesky factor before it is copied back, or LAPACK's workspace): two (in, in) matrices at
-    the peak when the caller gives `H` up, three when it keeps it. For a 28672-wide layer
-    (a 70B model's down projection) each is 3.3 GB. With `overwrite`, a failure after the
-    first factorisation (the inverse not positive definite in float32, rare once H factorised)
-    cannot be retried, since H is gone, and raises.
+    `overwrite=True` and a float32 `H`, `H` itself, which then *becomes* the returned `R`.
+    Reversing rows and columns is done in place, a band of rows at a time, so besides that
+    matrix only the Cholesky factor before it is copied back is alive: two (in, in) matrices at
+    the peak when the caller gives `H` up, three when it keeps it. For a 28672-wide layer (a
+    70B model's down projection) each is 3.3 GB.
     """
     if non_finite(H) is not None:
         raise HessianError(
@@ -125,40 +182,49 @@ def inverse_factor(
         )
     diagonal, dead = damping_diagonal(H)
     mean_diag = diagonal.mean().item()  # dead columns count with H_ii = 1
-    work = H if overwrite and H.dtype == torch.float32 else None
+    work = H if overwrite and H.dtype == torch.float32 else H.to(torch.float32, copy=True)
+    _reverse(work)  # the lower factor of the reversed matrix is R reversed
+    reversed_diagonal = diagonal.flip(0)
     for attempt in range(max_attempts):
         damp = percdamp * 10**attempt
-        if work is None:
-            work = H.to(torch.float32, copy=True)
-        work.diagonal().copy_(diagonal + damp * mean_diag)
+        work.diagonal().copy_(reversed_diagonal + damp * mean_diag)
         L, info = torch.linalg.cholesky_ex(work)
         if info.item() != 0:
             continue  # only work's diagonal changed: the next attempt sets it again
         work.copy_(L)
         del L
-        torch.cholesky_inverse(work, out=work)
-        info = torch.empty((), dtype=torch.int32, device=work.device)
-        torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
-        if info.item() == 0:
-            if attempt:
-                logger.warning(
-                    "Hessian not positive definite with percdamp=%g; used percdamp=%g",
-                    percdamp,
-                    damp,
-                )
-            return InverseFactor(work, dead, damp, damp * mean_diag)
-        if work is H:
-            raise HessianError(
-                f"the inverse of the Hessian damped with percdamp={damp:g} is not positive "
-                "definite in float32.",
-                hint="calibrate with more samples: the layer's inputs span too few directions.",
+        _reverse(work)  # R, upper triangular
+        if attempt:
+            logger.warning(
+                "Hessian not positive definite with percdamp=%g; used percdamp=%g",
+                percdamp,
+                damp,
             )
-        work = None  # it holds the failed factor now: the next attempt copies H again
+        return SweepFactor(work, dead, damp, damp * mean_diag)
     raise HessianError(
         f"the Hessian could not be factorised even with "
         f"percdamp={percdamp * 10 ** (max_attempts - 1):g}.",
         hint="calibrate with more samples: the layer's inputs span too few directions.",
     )
+
+
+REVERSE_BAND = 512
+"""Rows swapped at once by `_reverse`: its temporary stays (512, in) however wide H is."""
+
+
+def _reverse(M: torch.Tensor) -> None:
+    """Reverse the order of `M`'s rows and of its columns (M[i, j] <- M[n-1-i, n-1-j]) in
+    place: bands of rows from both ends swapped, each reversed, through one band's copy."""
+    n = M.shape[0]
+    half = n // 2
+    for a in range(0, half, REVERSE_BAND):
+        b = min(a + REVERSE_BAND, half)
+        top, bottom = M[a:b], M[n - b : n - a]
+        band = top.flip((0, 1))
+        top.copy_(bottom.flip((0, 1)))
+        bottom.copy_(band)
+    if n % 2:
+        M[half] = M[half].flip(0)
 
 
 def _damped_copy(H: torch.Tensor, dead: torch.Tensor, added: float) -> torch.Tensor:

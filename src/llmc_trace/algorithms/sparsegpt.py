@@ -13,7 +13,7 @@ import torch
 
 from llmc_trace.errors import SchemeError
 from llmc_trace.algorithms.grid import SweepGrid
-from llmc_trace.algorithms.hessian import inverse_factor
+from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationArgs
 
@@ -45,7 +45,7 @@ def sparsegpt(
 ) -> SparseGPTResult:
     """Prune `W` (out, in) to `sparsity`, updating the kept weights to preserve the output under `H`.
 
-    The sweep is GPTQ's (same `H`, same damped inverse factor, same lazy block updates); only
+    The sweep is GPTQ's (same `H`, same `SweepFactor`, same lazy block updates); only
     the per-column decision differs: a pruned weight is set to zero and its error spread over
     the columns not yet visited. The mask is chosen as the sweep goes, from the weights already
     updated by earlier errors (the paper's adaptive mask selection), by the OBS score
@@ -77,12 +77,13 @@ def sparsegpt(
             "decides what SparseGPT keeps).",
         )
     dtype = W.dtype
+    original = W
     W = W.to(torch.float32, copy=True)  # (out, in)
     rows, columns = W.shape
     nm = _check_sparsity(sparsity, columns)
-    factor = inverse_factor(H.to(W.device), percdamp, overwrite=overwrite_hessian)
+    factor = sweep_factor(H.to(W.device), percdamp, overwrite=overwrite_hessian)
     W[:, factor.dead] = 0
-    H_inv = factor.H_inv  # (in, in) upper Cholesky factor of the damped inverse
+    R = factor.R
     grid = None
     if quantize is not None:
         grid = SweepGrid(W, quantize, perm=None, static_groups=False, scale_dtype=dtype)
@@ -90,18 +91,22 @@ def sparsegpt(
     elif nm is not None:
         blocksize = max(blocksize // nm[1], 1) * nm[1]
 
-    Q = torch.zeros_like(W)
-    pruned = torch.zeros_like(W, dtype=torch.bool)
-    loss = torch.zeros((), device=W.device)
-    zero = torch.zeros((), device=W.device)  # what a pruned weight becomes
+    G = W.zero_()  # (out, in): D_A R_A,: for the columns not reached yet (SweepFactor)
+    del W
+    Q = torch.zeros_like(G)
+    pruned = torch.zeros_like(G, dtype=torch.bool)
+    loss = torch.zeros((), device=G.device)
+    zero = torch.zeros((), device=G.device)  # what a pruned weight becomes
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        W1 = W[:, i1:i2].clone()  # (out, block): the rank-1 updates' layout fixes their bits
-        Q1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out), row i = column i
-        Err1 = torch.empty(i2 - i1, rows, device=W.device)  # (block, out)
-        integers = torch.empty(i2 - i1, rows, device=W.device)  # (block, out), when quantizing
-        Hinv1 = H_inv[i1:i2, i1:i2]
-        d2 = torch.diag(Hinv1) ** 2  # (block,)
+        before = original[:, i1:i2].to(torch.float32, copy=True)  # (out, block): W before it
+        before[:, factor.dead[i1:i2]] = 0
+        U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
+        W1 = torch.addmm(before, G[:, i1:i2], U1)  # the block as the paper's sweep finds it
+        Q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out), row i = column i
+        Err1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out)
+        integers = torch.empty(i2 - i1, rows, device=G.device)  # (block, out), when quantizing
+        d2 = torch.diag(U1) ** 2  # (block,)
         if nm is None:
             assert not isinstance(sparsity, tuple)
             count = round(sparsity * rows * i2) - round(sparsity * rows * i1)
@@ -111,7 +116,7 @@ def sparsegpt(
         # views made once per block, so that the column loop allocates no tensor
         columns_of_block = zip(
             W1.unbind(1), mask1.unbind(1), Q1.unbind(), Err1.unbind(), integers.unbind(),
-            Hinv1.diagonal().unbind(),
+            U1.diagonal().unbind(),
         )  # fmt: skip
         for i, (w, prune, q, err, integer, d) in enumerate(columns_of_block):
             if nm is not None and i % nm[1] == 0:
@@ -124,14 +129,14 @@ def sparsegpt(
                     grid.fit(i1 + i, W1[:, group].masked_fill(mask1[:, group], 0))
                 grid.quantize_into(i1 + i, q, integer, q)
             torch.sub(w, q, out=err).div_(d)
-            W1[:, i:].addr_(err, Hinv1[i, i:], alpha=-1)  # rank-1, in place
+            W1[:, i:].addr_(err, U1[i, i:], alpha=-1)  # rank-1, in place
         if grid is not None:
             grid.set_block(i1, integers)
         Q[:, i1:i2] = Q1.T
         pruned[:, i1:i2] = mask1
-        Err1 = Err1.T.contiguous()  # (out, block), the layout the lazy update's bits depend on
         loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2, as GPTQ's
-        W[:, i2:] -= Err1 @ H_inv[i1:i2, i2:]
+        if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
+            G[:, i2:].addmm_(before.sub_(Q1.T), R[i1:i2, i2:])
 
     quantized = grid.result(None, dtype) if grid is not None else None
     weight = Q.to(dtype) if quantized is None else quantized.weight

@@ -131,7 +131,7 @@ class HessianCollector:
             mask = self._token_mask(x, experts)
             entry.accumulator.add(x.detach(), mask)
             entry.last_input = weakref.ref(x)
-            if non_finite(entry.accumulator.H) is not None:
+            if entry.accumulator.problem() is not None:
                 raise self._not_finite(name, x.detach(), mask)
 
         return observe

@@ -1,13 +1,15 @@
-"""The column sweeps and the rounding give bit for bit what they gave before issue 40.
+"""The sweeps through `SweepFactor` make the paper's choices, and the rounding is bit for bit.
 
-`gptq_before` and `sparsegpt_before` are the sweeps as of commit 4b67272: every column allocated
-its own temporaries, cast its scale row and wrote its integers into the (out, in) int8 matrix
-one column at a time, and the unstructured mask came from a sort (`lowest_before`), now from a
-selection. The sweeps now write into buffers made once per block; the arithmetic is the same op
-for op, so integers, scales, masks and weights must be equal, not close. SparseGPT's loss is
-now summed per block, as GPTQ's always was, instead of per column: the same terms in another
-order, so it agrees to float32 rounding only. `per_column_before` is the old spreading of
-scales to every column, which `quantize_to_int` and `dequantize` no longer gather.
+`gptq_paper` and `sparsegpt_paper` are the sweeps as GPTQ's and SparseGPT's papers (and
+llm-compressor) write them: the upper Cholesky factor U of the damped inverse, here computed in
+float64 (`paper_factor`), each column's error err = (w - q) / U_ii spread by U's row, one column
+at a time with its own temporaries (the per-column code of commit 4b67272). The sweeps now
+spread errors through the Cholesky factor of H itself, never inverting it: the same
+arithmetic in exact numbers, so in float32 they must choose the same integers, masks and
+scales wherever float rounding does not tip a weight across a rounding boundary (GPTQ carries
+such a tip along the rest of its row), and the same loss. `lowest_before` is the old sort the
+mask selection replaced; `per_column_before` the old spreading of scales to every column, which
+`quantize_to_int` and `dequantize` no longer gather: those two are compared bit for bit.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import pytest
 import torch
 from _compress_data import hessian
 
-from llmc_trace.algorithms import QuantizationArgs, gptq, inverse_factor, sparsegpt
+from llmc_trace.algorithms import QuantizationArgs, gptq, sparsegpt
 from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.algorithms.hessian import damping_diagonal
 from llmc_trace.algorithms.quantize import (
     QuantizedWeight,
     compute_qparams,
@@ -46,7 +49,17 @@ def quantize_column(grid: SweepGrid, column: int, w: torch.Tensor) -> torch.Tens
     return grid.set(column, integers)
 
 
-def gptq_before(
+def paper_factor(H: torch.Tensor, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """U, the upper Cholesky factor of the damped inverse as the papers compute it (Cholesky,
+    inverse, Cholesky), in float64 and returned in float32; and the dead columns."""
+    diagonal, dead = damping_diagonal(H)
+    damped = H.double().clone()
+    damped.diagonal().copy_(diagonal.double() + percdamp * diagonal.double().mean())
+    inverse = torch.cholesky_inverse(torch.linalg.cholesky(damped))
+    return torch.linalg.cholesky(inverse, upper=True).float(), dead
+
+
+def gptq_paper(
     W: torch.Tensor,
     H: torch.Tensor,
     args: QuantizationArgs,
@@ -54,7 +67,7 @@ def gptq_before(
     static_groups: bool = True,
     zeros: torch.Tensor | None = None,
 ) -> tuple[QuantizedWeight, float]:
-    """GPTQ's sweep as of commit 4b67272 (blocksize 128, percdamp 0.01, no refinement)."""
+    """GPTQ's sweep as the paper writes it (blocksize 128, percdamp 0.01, no refinement)."""
     dtype = W.dtype
     W = W.to(torch.float32, copy=True)
     perm = torch.argsort(torch.diag(H), descending=True) if args.actorder else None
@@ -62,9 +75,8 @@ def gptq_before(
         H = H[perm[:, None], perm]
         W = W[:, perm]
         zeros = zeros[:, perm] if zeros is not None else None
-    factor = inverse_factor(H, 0.01)
-    W[:, factor.dead] = 0
-    H_inv = factor.H_inv
+    H_inv, dead = paper_factor(H)
+    W[:, dead] = 0
     grid = SweepGrid(
         W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
     )
@@ -92,17 +104,16 @@ def gptq_before(
     return grid.result(perm, dtype), loss.item()
 
 
-def sparsegpt_before(
+def sparsegpt_paper(
     W: torch.Tensor, H: torch.Tensor, sparsity: Sparsity, quantize: QuantizationArgs | None
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedWeight | None, float]:
-    """SparseGPT's sweep as of commit 4b67272 (blocksize 128, percdamp 0.01)."""
+    """SparseGPT's sweep as the paper writes it (blocksize 128, percdamp 0.01)."""
     dtype = W.dtype
     W = W.to(torch.float32, copy=True)
     rows, columns = W.shape
     nm = _check_sparsity(sparsity, columns)
-    factor = inverse_factor(H, 0.01)
-    W[:, factor.dead] = 0
-    H_inv = factor.H_inv
+    H_inv, dead = paper_factor(H)
+    W[:, dead] = 0
     grid, blocksize = None, 128
     if quantize is not None:
         grid = SweepGrid(W, quantize, perm=None, static_groups=False, scale_dtype=dtype)
@@ -149,14 +160,21 @@ def sparsegpt_before(
     return weight, pruned, quantized, loss.item()
 
 
-def assert_same_bits(new: QuantizedWeight, old: QuantizedWeight) -> None:
-    assert torch.equal(new.int_weight, old.int_weight)
-    assert torch.equal(new.scale, old.scale) and torch.equal(new.zero_point, old.zero_point)
-    assert new.weight is not None and old.weight is not None
-    assert torch.equal(new.weight, old.weight)
-    assert (new.g_idx is None) == (old.g_idx is None)
-    if new.g_idx is not None and old.g_idx is not None:
-        assert torch.equal(new.g_idx, old.g_idx)
+AGREEMENT = 0.999
+"""Share of integers (and mask entries) that must equal the paper's: float rounding tips a
+weight across a rounding boundary about once in 10^4 here, and GPTQ carries the tip along
+its row; a wrong update disagrees on a quarter or more."""
+
+
+def assert_agrees(new: QuantizedWeight, paper: QuantizedWeight) -> None:
+    """The same integers but for float-rounding tips, and the same scales but for the groups
+    a tip reached before their scale was fitted (a search observer then picks another)."""
+    assert (new.int_weight == paper.int_weight).float().mean().item() >= AGREEMENT
+    close = torch.isclose(new.scale.float(), paper.scale.float(), rtol=1e-3, atol=0)
+    assert close.float().mean().item() >= 0.99
+    assert (new.g_idx is None) == (paper.g_idx is None)
+    if new.g_idx is not None and paper.g_idx is not None:
+        assert torch.equal(new.g_idx, paper.g_idx)
 
 
 @pytest.fixture
@@ -193,19 +211,19 @@ GPTQ_CASES = {
 
 
 @pytest.mark.parametrize("case", list(GPTQ_CASES))
-def test_gptq_sweep_is_bit_identical_to_the_per_column_one(
+def test_gptq_sweep_makes_the_papers_choices(
     problem: tuple[torch.Tensor, torch.Tensor], case: str
 ) -> None:
     args, static_groups, dtype = GPTQ_CASES[case]
     W, H = problem
     W = W.to(dtype)
     new = gptq(W, H, args, static_groups=static_groups)
-    old, old_loss = gptq_before(W, H, args, static_groups=static_groups)
-    assert_same_bits(new.quantized, old)
-    assert new.loss == old_loss
+    paper, paper_loss = gptq_paper(W, H, args, static_groups=static_groups)
+    assert_agrees(new.quantized, paper)
+    assert new.loss == pytest.approx(paper_loss, rel=1e-4)
 
 
-def test_gptq_sweep_keeping_zeros_is_bit_identical(
+def test_gptq_sweep_keeping_zeros_makes_the_papers_choices(
     problem: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
     W, H = problem
@@ -213,9 +231,11 @@ def test_gptq_sweep_keeping_zeros_is_bit_identical(
     for args in (QuantizationArgs(num_bits=4, group_size=64, actorder="static"),
                  QuantizationArgs(num_bits=3, symmetric=False, group_size=32)):  # fmt: skip
         new = gptq(W, H, args, static_groups=False, zeros=W == 0)
-        old, old_loss = gptq_before(W, H, args, static_groups=False, zeros=W == 0)
-        assert_same_bits(new.quantized, old)
-        assert new.loss == old_loss
+        paper, paper_loss = gptq_paper(W, H, args, static_groups=False, zeros=W == 0)
+        assert_agrees(new.quantized, paper)
+        assert new.loss == pytest.approx(paper_loss, rel=1e-4)
+        assert new.quantized.weight is not None
+        assert (new.quantized.weight[W == 0] == 0).all()
 
 
 SPARSEGPT_CASES = {
@@ -227,18 +247,21 @@ SPARSEGPT_CASES = {
 
 
 @pytest.mark.parametrize("case", list(SPARSEGPT_CASES))
-def test_sparsegpt_sweep_is_bit_identical_to_the_per_column_one(
+def test_sparsegpt_sweep_makes_the_papers_choices(
     problem: tuple[torch.Tensor, torch.Tensor], case: str
 ) -> None:
     sparsity, args = SPARSEGPT_CASES[case]
     W, H = problem
     new = sparsegpt(W, H, sparsity, quantize=args)
-    weight, pruned, quantized, loss = sparsegpt_before(W, H, sparsity, args)
-    assert torch.equal(new.weight, weight) and torch.equal(new.pruned, pruned)
+    weight, pruned, quantized, loss = sparsegpt_paper(W, H, sparsity, args)
+    assert (new.pruned == pruned).float().mean().item() >= AGREEMENT
+    assert (new.weight[new.pruned] == 0).all()
     if quantized is not None:
         assert new.quantized is not None
-        assert_same_bits(new.quantized, quantized)
-    assert new.loss == pytest.approx(loss, rel=1e-6)
+        assert_agrees(new.quantized, quantized)
+    else:  # the kept weights are the updated ones: equal up to float rounding
+        torch.testing.assert_close(new.weight, weight, rtol=0, atol=1e-5)
+    assert new.loss == pytest.approx(loss, rel=1e-4)
 
 
 def test_the_selection_prunes_what_the_stable_sort_pruned() -> None:
