@@ -8,6 +8,7 @@ README's "How it works" draws the same layers.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,49 @@ def test_the_command_line_answers_without_torch(arguments: list[str], exit_code:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.splitlines()[-1] == f"exit {exit_code} False False", result.stderr
+
+
+#: What compress does without: Graphviz and the render package draw for ``attempt``,
+#: ``render`` and a checkpoint's report.html; networkx no module of the package imports (only
+#: the cycle check above).
+DRAWING_MODULES = ("graphviz", "networkx", "llmc_trace.render")
+
+
+def imported_of(modules: tuple[str, ...]) -> str:
+    """Code that prints which of ``modules`` the child process imported, as its last line."""
+    return f"print('imported', sorted(set({modules!r}) & set(sys.modules)))\n"
+
+
+def test_compress_help_imports_nothing_that_draws() -> None:
+    """``compress --help`` builds the whole command group: no other command's work (attempt,
+    its views, the drawings) comes along."""
+    code = (
+        "import sys\n"
+        "from llmc_trace.cli.main import cli\n"
+        "try:\n    cli.main(['compress', '--help'], prog_name='llmc-trace')\n"
+        "except SystemExit:\n    pass\n"
+        + imported_of((*DRAWING_MODULES, "llmc_trace.attempt", "llmc_trace.cli.display"))
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.splitlines()[-1:] == ["imported []"], result.stderr
+
+
+def test_compress_imports_nothing_that_draws(saved_llama: tuple[Path, Path]) -> None:
+    """A whole compress run (trace, fix search, calibration, report) imports no drawing: it
+    would be start-up time spent on pictures the run never makes. A run that writes a
+    checkpoint draws report.html's overview, and imports them only then."""
+    folder, data = saved_llama
+    code = (
+        "import sys\n"
+        "from llmc_trace.oneshot import CompressRequest, compress\n"
+        f"request = CompressRequest({str(folder)!r}, {str(data)!r}, samples=4, seq_len=32)\n"
+        "result = compress(request)\n"
+        "assert result.out_dir is None and result.report.layers\n" + imported_of(DRAWING_MODULES)
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # tiny ops on a busy machine
+    )
+    assert result.stdout.splitlines()[-1:] == ["imported []"], result.stderr[-3000:]

@@ -11,7 +11,6 @@ from llmc_trace.diagnose.search import FixAttempt
 from llmc_trace.errors import DotNotFoundError
 from llmc_trace.graph.structure import StructureCheck
 from llmc_trace.graph.verify import Verification
-from llmc_trace.render import iframe, render_page
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.traced.summary import SubgraphSummary
 from llmc_trace.traced.twin import TwinCheck
@@ -90,6 +89,10 @@ class TraceReport:
         (the plain repr) for a report without its traced model."""
         if self.traced_model is None:
             return None
+        # here, not at the top: compress imports this module with attempt.run (for ``settle``)
+        # and needs neither the render package nor Graphviz
+        from llmc_trace.render import iframe, render_page
+
         try:
             return iframe(render_page(self.traced_model))
         except DotNotFoundError as err:

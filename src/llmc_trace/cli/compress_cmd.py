@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from llmc_trace.oneshot.result import CompressionResult
+    from llmc_trace.report.schema import CompressionReport
 
 
 def compress_command() -> click.Command:
@@ -75,7 +76,6 @@ def _compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
-    from llmc_trace.cli.display import compression_summary
     from llmc_trace.core.world import join_from_environment
     from llmc_trace.oneshot.request import CompressRequest
     from llmc_trace.oneshot.run import compress as run_compress
@@ -102,7 +102,7 @@ def _compress(
     for fallback in result.fallbacks:
         ctx.err.print(f"[yellow]fell back:[/] {fallback}")
     _print_coverage(ctx, result)
-    for part in compression_summary(result.report):
+    for part in _compression_summary(result.report):
         ctx.out.print(part)
     ctx.out.print(
         f"[dim]every layer, and the --ignore that keeps it dense: {out_dir}/report.html[/]"
@@ -192,6 +192,36 @@ def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
                 f"[yellow]{len(others)} layers compressed otherwise ({stage.stage.method}):[/] "
                 f"{shown}{more}; all listed in recipe.yaml"
             )
+
+
+def _compression_summary(report: CompressionReport, worst: int = 5) -> list[Table | str]:
+    """Per stage, one line of totals and a table of the layers that kept the most of their
+    baseline's loss (relative loss, losses, tokens); report.html has every layer."""
+    parts: list[Table | str] = []
+    for summary in report.summary():
+        rows = report.worst(worst, summary["stage"])
+        if not rows:
+            continue
+        baseline = rows[0].baseline
+        parts.append(
+            f"{summary['method']}: {summary['layers']} layers, loss {summary['relative_loss']:.3f}x "
+            f"{baseline}'s on the same Hessians (median layer "
+            f"{summary['median_relative_loss']:.3f}x)"
+        )
+        table = Table(title=f"highest relative loss (loss / {baseline}'s)", title_justify="left")
+        table.add_column("layer", overflow="fold")  # a name cut short names nothing
+        for column in ("relative", "loss", f"{baseline} loss", "tokens"):
+            table.add_column(column, justify="right")
+        for row in rows:
+            table.add_row(
+                row.name,
+                f"{row.relative_loss:.3f}",
+                f"{row.loss:.4g}",
+                f"{row.baseline_loss:.4g}",
+                str(row.num_tokens),
+            )
+        parts.append(table)
+    return parts
 
 
 @click.command()

@@ -1,4 +1,6 @@
-"""Rich views of reports: tables and panels for people (the JSON view is ``to_json``)."""
+"""Rich views of ``attempt``'s reports: tables and panels for people (the JSON view is
+``to_json``). ``compress`` prints its own summary (:mod:`llmc_trace.cli.compress_cmd`) and
+imports nothing from here."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.attempt.report import TraceReport
 from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.core.sizes import human_bytes
-from llmc_trace.report.schema import CompressionReport
 
 
 def _compress_targets(targets: list[str]) -> str:
@@ -169,33 +170,3 @@ def show_report(console: Console, report: TraceReport) -> None:
         )
     timing = ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in report.timings_s.items())
     console.print(f"[dim]{timing}[/]")
-
-
-def compression_summary(report: CompressionReport, worst: int = 5) -> list[Table | str]:
-    """Per stage, one line of totals and a table of the layers that kept the most of their
-    baseline's loss (relative loss, losses, tokens); report.html has every layer."""
-    parts: list[Table | str] = []
-    for summary in report.summary():
-        rows = report.worst(worst, summary["stage"])
-        if not rows:
-            continue
-        baseline = rows[0].baseline
-        parts.append(
-            f"{summary['method']}: {summary['layers']} layers, loss {summary['relative_loss']:.3f}x "
-            f"{baseline}'s on the same Hessians (median layer "
-            f"{summary['median_relative_loss']:.3f}x)"
-        )
-        table = Table(title=f"highest relative loss (loss / {baseline}'s)", title_justify="left")
-        table.add_column("layer", overflow="fold")  # a name cut short names nothing
-        for column in ("relative", "loss", f"{baseline} loss", "tokens"):
-            table.add_column(column, justify="right")
-        for row in rows:
-            table.add_row(
-                row.name,
-                f"{row.relative_loss:.3f}",
-                f"{row.loss:.4g}",
-                f"{row.baseline_loss:.4g}",
-                str(row.num_tokens),
-            )
-        parts.append(table)
-    return parts

@@ -4,33 +4,32 @@
 ``report.html`` (:mod:`llmc_trace.report.page`) into its output folder, and its result carries
 the same :class:`CompressionReport` when it compresses in memory.
 ``llmc-trace render --report report.json --out report.html`` redraws the page.
+
+Names are imported when first used (PEP 562): a run that only builds the report (in memory,
+or before it writes) imports the schema, not the page and its drawing, which bring the render
+package and Graphviz.
 """
 
-from llmc_trace.report.drawing import draw_report, render_report_svg
-from llmc_trace.report.page import render_report_html
-from llmc_trace.report.schema import (
-    SCHEMA,
-    VERSION,
-    CompressionReport,
-    LayerRow,
-    ReportSettings,
-    StageSettings,
-    SubgraphRow,
-    parse_report,
-    read_report,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SCHEMA",
-    "VERSION",
-    "CompressionReport",
-    "LayerRow",
-    "ReportSettings",
-    "StageSettings",
-    "SubgraphRow",
-    "draw_report",
-    "parse_report",
-    "read_report",
-    "render_report_html",
-    "render_report_svg",
-]
+from llmc_trace.core.lazy import lazy_attributes
+
+_WHERE = {
+    "SCHEMA": "llmc_trace.report.schema",
+    "VERSION": "llmc_trace.report.schema",
+    "CompressionReport": "llmc_trace.report.schema",
+    "LayerRow": "llmc_trace.report.schema",
+    "ReportSettings": "llmc_trace.report.schema",
+    "StageSettings": "llmc_trace.report.schema",
+    "SubgraphRow": "llmc_trace.report.schema",
+    "parse_report": "llmc_trace.report.schema",
+    "read_report": "llmc_trace.report.schema",
+    "draw_report": "llmc_trace.report.drawing",
+    "render_report_svg": "llmc_trace.report.drawing",
+    "render_report_html": "llmc_trace.report.page",
+}
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__, __dir__ = lazy_attributes("llmc_trace.report", _WHERE)
