@@ -144,25 +144,28 @@ def gptq(
         i2 = min(i1 + blocksize, columns)
         before = _original_block(original, perm, dead, i1, i2)  # (out, block): W before it
         U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
-        W1 = torch.addmm(before, G[:, i1:i2], U1)  # the block as the paper's sweep finds it
-        Q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out) integers, row i = column i
-        q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out) their grid values
-        Err1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out)
+        # The block as the paper's sweep finds it, one row per column (block, out): each
+        # column's steps then read and write contiguous memory, and a rank-1 update of the
+        # columns after it is one contiguous run (about twice as fast as (out, block)).
+        W1 = torch.addmm(before.T, U1.T, G[:, i1:i2].T)
+        V1 = U1 / U1.diagonal()[:, None]  # row i spreads w - q, so err = (w - q) / U_ii
+        Q1 = torch.empty_like(W1)  # integers
+        q1 = torch.empty_like(W1)  # their grid values
+        diff1 = torch.empty_like(W1)  # w - q
         # views made once per block, so that the column loop allocates no tensor
-        columns_of_block = zip(
-            W1.unbind(1), Q1.unbind(), q1.unbind(), Err1.unbind(), U1.diagonal().unbind()
-        )
-        for i, (w, integers, q, err, d) in enumerate(columns_of_block):
+        columns_of_block = zip(W1.unbind(), Q1.unbind(), q1.unbind(), diff1.unbind())
+        for i, (w, integers, q, diff) in enumerate(columns_of_block):
             if grid.starts_group(i1 + i):
-                group = W1[:, i : i + grid.group_size]
+                group = W1[i : i + grid.group_size].T
                 if zeros is not None:  # the range the kept weights need
                     group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
                 grid.fit(i1 + i, group)
             grid.quantize_into(i1 + i, w, integers, q)
-            torch.sub(w, q, out=err).div_(d)
-            W1[:, i:].addr_(err, U1[i, i:], alpha=-1)  # rank-1, in place
+            torch.sub(w, q, out=diff)
+            W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
         grid.set_block(i1, Q1)
-        loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2
+        # sum over columns of err^2 / 2, err = (w - q) / U_ii
+        loss += diff1.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
         if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
             G[:, i2:].addmm_(before.sub_(q1.T), R[i1:i2, i2:])
 
@@ -173,7 +176,7 @@ def gptq(
         )
     # the descent needs the original weight and the damped H itself, not the sweep's state
     percdamp, dead = factor.percdamp, factor.dead
-    del G, W1, Err1
+    del G, W1, diff1
     H_damped = factor.damped(H)
     del H, R, factor
     W = original.to(torch.float32, copy=True)

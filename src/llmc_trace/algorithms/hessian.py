@@ -135,10 +135,11 @@ class SweepFactor:
     damping: float  # the same damping as an absolute amount added to the diagonal
 
     def block_inverse(self, i1: int, i2: int) -> torch.Tensor:
-        """U's diagonal block on columns `i1` to `i2`: R's block inverted, (block, block)."""
+        """U's diagonal block on columns `i1` to `i2`: R's block inverted, (block, block), row
+        major (the solver returns it column major, and the sweeps read its rows)."""
         block = self.R[i1:i2, i1:i2]
         identity = torch.eye(i2 - i1, device=block.device, dtype=block.dtype)
-        return torch.linalg.solve_triangular(block, identity, upper=True)
+        return torch.linalg.solve_triangular(block, identity, upper=True).contiguous()
 
     def damped(self, H: torch.Tensor) -> torch.Tensor:
         """The matrix the factor is of: `H` (not modified) with dead columns' diagonal set to

@@ -102,39 +102,42 @@ def sparsegpt(
         before = original[:, i1:i2].to(torch.float32, copy=True)  # (out, block): W before it
         before[:, factor.dead[i1:i2]] = 0
         U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
-        W1 = torch.addmm(before, G[:, i1:i2], U1)  # the block as the paper's sweep finds it
-        Q1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out), row i = column i
-        Err1 = torch.empty(i2 - i1, rows, device=G.device)  # (block, out)
-        integers = torch.empty(i2 - i1, rows, device=G.device)  # (block, out), when quantizing
-        d2 = torch.diag(U1) ** 2  # (block,)
+        # the block as the paper's sweep finds it, one row per column (block, out), as GPTQ's
+        W1 = torch.addmm(before.T, U1.T, G[:, i1:i2].T)
+        V1 = U1 / U1.diagonal()[:, None]  # row i spreads w - q, so err = (w - q) / U_ii
+        Q1 = torch.empty_like(W1)  # what each weight becomes
+        diff1 = torch.empty_like(W1)  # w - q
+        integers = torch.empty_like(W1)  # when quantizing
+        d2 = U1.diagonal() ** 2  # (block,)
         if nm is None:
             assert not isinstance(sparsity, tuple)
             count = round(sparsity * rows * i2) - round(sparsity * rows * i1)
-            mask1 = _lowest(W1**2 / d2.reshape(1, -1), count)
+            # scored in (out, block) order, the order ties are broken in
+            mask1 = _lowest(W1.T**2 / d2, count).T.contiguous()
         else:
             mask1 = torch.zeros_like(W1, dtype=torch.bool)
         # views made once per block, so that the column loop allocates no tensor
         columns_of_block = zip(
-            W1.unbind(1), mask1.unbind(1), Q1.unbind(), Err1.unbind(), integers.unbind(),
-            U1.diagonal().unbind(),
-        )  # fmt: skip
-        for i, (w, prune, q, err, integer, d) in enumerate(columns_of_block):
+            W1.unbind(), mask1.unbind(), Q1.unbind(), diff1.unbind(), integers.unbind()
+        )
+        for i, (w, prune, q, diff, integer) in enumerate(columns_of_block):
             if nm is not None and i % nm[1] == 0:
-                scores = W1[:, i : i + nm[1]] ** 2 / d2[i : i + nm[1]]
-                mask1[:, i : i + nm[1]] = _n_m_mask(scores, *nm)
+                scores = W1[i : i + nm[1]].T ** 2 / d2[i : i + nm[1]]
+                mask1[i : i + nm[1]] = _n_m_mask(scores, *nm).T
             torch.where(prune, zero, w, out=q)
             if grid is not None:
                 if grid.starts_group(i1 + i):
                     group = slice(i, i + grid.group_size)
-                    grid.fit(i1 + i, W1[:, group].masked_fill(mask1[:, group], 0))
+                    grid.fit(i1 + i, W1[group].T.masked_fill(mask1[group].T, 0))
                 grid.quantize_into(i1 + i, q, integer, q)
-            torch.sub(w, q, out=err).div_(d)
-            W1[:, i:].addr_(err, U1[i, i:], alpha=-1)  # rank-1, in place
+            torch.sub(w, q, out=diff)
+            W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
         if grid is not None:
             grid.set_block(i1, integers)
         Q[:, i1:i2] = Q1.T
-        pruned[:, i1:i2] = mask1
-        loss += Err1.pow(2).sum() / 2  # sum over columns of (w - q)^2 / d^2 / 2, as GPTQ's
+        pruned[:, i1:i2] = mask1.T
+        # sum over columns of err^2 / 2, err = (w - q) / U_ii, as GPTQ's
+        loss += diff1.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
         if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
             G[:, i2:].addmm_(before.sub_(Q1.T), R[i1:i2, i2:])
 
