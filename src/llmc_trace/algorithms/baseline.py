@@ -94,17 +94,23 @@ def rtn_damped_error(W: torch.Tensor, H: torch.Tensor, grid: SweepGrid) -> Dampe
     Rows are rounded `ROWS_PER_CHUNK` at a time.
     """
     chunks = W.split(ROWS_PER_CHUNK)
-    return _damped_error((w - grid.nearest(w, i * ROWS_PER_CHUNK) for i, w in enumerate(chunks)), H)
+    # w - nearest, formed in the rounded chunk itself: -q + w is exactly w - q
+    return _damped_error(
+        (grid.nearest(w, i * ROWS_PER_CHUNK).neg_().add_(w) for i, w in enumerate(chunks)), H
+    )
 
 
 def _damped_error(differences: Iterable[torch.Tensor], H: torch.Tensor) -> DampedError:
     """`damped_error` of the weight change D given as consecutive chunks of rows, float32."""
     diagonal, dead = damping_diagonal(H)
     undamped = live_square = 0.0  # summed in Python's double, one chunk at a time
-    for D in differences:  # (rows, in)
-        D[:, dead] = 0
+    any_dead = bool(dead.any())
+    for D in differences:  # (rows, in), contiguous
+        if any_dead:
+            D[:, dead] = 0
         undamped += _symmetric_quadratic(D, H).item()
-        live_square += D.pow(2).sum().item()
+        flat = D.reshape(-1)
+        live_square += torch.dot(flat, flat).item()  # ||D||^2 with no squared copy
     return DampedError(undamped, live_square, diagonal.mean().item())
 
 

@@ -75,6 +75,8 @@ class SweepGrid:
             group_of = position // self.group_size
         self.group_of: list[int] = group_of.tolist()  # group of each sweep position
         self._group_index = group_of
+        #: the groups are runs of `group_size` consecutive sweep positions, none shorter
+        self._runs = args.actorder != "static" and in_features % self.group_size == 0
 
         # Scales and zero points are held in float32, one contiguous row per group: the sweep
         # reads one group's per column, and a ready row saves a gather and a cast on each of
@@ -161,14 +163,30 @@ class SweepGrid:
     def nearest(self, W: torch.Tensor, row: int) -> torch.Tensor:
         """Round-to-nearest of `W` (k, in), rows `row` to `row + k` of the sweep-order weight:
         each weight on its nearest grid point with the scales fitted up front, dequantized in
-        the scales' dtype (as `dequantize` stores a weight) and returned in float32."""
+        the scales' dtype (as `dequantize` stores a weight) and returned in float32.
+
+        `round_to_grid` and `dequantize` op for op (so bit for bit), in place on one (k, in)
+        result, against scales broadcast over runs of `group_size` columns where the groups
+        are such runs: no scale or zero point is gathered to every column."""
         assert not self.fits_in_sweep  # scales fitted in the sweep exist only as it goes
         s, z = self._scales.T, self._zero_points.T  # (out, groups); (1, 1) per tensor
         if self.args.strategy != "tensor":
             s, z = s[row : row + W.shape[0]], z[row : row + W.shape[0]]
-        if s.shape[1] > 1:  # gathered row-major, so every op below runs on contiguous rows
-            s, z = s.contiguous()[:, self._group_index], z.contiguous()[:, self._group_index]
-        return ((round_to_grid(W, s, z, self.args) - z) * s).to(self.scale_dtype).float()
+        shape = W.shape
+        if s.shape[1] > 1 and self._runs:  # (k, groups, group_size) against (k, groups, 1)
+            W, s, z = W.reshape(shape[0], -1, self.group_size), s[..., None], z[..., None]
+        elif s.shape[1] > 1:  # groups spread over the sweep (act-order): gathered row-major
+            s = s.contiguous()[:, self._group_index]
+            if not self.args.symmetric:
+                z = z.contiguous()[:, self._group_index]
+        grid = torch.div(W, s)
+        if not self.args.symmetric:  # a symmetric grid's zero point is 0
+            grid.add_(z)
+        grid.round_().clamp_(self.args.qmin, self.args.qmax)
+        if not self.args.symmetric:
+            grid.sub_(z)
+        grid = grid.mul_(s).reshape(shape)
+        return grid if self.scale_dtype == torch.float32 else grid.to(self.scale_dtype).float()
 
     def nearer(self, columns: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Integers of the grid points nearest `target` (out, k) at the sweep positions
