@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from llmc_trace.core.names import MODALITIES
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import model_class
 
@@ -46,41 +45,81 @@ def sample_builder(modality: str, *model_types: str) -> Callable[[Builder], Buil
     return register
 
 
-def supported_modalities(config: PretrainedConfig) -> list[str]:
-    """Modalities this architecture accepts (and llmc-trace can build samples for)."""
-    found = [m for m in MODALITIES if (m, config.model_type) in _BUILDERS]
-    if is_audio_model(config):
-        return [m for m in found if m == "audio"] or ["audio"]
-    if requires_pixels(config):
-        return [m for m in found if m in ("image", "video")] or ["image"]
-    return ["text", *[m for m in found if m != "text"]]
+#: Forward parameters that carry each medium: a model takes a modality when its forward has one.
+MEDIA_INPUTS: dict[str, tuple[str, ...]] = {
+    "image": (
+        "pixel_values",
+        "pixel_values_images",
+        "image_pixel_values",
+        "flattened_patches",
+        "image_patches",
+    ),
+    "video": ("pixel_values_videos",),
+    "audio": ("input_features", "input_values", "audio_input_features"),
+}
 
 
-def requires_pixels(config: PretrainedConfig) -> bool:
-    """Models whose forward cannot run without an image (InstructBLIP's Q-Former reads one
-    for every prompt): a text-only sample is not an input they accept."""
-    try:
-        forward = model_class(config, config.model_type).forward
-    except BadInputError:
-        return False
-    parameter = inspect.signature(forward).parameters.get("pixel_values")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
+def supported_modalities(
+    config: PretrainedConfig, cls: type[torch.nn.Module] | None = None
+) -> list[str]:
+    """Modalities the architecture takes, read from the forward of ``cls`` (default: the class
+    the config names): each medium it has an input for, and text when it takes token ids and
+    requires no medium (InstructBLIP's Q-Former reads an image for every prompt, Whisper's
+    encoder reads nothing but audio). A medium no builder here makes from the config alone is
+    probed from the model (:func:`llmc_trace.traced.probe.sample_for`).
 
-
-def is_audio_model(config: PretrainedConfig) -> bool:
-    """Speech recognition encoder-decoders: their encoder takes audio and nothing else."""
-    return ("audio", config.model_type) in _BUILDERS and getattr(
-        config, "is_encoder_decoder", False
+    A forward that names none of these inputs (a generate-only class) is offered text, so that
+    running it says what it takes.
+    """
+    forward = forward_parameters(config, cls)
+    media = [m for m in MEDIA_INPUTS if any(name in forward for name in MEDIA_INPUTS[m])]
+    required = any(
+        forward[name].default is inspect.Parameter.empty
+        for medium in media
+        for name in MEDIA_INPUTS[medium]
+        if name in forward
     )
+    takes_text = "input_ids" in forward and not required
+    return (["text"] if takes_text or not media else []) + media
 
 
-def make_sample(config: PretrainedConfig, modality: str, options: SampleOptions) -> dict[str, Any]:
-    """One batch for ``modality``; raises :class:`BadInputError` for an unsupported one."""
-    supported = supported_modalities(config)
+def forward_parameters(
+    config: PretrainedConfig, cls: type[torch.nn.Module] | None = None
+) -> dict[str, inspect.Parameter]:
+    """The named parameters of the model's ``forward`` (none when no class is known)."""
+    try:
+        model = cls or model_class(config, config.model_type)
+    except BadInputError:
+        return {}
+    return dict(inspect.signature(model.forward).parameters)
+
+
+def has_builder(config: PretrainedConfig, modality: str) -> bool:
+    """Whether :func:`make_sample` builds ``modality`` from the config alone."""
+    return modality == "text" or (modality, config.model_type) in _BUILDERS
+
+
+def make_sample(
+    config: PretrainedConfig,
+    modality: str,
+    options: SampleOptions,
+    cls: type[torch.nn.Module] | None = None,
+) -> dict[str, Any]:
+    """One batch for ``modality`` from the config alone; raises :class:`BadInputError` for a
+    modality the model does not take, or one only its own feature methods can size
+    (:func:`llmc_trace.traced.probe.sample_for` builds those)."""
+    supported = supported_modalities(config, cls)
     if modality not in supported:
         raise BadInputError(
             f"{config.model_type} models do not take {modality} inputs here.",
             hint=f"Use --modality {' or '.join(supported)}.",
+            param="modality",
+        )
+    if not has_builder(config, modality):
+        raise BadInputError(
+            f"No {modality} sample of {config.model_type} can be made from its config alone.",
+            hint="Build the model and use llmc_trace.traced.probe.sample_for, which sizes the "
+            "sample with the model's own feature method.",
             param="modality",
         )
     check_seq_len(config, options.seq_len)

@@ -116,6 +116,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
         _follow_widths(sub, renamed_widths)
     _shrink_vocab(twin)
     _shrink_images(twin)
+    _retarget_feature_layers(twin)
     return twin
 
 
@@ -392,8 +393,11 @@ def _shrink_images(config: PretrainedConfig) -> None:
     """Small images for twins: a 896-pixel SigLIP input would dominate verification time.
 
     Fields derived from the image size follow: Gemma 3 pools to ``mm_tokens_per_image`` soft
-    tokens (kept a square dividing the patch grid), Idefics3 records its ``image_seq_len``.
+    tokens (kept a square dividing the patch grid), Idefics3 records its ``image_seq_len``, and
+    an any-resolution model's ``image_grid_pinpoints`` (resolutions in multiples of the tower's
+    image size) scale with it, so that a picture is cut into as many tiles as at full size.
     """
+    ratio = None
     for sub in [config, *_sub_configs(config)]:
         attrs = vars(sub)
         size, patch = attrs.get("image_size"), attrs.get("patch_size")
@@ -403,9 +407,45 @@ def _shrink_images(config: PretrainedConfig) -> None:
             and size // patch > TWIN_PATCHES_PER_SIDE
         ):
             sub.image_size = patch * TWIN_PATCHES_PER_SIDE
+            ratio = ratio or Fraction(sub.image_size, size)
     attrs = vars(config)
-    if isinstance(attrs.get("mm_tokens_per_image"), int):
-        config.mm_tokens_per_image = 16  # 4 x 4 pooled tokens, from a 12 x 12 patch grid
+    pinpoints = attrs.get("image_grid_pinpoints")
+    if ratio is not None and isinstance(pinpoints, list) and pinpoints:
+        scaled = [[side * ratio for side in point] for point in pinpoints]
+        if all(side.denominator == 1 for point in scaled for side in point):
+            config.image_grid_pinpoints = [[int(side) for side in point] for point in scaled]
+    queries = attrs.get("projector_patch_to_query_dict")
+    if ratio is not None and isinstance(queries, dict) and queries:
+        # Aria's query count per patch count: the patch counts of the sizes it was trained at
+        scaled_keys = {int(k) * ratio * ratio: v for k, v in queries.items()}
+        if all(k.denominator == 1 for k in scaled_keys):
+            config.projector_patch_to_query_dict = {int(k): v for k, v in scaled_keys.items()}
+    for sub in [config, *_sub_configs(config)]:  # T5Gemma 2 keeps it in its encoder's config
+        if isinstance(vars(sub).get("mm_tokens_per_image"), int):
+            sub.mm_tokens_per_image = 16  # 4 x 4 pooled tokens, from a 12 x 12 patch grid
     scale = attrs.get("scale_factor")
     if isinstance(attrs.get("image_seq_len"), int) and isinstance(scale, int) and scale > 0:
         config.image_seq_len = (TWIN_PATCHES_PER_SIDE // scale) ** 2
+
+
+def _retarget_feature_layers(config: PretrainedConfig) -> None:
+    """Vision layers whose hidden states the projector reads (LLaVA's ``vision_feature_layer``,
+    VipLLaVA's five ``vision_feature_layers``) point into the twin's shorter tower: the
+    nearest layer from the same end, as many layers as before."""
+    vision = vars(config).get("vision_config")
+    if not isinstance(vision, PretrainedConfig):
+        return
+    depth = next((v for k in LAYER_KEYS if _is_count(v := vars(vision).get(k))), None)
+    if depth is None:
+        return
+    for key in ("vision_feature_layer", "vision_feature_layers"):
+        value = vars(config).get(key)
+        if _is_count(value):
+            setattr(config, key, _within(value, depth))
+        elif isinstance(value, (list, tuple)) and all(_is_count(i) for i in value):
+            setattr(config, key, type(value)(_within(i, depth) for i in value))
+
+
+def _within(index: int, depth: int) -> int:
+    """``index`` into the ``depth + 1`` hidden states of a tower (embeddings first)."""
+    return min(index, depth) if index >= 0 else max(index, -(depth + 1))
