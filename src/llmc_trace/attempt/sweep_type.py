@@ -247,9 +247,10 @@ def _full_size_failure(
     """transformers' own error when it cannot build the full-size model or (given a
     ``modality``) run it eagerly: on ``meta``, reading values through phantoms, so no memory
     and no arithmetic at full size. Only asked after the twin failed: the answer says whose
-    failure that was."""
+    failure that was. In float32, as the twin and its float32 media are: a model that leaves
+    casting pixels to its processor would fail in bfloat16 for a reason of ours."""
     try:
-        full = build_meta_model_of(cls, copy.deepcopy(config))
+        full = build_meta_model_of(cls, copy.deepcopy(config), dtype=torch.float32)
         if modality is None:
             return None
         sample = sample_for(full, modality, SAMPLE)

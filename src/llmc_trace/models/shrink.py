@@ -387,6 +387,8 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
 #: Patches per image side in a twin: divisible by 2, 3, 4 and 6, the merge, pixel-shuffle and
 #: pooling factors vision-language models use.
 TWIN_PATCHES_PER_SIDE = 12
+#: Learned image queries a twin keeps (Kosmos-2's count): each becomes a placeholder token.
+LATENT_QUERIES = 64
 
 
 def _shrink_images(config: PretrainedConfig) -> None:
@@ -409,6 +411,9 @@ def _shrink_images(config: PretrainedConfig) -> None:
             sub.image_size = patch * TWIN_PATCHES_PER_SIDE
             ratio = ratio or Fraction(sub.image_size, size)
     attrs = vars(config)
+    if _is_count(attrs.get("latent_query_num")) and attrs["latent_query_num"] > LATENT_QUERIES:
+        # Kosmos-2.5's 2048 image queries each take a placeholder: 2048 tokens of text per image
+        config.latent_query_num = LATENT_QUERIES
     pinpoints = attrs.get("image_grid_pinpoints")
     if ratio is not None and isinstance(pinpoints, list) and pinpoints:
         scaled = [[side * ratio for side in point] for point in pinpoints]

@@ -124,36 +124,51 @@ def _randn(*shape: int, generator: torch.Generator) -> torch.Tensor:
 
 # ---------------------------------------------------------------- images
 def _grid(g: Geometry, takes: set[str], batch: int, generator: torch.Generator) -> list[Layout]:
-    """Flattened patches and their (frames, height, width) grid (Qwen2-VL and its heirs),
-    each patch flat, as pixels, or in a batch of one."""
+    """Patches and their (frames, height, width) grid (Qwen2-VL and its heirs)."""
     key = next((k for k in ("image_grid_thw", "image_grid_hw") if k in takes), None)
     if key is None:
         return []
     side = g.per_side
-    count = batch * side * side
     grid = [1, side, side] if key.endswith("thw") else [side, side]
-    grids = torch.tensor([grid] * batch)
-    flat = g.channels * g.temporal * g.patch * g.patch
-    return [
+    grids = {key: torch.tensor([grid] * batch)}
+    return _patch_layouts(g, "pixel_values", batch * side * side, grids, takes, "image", generator)
+
+
+def _patch_layouts(
+    g: Geometry,
+    key: str,
+    count: int,
+    grids: dict[str, torch.Tensor],
+    takes: set[str],
+    modality: str,
+    generator: torch.Generator,
+) -> list[Layout]:
+    """``count`` patches beside their grid, each flat (its frames, channels and pixels in one
+    row, of ``temporal`` frames or of two where the config does not say), as pixels, or in a
+    batch of one; with the merge size where the model takes it (VideoLLaMA 3)."""
+    extra = dict(grids)
+    merges = f"{modality}_merge_sizes"
+    if merges in takes:
+        extra[merges] = torch.full((len(next(iter(grids.values()))),), g.merge)
+    pixels = g.channels * g.patch * g.patch
+    found = [
         (
-            "flattened patches with their grid",
-            {"pixel_values": _randn(count, flat, generator=generator), key: grids},
-        ),
-        (
-            "patches with their grid",
-            {
-                "pixel_values": _randn(count, g.channels, g.patch, g.patch, generator=generator),
-                key: grids,
-            },
-        ),
+            f"flattened patches of {frames} frame(s) with their grid",
+            {key: _randn(count, frames * pixels, generator=generator), **extra},
+        )
+        for frames in dict.fromkeys((g.temporal, 2))
+    ]
+    square = (g.channels, g.patch, g.patch)
+    found.append(
+        ("patches with their grid", {key: _randn(count, *square, generator=generator), **extra})
+    )
+    found.append(
         (
             "a batch of patches with their grid",
-            {
-                "pixel_values": _randn(1, count, g.channels, g.patch, g.patch, generator=generator),
-                key: grids,
-            },
-        ),
-    ]
+            {key: _randn(1, count, *square, generator=generator), **extra},
+        )
+    )
+    return found
 
 
 def _positioned(
@@ -251,23 +266,19 @@ _IMAGE = (_grid, _positioned, _tiles_with_mask, _picture)
 def _video_grid(
     g: Geometry, takes: set[str], batch: int, generator: torch.Generator
 ) -> list[Layout]:
-    """One temporal patch of flattened patches and its grid: a clip of ``temporal`` frames.
-    One, since models differ in how a longer clip's placeholders are grouped (Qwen3-VL starts
-    each temporal patch anew, after its timestamp); a single group is the same in all."""
+    """Patches of one temporal patch (a clip of ``temporal`` frames) and its grid, else of
+    two (ERNIE 4.5-VL merges temporal patches in pairs). One first, since models differ in
+    how a longer clip's placeholders are grouped (Qwen3-VL starts each temporal patch anew,
+    after its timestamp); a single group is the same in all."""
     if "video_grid_thw" not in takes:
         return []
     side = g.per_side
-    count = batch * side * side
-    flat = g.channels * g.temporal * g.patch * g.patch
-    return [
-        (
-            "flattened patches of one temporal patch with its grid",
-            {
-                "pixel_values_videos": _randn(count, flat, generator=generator),
-                "video_grid_thw": torch.tensor([[1, side, side]] * batch),
-            },
-        )
-    ]
+    found = []
+    for frames in (1, 2):
+        grids = {"video_grid_thw": torch.tensor([[frames, side, side]] * batch)}
+        count = batch * frames * side * side
+        found += _patch_layouts(g, "pixel_values_videos", count, grids, takes, "video", generator)
+    return found
 
 
 def _frames(g: Geometry, takes: set[str], batch: int, generator: torch.Generator) -> list[Layout]:
@@ -322,15 +333,18 @@ def _audio(
         yield "a waveform of one channel", {"input_values": wave[:, None], **masks(WAVEFORM)}
     key = next((k for k in ("input_features", "audio_input_features") if k in takes), None)
     found = (
-        (sub, _first_int(vars(sub).get(k)))
+        (k, sub, _first_int(vars(sub).get(k)))
         for k in FEATURE_KEYS
         if (sub := _first_config_with(config, k))
     )
-    encoder, features = next(found, (None, None))
+    field, encoder, features = next(found, (None, None, None))
     if key is None or encoder is None or features is None:
         return
+    # a Whisper encoder (mel bins and source positions in one config) takes exactly the frames
+    # its two convolutions turn into its positions; elsewhere positions only bound the length
     positions = _first_int(vars(encoder).get("max_source_positions"))
-    frames = 2 * positions if positions else AUDIO_FRAMES  # a Whisper encoder's two convolutions
+    whisper = field == "num_mel_bins" and positions is not None
+    frames = 2 * positions if whisper else AUDIO_FRAMES
     mel = _randn(batch, features, frames, generator=generator)
     yield "mel frames", {key: mel, **masks(frames)}
     yield "frames of features", {key: mel.transpose(1, 2).contiguous(), **masks(frames)}

@@ -197,9 +197,15 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
     """Rows the feature method makes of ``media`` (each replaces one placeholder token), and
     their width."""
     named = set(_named_parameters(method))
-    arguments = {key: value for key, value in media.items() if key in named}
     owner = getattr(method, "__self__", None)
-    on_meta = isinstance(owner, torch.nn.Module) and any(p.is_meta for p in owner.parameters())
+    weights = list(owner.parameters()) if isinstance(owner, torch.nn.Module) else []
+    on_meta = any(p.is_meta for p in weights)
+    dtype = weights[0].dtype if weights else torch.float32  # as a processor's output is cast
+    arguments = {
+        key: value.to(dtype) if value.is_floating_point() else value
+        for key, value in media.items()
+        if key in named
+    }
     with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
         output = method(**arguments)
     pooled = getattr(output, "pooler_output", None)
