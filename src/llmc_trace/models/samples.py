@@ -30,6 +30,12 @@ class SampleOptions:
     seed: int = 0
 
 
+class UnfitConfig(BadInputError):
+    """The config cannot take the medium whatever the sample: its model has no encoder for it,
+    no placeholder token, or an encoder whose features are not as wide as the token embeddings
+    they would replace."""
+
+
 Builder = Callable[[PretrainedConfig, SampleOptions, torch.Generator], dict[str, Any]]
 _BUILDERS: dict[tuple[str, str], Builder] = {}
 
@@ -459,11 +465,43 @@ def instructblip_image(
 ) -> dict[str, Any]:
     """An image, the instruction tokenized twice (for the Q-Former and for the language
     model), and ``num_query_tokens`` image tokens that the Q-Former's outputs replace."""
+    token = token_id(config, "image_token_id", "image_token_index")
+    return _qformer_sample(config, options, generator, token, frames=None)
+
+
+@sample_builder("image", "instructblipvideo")
+def instructblipvideo_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """InstructBLIP's batch for a clip of four frames (the model's own count), the Q-Former's
+    queries once per frame, each in place of a video token."""
+    token = getattr(config, "video_token_index", None)
+    if not isinstance(token, int):
+        raise UnfitConfig(
+            "The instructblipvideo config leaves video_token_index unset: its forward has no "
+            "token to put the frames' queries in place of.",
+            hint="Use a config that names the token (a published checkpoint's).",
+            param="modality",
+        )
+    return _qformer_sample(config, options, generator, token, frames=4)
+
+
+def _qformer_sample(
+    config: PretrainedConfig,
+    options: SampleOptions,
+    generator: torch.Generator,
+    token: int,
+    frames: int | None,
+) -> dict[str, Any]:
+    """An image (or ``frames`` of a clip), the instruction for the Q-Former and the language
+    model, and a ``token`` for each query the Q-Former returns (per frame)."""
     vision = config.vision_config
     side = vision.image_size
-    queries = [token_id(config, "image_token_id", "image_token_index")] * config.num_query_tokens
+    queries = [token] * config.num_query_tokens * (frames or 1)
     text = random_tokens(config, (options.batch_size, options.seq_len), generator)
     input_ids = torch.cat([torch.tensor([queries] * options.batch_size), text], dim=1)
+    picture = (getattr(vision, "num_channels", 3), side, side)
+    shape = (options.batch_size, *([frames] if frames else []), *picture)
     sample: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
@@ -471,9 +509,7 @@ def instructblip_image(
             1, config.qformer_config.vocab_size, tuple(text.shape), generator=generator
         ),
         "qformer_attention_mask": torch.ones_like(text),
-        "pixel_values": torch.randn(
-            options.batch_size, getattr(vision, "num_channels", 3), side, side, generator=generator
-        ),
+        "pixel_values": torch.randn(*shape, generator=generator),
     }
     if not config.use_decoder_only_language_model:
         sample["decoder_input_ids"] = decoder_tokens(config, options, generator)

@@ -27,6 +27,7 @@ from transformers import PretrainedConfig
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import (
     SampleOptions,
+    UnfitConfig,
     decoder_tokens,
     forward_parameters,
     has_builder,
@@ -68,11 +69,6 @@ TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-class UnfitConfig(BadInputError):
-    """The config cannot take the medium whatever the sample: its model has no encoder for it,
-    or the encoder's features are not as wide as the token embeddings they would replace."""
-
-
 def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) -> dict[str, Any]:
     """One batch of ``modality`` for ``model`` (a twin, real weights, or a model on ``meta``).
 
@@ -104,6 +100,11 @@ def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) ->
             continue
         if features is not None:
             _check_width(model, modality, width)
+            # a mask the feature method does not read is one the forward applies to the rows
+            # it returned (Granite Speech), of a length the layout cannot know: left out, as
+            # such a forward allows
+            read = set(_named_parameters(features))
+            media = {k: v for k, v in media.items() if not k.endswith("mask") or k in read}
         return _assemble(config, forward, modality, media, rows, options, generator)
     raise BadInputError(
         f"No {modality} sample of {config.model_type} could be built: "
