@@ -603,3 +603,34 @@ def mllama_image(
     cross[:, first_image:, :, 0] = 1
     sample["cross_attention_mask"] = cross
     return sample
+
+
+# ---------------------------------------------------------------- robot policies: PI0
+@sample_builder("text", "pi0")
+def pi0_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """An instruction and the robot's state (``max_state_dim`` values), which PI0's action
+    expert reads beside the vision-language model's prefix."""
+    sample = text_sample(config, options, generator)
+    sample["state"] = torch.randn(options.batch_size, config.max_state_dim, generator=generator)
+    return sample
+
+
+@sample_builder("image", "pi0")
+def pi0_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """One camera's picture (PaliGemma's: one image token per patch), the mask of the cameras
+    present, the instruction and the robot's state."""
+    vlm = config.vlm_config
+    vision = vlm.vision_config
+    side = vision.image_size  # SigLIP position embeddings fix the input size
+    middle = [vlm.image_token_id] * (side // vision.patch_size) ** 2
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, 1, vision.num_channels, side, side, generator=generator
+    )
+    sample["pixel_attention_mask"] = torch.ones(options.batch_size, 1, dtype=torch.bool)
+    sample["state"] = torch.randn(options.batch_size, config.max_state_dim, generator=generator)
+    return sample

@@ -117,6 +117,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     _shrink_vocab(twin)
     _shrink_images(twin)
     _retarget_feature_layers(twin)
+    _derive_again(twin)
     return twin
 
 
@@ -454,3 +455,12 @@ def _retarget_feature_layers(config: PretrainedConfig) -> None:
 def _within(index: int, depth: int) -> int:
     """``index`` into the ``depth + 1`` hidden states of a tower (embeddings first)."""
     return min(index, depth) if index >= 0 else max(index, -(depth + 1))
+
+
+def _derive_again(config: PretrainedConfig) -> None:
+    """Fields a config class derives from widths when it is made, derived again from the
+    twin's: Zamba2's ``mamba_headdim`` is its SSM's width over its SSM heads."""
+    attrs = vars(config)
+    heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
+    if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
+        config.mamba_headdim = expand * hidden // heads

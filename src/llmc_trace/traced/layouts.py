@@ -259,7 +259,18 @@ def _picture(g: Geometry, takes: set[str], batch: int, generator: torch.Generato
     return [(f"{g.views} views of a picture with its size", {key: views, "image_sizes": sizes})]
 
 
-_IMAGE = (_grid, _positioned, _tiles_with_mask, _picture)
+def _flat_patches(
+    g: Geometry, takes: set[str], batch: int, generator: torch.Generator
+) -> list[Layout]:
+    """A picture's patches, each flattened to one row (Fuyu projects them straight in)."""
+    if "pixel_values" not in takes:
+        return []
+    count = (g.side // g.patch) ** 2
+    pixels = _randn(batch, count, g.channels * g.patch * g.patch, generator=generator)
+    return [("a picture's patches, each flat", {"pixel_values": pixels})]
+
+
+_IMAGE = (_grid, _positioned, _tiles_with_mask, _picture, _flat_patches)
 
 
 # ---------------------------------------------------------------- video
