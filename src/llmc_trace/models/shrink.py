@@ -249,6 +249,12 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         if key.endswith("layers_indices") and isinstance(indices, list) and indices:
             keep = max(keep, len(indices))
             setattr(config, key, list(range(len(indices))))
+    shared = attrs.get("num_kv_shared_layers")
+    if _is_count(shared) and shared > 0:
+        # the last layers reuse the caches of earlier layers of their type (Gemma 3n): the twin
+        # keeps producers of every type, then as many consumers
+        config.num_kv_shared_layers = min(shared, keep)
+        keep += config.num_kv_shared_layers
     depth = next(
         (v for k in LAYER_KEYS if isinstance(v := attrs.get(k), int) and not isinstance(v, bool)),
         None,
