@@ -114,6 +114,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
         _shrink_one(sub, renamed_widths, min_layers if sub is text else MIN_LAYERS)
     for sub in [twin, *_sub_configs(twin)]:
         _follow_widths(sub, renamed_widths)
+    _follow_merged_widths(twin, renamed_widths)
     _shrink_vocab(twin)
     _shrink_images(twin)
     _retarget_feature_layers(twin)
@@ -249,6 +250,12 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         if key.endswith("layers_indices") and isinstance(indices, list) and indices:
             keep = max(keep, len(indices))
             setattr(config, key, list(range(len(indices))))
+    windows = attrs.get("global_attn_indexes")
+    if isinstance(windows, (list, tuple)) and windows and all(_is_count(i) for i in windows):
+        # SAM's windowed layers and its first global one, whose hidden state DeepSeek-VL's
+        # hybrid tower reads: kept with one layer after it
+        keep = max(keep, windows[0] + 2)
+        config.global_attn_indexes = type(windows)(i for i in windows if i < keep)
     shared = attrs.get("num_kv_shared_layers")
     if _is_count(shared) and shared > 0:
         # the last layers reuse the caches of earlier layers of their type (Gemma 3n): the twin
@@ -300,8 +307,9 @@ def _shrink_experts(config: PretrainedConfig) -> None:
     for key in TOP_K_KEYS:
         if isinstance(attrs.get(key), int) and attrs[key] > 2:
             setattr(config, key, 2)
-    if isinstance(attrs.get("n_group"), int):
-        config.n_group = 1
+    for key in ("n_group", "num_expert_group"):  # expert groups (Bailing names them so)
+        if isinstance(attrs.get(key), int):
+            setattr(config, key, 1)
     if isinstance(attrs.get("topk_group"), int):
         config.topk_group = 1
 
@@ -335,6 +343,27 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
         if key in WIDTH_KEYS or is_width or key.endswith("_groups"):
             if renamed[value] != value:
                 setattr(config, key, renamed[value])
+
+
+def _follow_merged_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
+    """Top-level widths of merged patches follow their tower: Muse's ``out_hidden_size`` is
+    the vision width times its ``merge_size`` squared (the patches one token merges), so the
+    twin's is its smaller tower's width times the same."""
+    merges = {
+        m
+        for sub in _sub_configs(config)
+        for key in ("spatial_merge_size", "merge_size")
+        if _is_count(m := vars(sub).get(key)) and m > 1
+    }
+    for key in WIDTH_KEYS:
+        value = vars(config).get(key)
+        if not _is_count(value) or value in renamed:
+            continue
+        merged = [
+            new * m * m for old, new in renamed.items() for m in merges if old * m * m == value
+        ]
+        if merged:
+            setattr(config, key, merged[0])
 
 
 def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:

@@ -32,8 +32,9 @@ WAVEFORM = 19200
 @dataclass(frozen=True)
 class Geometry:
     """A vision tower's input geometry: channels, patch side, image side in pixels, patches
-    merged per side into one token, frames per temporal patch, and the views an
-    any-resolution model cuts one picture into (LLaVA-NeXT's base view and tiles)."""
+    merged per side into one token, frames per temporal patch, the views an any-resolution
+    model cuts one picture into (LLaVA-NeXT's base view and tiles), and the side of a second,
+    high-resolution tower's picture (DeepSeek-VL hybrid's), if any."""
 
     channels: int
     patch: int
@@ -41,6 +42,7 @@ class Geometry:
     merge: int
     temporal: int
     views: int
+    high_side: int | None
 
     @property
     def per_side(self) -> int:
@@ -85,7 +87,9 @@ def _geometry(config: PretrainedConfig, options: SampleOptions) -> Geometry | No
         (fields[k] for k in ("num_channels", "in_channels", "in_chans") if fields.get(k)), 3
     )
     temporal = _first_int(fields.get("temporal_patch_size")) or 1
-    return Geometry(channels, patch, side, merge, temporal, _views(config, side))
+    high = vars(config).get("high_res_vision_config")
+    high_side = _first_int(vars(high).get("image_size")) if high is not None else None
+    return Geometry(channels, patch, side, merge, temporal, _views(config, side), high_side)
 
 
 def _views(config: PretrainedConfig, side: int) -> int:
@@ -131,7 +135,20 @@ def _grid(g: Geometry, takes: set[str], batch: int, generator: torch.Generator) 
     side = g.per_side
     grid = [1, side, side] if key.endswith("thw") else [side, side]
     grids = {key: torch.tensor([grid] * batch)}
-    return _patch_layouts(g, "pixel_values", batch * side * side, grids, takes, "image", generator)
+    found = _patch_layouts(g, "pixel_values", batch * side * side, grids, takes, "image", generator)
+    # Inkling 2 takes one square of merged patches per token, channels last, its grid in tokens
+    tokens = side // g.merge
+    merged = g.patch * g.merge
+    pixels = _randn(batch * tokens * tokens, merged, merged, g.channels, generator=generator)
+    in_tokens = {
+        key: torch.tensor(
+            [[1, tokens, tokens] if key.endswith("thw") else [tokens, tokens]] * batch
+        )
+    }
+    found.append(
+        ("merged patches, each a token, with their grid", {"pixel_values": pixels, **in_tokens})
+    )
+    return found
 
 
 def _patch_layouts(
@@ -250,6 +267,9 @@ def _picture(g: Geometry, takes: set[str], batch: int, generator: torch.Generato
     if key is None:
         return []
     picture = _randn(batch, g.channels, g.side, g.side, generator=generator)
+    if "high_res_pixel_values" in takes and g.high_side:
+        high = _randn(batch, g.channels, g.high_side, g.high_side, generator=generator)
+        return [("one picture at both resolutions", {key: picture, "high_res_pixel_values": high})]
     if "image_sizes" not in takes:
         return [("one picture", {key: picture})]
     sizes = torch.tensor([[g.side, g.side]] * batch)
