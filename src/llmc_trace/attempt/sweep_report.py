@@ -73,12 +73,13 @@ def sweep_table(document: dict[str, Any]) -> str:
     for model_type in sorted({row.model_type for row in rows}):
         mine = [row for row in rows if row.model_type == model_type]
         counted = [row for row in mine if row.counted]
-        if not counted:
-            apart.append(f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |")
+        if not counted:  # the config's own error: where it failed to build, else on text
+            first = next((row for row in mine if row.modality in ("-", "text")), mine[0])
+            apart.append(f"| {model_type} | {first.model_class} | {_cell(first.problem)} |")
             continue
-        configs = ", ".join(dict.fromkeys(row.config for row in counted))
+        configs = ", ".join(sorted({row.config for row in counted}, key=lambda c: c != DEFAULT))
         good = ", ".join(row.modality for row in counted if row.verified) or "no"
-        fixes = "; ".join(f"`{row.fix}`" for row in counted if row.fix)
+        fixes = "; ".join(dict.fromkeys(f"`{row.fix}`" for row in counted if row.fix))
         bad = "; ".join(
             f"{row.modality}: {row.outcome}: {_cell(row.problem)}"
             for row in mine
