@@ -9,9 +9,11 @@ into the rows that replace the placeholder tokens, and the forward refuses a tex
 placeholders are not exactly as many. So the probe lays the media out in each way such models
 take them (:mod:`llmc_trace.traced.layouts`), keeps the first layout the model's own method
 accepts, and writes one placeholder per row that came out. A model without such a method gets
-the first layout that fits its inputs and no placeholders (an encoder-decoder reads the image in
-its encoder, GIT prepends it). On a model on ``meta`` (a full-size trace) the method runs
-mixed: shapes only, with a grid or mask read for real, so probing a 70B config costs nothing.
+no placeholders, and the first layout its encoder takes where it has no prompt (Whisper, a
+vision encoder-decoder), else the first that fits its inputs (GIT prepends the picture). On a
+model on ``meta`` (a full-size trace) the method runs mixed: shapes only, with a grid or mask
+read for real, so probing a 70B config costs nothing; sizes that pass through a copy to
+``meta`` are lost there (LFM2-VL's), and such a probe says so.
 """
 
 from __future__ import annotations
