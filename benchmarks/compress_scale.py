@@ -401,7 +401,7 @@ def main() -> None:
     print_phases(rows)
     print_environments(rows)
     print()
-    for name, bf16, ideal, mine, theirs in rows:
+    for name, _, _, mine, theirs in rows:
         if theirs and "error" not in theirs and "error" not in mine:
             print(comparison(name, mine, theirs))
     name, bf16, ideal, mine, theirs = rows[-1]

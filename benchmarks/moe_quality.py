@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     folder = refmodel.MOE_FOLDER
-    rows = np.load(folder / "eval.npy")[: args.eval_rows]
+    rows = np.load(refmodel.FOLDER / "eval.npy")[: args.eval_rows]  # the Llama's rows, shared
     float_model = load_pretrained(resolve_model(str(folder)), "sdpa", torch.bfloat16).float()
     base = perplexity(float_model, rows).perplexity
     del float_model
@@ -61,7 +61,7 @@ def main() -> None:
             run = compress(
                 CompressRequest(
                     folder,
-                    dataset=folder / "calib.npy",
+                    dataset=refmodel.FOLDER / "calib.npy",
                     samples=args.samples,
                     seq_len=args.seq_len,
                     method=method,

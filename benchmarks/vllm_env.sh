@@ -6,7 +6,9 @@
 # worker (benchmarks/_reference/serve_vllm.py) there in a fresh process per checkpoint. The
 # wheels it pulls for torchvision, torchaudio and torchcodec are built against CUDA libraries
 # and break `import vllm` on a CPU-only machine; a text model needs none of them, so they are
-# removed.
+# removed. vLLM's LLaVA module imports one torchvision-only transformers module all the same
+# (Pixtral's image processor); the serving worker stands in its Pillow twin (--stand-in
+# pillow-processors, see _reference/serve_vllm.py).
 #
 # Idempotent: a venv that already imports the pinned vLLM is left as it is (CI keeps it
 # between runs where the machine allows; a fresh machine builds it in about 2 to 3 minutes).

@@ -4,21 +4,31 @@ For every scheme and method the project writes, the reference model (``refmodel/
 compressed with ``llmc-trace compress`` (as a user runs it), scored by ``llmc-trace``'s
 evaluator and by vLLM's offline ``LLM`` (``prompt_logprobs``) on the first evaluation rows,
 each checkpoint in a fresh vLLM process (``_reference/serve_vllm.py`` in
-``benchmarks/.venv-vllm``, made by ``benchmarks/vllm_env.sh``). A row of the table:
+``benchmarks/.venv-vllm``, made by ``benchmarks/vllm_env.sh``). The reference vision-language
+model (``refmodel.VLM_FOLDER``, a LLaVA; ``--vlm-folder`` names another) is compressed with
+W4A16 and W8A8 on its calibration images and scored the same way on its evaluation captions
+given their images: vLLM gets the images as ``multi_modal_data`` and must report the very
+token ids our processor made (the worker fails otherwise), and the same positions are scored.
+A row of the table:
 
 * ``agrees``: vLLM served it and its perplexity is within ``--tolerance`` (0.1 %) of ours;
-* ``no kernel here; reference agrees``: this machine's vLLM has no kernel for the scheme (the
-  reason is printed), so it was served again with vLLM's own model, parameters and loaders and
-  a reference dequantizing kernel (see the worker's docstring), and that agrees;
+* ``...; reference agrees``: this machine's vLLM lacks a piece (a kernel for the scheme,
+  torchvision, the names transformers 5 gives a CLIP tower: the note prints vLLM's own words),
+  so it was served again with a stand-in for that piece alone (see the worker's docstring),
+  vLLM's own model, parameters and loaders otherwise, and that agrees. A model-wide piece
+  found missing for one checkpoint of the VLM is stood in for from the start for the next
+  ones, and a tampered copy starts with its original's: a failed start costs 20 s;
 * ``DISAGREES`` / ``REFUSED``: the check fails (exit status 1).
 
-Two tampered copies of the W4A16 checkpoint, one tensor renamed and the packing order of
-``weight_packed`` reversed, must fail the same check (``expected to fail``); a tampered copy
-that passes fails the run, so the check is shown able to fail every time it runs.
+Tampered copies of the W4A16 checkpoints (one tensor renamed; the packing order of
+``weight_packed`` reversed, for the VLM too) must fail the same check (``expected to fail``);
+a tampered copy that passes fails the run, so the check is shown able to fail every time it
+runs.
 
     bash benchmarks/vllm_env.sh
-    python benchmarks/vllm_serving.py            # every scheme, 32 x 512 calibration
+    python benchmarks/vllm_serving.py            # every scheme, 32 calibration rows
     python benchmarks/vllm_serving.py --ci       # what .ci/run runs: fewer samples
+    python benchmarks/vllm_serving.py --vlm-only --vlm-folder DIR   # the VLM rows, another model
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,18 +56,23 @@ VENV = Path(os.environ.get("LLMC_VLLM_VENV") or ROOT / "benchmarks" / ".venv-vll
 VENV_PYTHON = VENV / "bin" / "python"
 WORKER = ROOT / "benchmarks" / "_reference" / "serve_vllm.py"
 REFMODEL = ROOT / "refmodel"
+#: Tokens per row, calibration and evaluation alike.
+SEQ_LEN = 512
 #: What vLLM's CPU build says (in its worker's log) when it has no kernel for a scheme.
 NO_KERNEL_MARKERS = ("Failed to find a kernel", "cpu_gemm_wna16", "not supported on CPU")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One checkpoint: how ``llmc-trace compress`` makes it (flags), or a tampering of another."""
+    """One checkpoint: how ``llmc-trace compress`` makes it (flags) from the text reference
+    model or the VLM (``model``), or a tampering of another case's (``source``)."""
 
     name: str
     flags: tuple[str, ...] = ()
     recipe: str | None = None
-    tamper: str | None = None  # "rename" or "reverse-packing", applied to the W4A16 checkpoint
+    tamper: str | None = None  # "rename" or "reverse-packing", applied to source's checkpoint
+    source: str = "GPTQ W4A16"
+    model: str = "text"  # or "vlm"
     in_ci: bool = True
 
     @property
@@ -81,7 +97,42 @@ CASES = (
     Case("SparseGPT 2:4 then GPTQ W4A16", recipe=TWO_STAGES, in_ci=False),
     Case("W4A16, one tensor renamed", tamper="rename"),
     Case("W4A16, packing order reversed", tamper="reverse-packing"),
+    Case("VLM original", model="vlm"),
+    Case("VLM GPTQ W4A16", ("--scheme", "W4A16"), model="vlm"),
+    Case("VLM GPTQ W8A8", ("--scheme", "W8A8"), model="vlm"),
+    Case(
+        "VLM W4A16, packing order reversed",
+        tamper="reverse-packing",
+        source="VLM GPTQ W4A16",
+        model="vlm",
+    ),
 )
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A model the cases compress, and the rows it is calibrated and scored on: ``evaluation``
+    as ``llmc-trace evaluate`` reads them, ``worker_rows`` (``rows`` of them) as the worker
+    does. ``flags`` go to every compression of it, ``group_size`` to its W4A16 one."""
+
+    title: str
+    folder: Path
+    calibration: Path
+    evaluation: Path
+    rows: int
+    worker_rows: Path
+    flags: tuple[str, ...] = ()
+    group_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A piece this machine's vLLM lacks: the worker's ``--stand-in`` for it, how the verdict
+    names it, and vLLM's own words for it."""
+
+    stand_in: str
+    label: str
+    reason: str
 
 
 @dataclass
@@ -99,13 +150,16 @@ class Row:
         return agreed != self.case.expected_to_fail
 
 
-def compress(case: Case, out: Path, samples: int) -> float:
-    """``llmc-trace compress`` on the reference model; returns its seconds."""
+def compress(case: Case, subject: Subject, out: Path, samples: int) -> float:
+    """``llmc-trace compress`` on the subject's model; returns its seconds."""
     command = [
-        str(Path(sys.executable).parent / "llmc-trace"), "compress", "--model", str(REFMODEL),
-        "--dataset", str(REFMODEL / "calib.npy"), "--samples", str(samples),
-        "--seq-len", "512", "--out", str(out), "--overwrite", *case.flags,
+        str(Path(sys.executable).parent / "llmc-trace"), "compress", "--model",
+        str(subject.folder), "--dataset", str(subject.calibration), "--samples", str(samples),
+        "--seq-len", str(SEQ_LEN), "--out", str(out), "--overwrite", *subject.flags,
+        *case.flags,
     ]  # fmt: skip
+    if subject.group_size is not None and "W4A16" in case.flags:
+        command += ["--group-size", str(subject.group_size)]
     if case.recipe is not None:
         recipe = out.parent / f"{out.name}.yaml"
         recipe.write_text(case.recipe)
@@ -142,16 +196,47 @@ def reverse_nibbles(packed: torch.Tensor) -> torch.Tensor:
     )
 
 
-def our_perplexity(folder: Path, rows: int) -> float:
+def write_media_rows(folder: Path, data: Path, count: int | None, out: Path) -> int:
+    """Write the worker's rows (``out``, a .json) for the first ``count`` image rows of
+    ``data`` (all by default), as ``llmc-trace evaluate`` scores them with ``folder``'s
+    processor: each row's token ids (its images expanded into placeholder tokens), its images
+    as PNG files beside ``out``, and the placeholder ids. Returns the number of rows."""
+    from llmc_trace.data.multimodal import load_multimodal_calibration
+    from llmc_trace.data.rows import RowReader, detect_modality
+    from llmc_trace.data.tables import read_text_table
+
+    table = read_text_table(data, data.suffix.removeprefix("."), str(data))
+    count = count or table.num_rows
+    calibration = load_multimodal_calibration(
+        data, folder, samples=count, seq_len=SEQ_LEN, shuffle=False, modality="image"
+    )
+    if calibration.shortened or calibration.dropped:  # rows would no longer pair by index
+        raise SystemExit(f"{data}: rows longer than {SEQ_LEN} tokens; score fewer or shorter")
+    reader = RowReader(table, detect_modality(table, "image"), base=data.parent, target_rate=None)
+    rows = []
+    for index, batch in enumerate(calibration.batches):  # one row each, unpadded
+        images = []
+        for number, image in enumerate(reader.read(index).images):
+            images.append(str(out.parent / f"{out.stem}-{index}-{number}.png"))
+            image.save(images[-1])
+        rows.append({"token_ids": batch["input_ids"][0].tolist(), "images": images})
+    table_out = {"placeholder_ids": list(calibration.placeholder_ids), "rows": rows}
+    out.write_text(json.dumps(table_out))
+    return count
+
+
+def our_perplexity(folder: Path, subject: Subject) -> float:
     from llmc_trace.evaluate.run import evaluate_model
 
-    return evaluate_model(folder, REFMODEL / "eval.npy", samples=rows).perplexity
+    return evaluate_model(folder, subject.evaluation, samples=subject.rows).perplexity
 
 
-def serve(folder: Path, rows: int, reference_kernel: bool) -> tuple[dict, str]:
+def serve(folder: Path, subject: Subject, stand_ins: list[str]) -> tuple[dict, str]:
     """One fresh vLLM process on ``folder``; its RESULT and its whole log."""
-    command = [str(VENV_PYTHON), str(WORKER), str(folder), str(REFMODEL / "eval.npy")]
-    command += ["--rows", str(rows)] + (["--reference-kernel"] if reference_kernel else [])
+    command = [str(VENV_PYTHON), str(WORKER), str(folder), str(subject.worker_rows)]
+    command += ["--rows", str(subject.rows)]
+    for name in stand_ins:
+        command += ["--stand-in", name]
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": ""}
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
     log = done.stdout + done.stderr
@@ -159,6 +244,36 @@ def serve(folder: Path, rows: int, reference_kernel: bool) -> tuple[dict, str]:
     if line is None:
         return {"ok": False, "error": f"the worker exited {done.returncode} without a result"}, log
     return json.loads(line.removeprefix("RESULT ")), log
+
+
+def missing_piece(log: str) -> Missing | None:
+    """What vLLM lacked, from a refused run's log; None for any other refusal."""
+    if "No module named 'torchvision'" in log:
+        return Missing("pillow-processors", "no torchvision here", import_chain(log))
+    names = CLIP_NAMES.search(log)
+    if names is not None:
+        return Missing("clip-names", "CLIP names mapped", names.group(0))
+    reason = no_kernel_reason(log)
+    return None if reason is None else Missing("reference-kernel", "no kernel here", reason)
+
+
+#: vLLM's refusal of a CLIP tower saved by transformers 5 (no ``vision_model.`` level); a
+#: tampered name elsewhere is refused as before.
+CLIP_NAMES = re.compile(
+    r"There is no module or parameter named '(?:model\.)?vision_tower\.(?!vision_model\.)"
+    r"[^']*' in \w+"
+)
+#: A traceback frame of a module being imported.
+MODULE_FRAME = re.compile(r'site-packages/([^"]+)", line \d+, in <module>')
+
+
+def import_chain(log: str) -> str:
+    """The modules whose imports led to the missing torchvision, from vLLM's traceback."""
+    lines = log.splitlines()
+    end = next(i for i, line in enumerate(lines) if "No module named 'torchvision'" in line)
+    start = max((i for i in range(end) if "Traceback" in lines[i]), default=0)
+    modules = [m.group(1) for line in lines[start:end] if (m := MODULE_FRAME.search(line))]
+    return " imports ".join(dict.fromkeys(modules)) + ": No module named 'torchvision'"
 
 
 def no_kernel_reason(log: str) -> str | None:
@@ -183,25 +298,35 @@ def root_cause(log: str, fallback: str) -> str:
     return fallback
 
 
-def judge(row: Row, folder: Path, rows: int, tolerance: float) -> None:
-    """Serve ``folder`` and fill ``row`` with vLLM's perplexity and the verdict."""
-    result, log = serve(folder, rows, reference_kernel=False)
-    # the engine runs in the worker's process: vLLM's reason is its exception, or in its log
-    reason = None if result["ok"] else no_kernel_reason(f"{result['error']}\n{log}")
-    if reason is not None:
-        result, log = serve(folder, rows, reference_kernel=True)
-    if not result["ok"]:
-        row.verdict, row.detail = "REFUSED", root_cause(log, result["error"])
-        return
+def judge(
+    row: Row, folder: Path, subject: Subject, tolerance: float, known: tuple[Missing, ...]
+) -> tuple[Missing, ...]:
+    """Serve ``folder`` with stand-ins for the ``known`` missing pieces and for each further
+    one vLLM names, and fill ``row`` with vLLM's perplexity and the verdict. Returns the
+    pieces found missing."""
+    missing = list(known)
+    while True:
+        result, log = serve(folder, subject, [piece.stand_in for piece in missing])
+        if result["ok"]:
+            break
+        # the engine runs in the worker's process: vLLM's reason is its exception, or in its log
+        piece = missing_piece(f"{result['error']}\n{log}")
+        if piece is None or piece.stand_in in {p.stand_in for p in missing}:
+            row.verdict, row.detail = "REFUSED", root_cause(log, result["error"])
+            return tuple(missing)
+        missing.append(piece)
     row.vllm = float(result["perplexity"])
-    row.numbers = {"load_s": result["load_s"], "tokens_per_s": result["tokens_per_s"]}
+    row.numbers.update(load_s=result["load_s"], tokens_per_s=result["tokens_per_s"])
     difference = abs(row.vllm - row.ours) / row.ours
     row.numbers["difference"] = difference
     if difference > tolerance:
         row.verdict = "DISAGREES"
+    elif missing:
+        row.verdict = ", ".join(piece.label for piece in missing) + "; reference agrees"
     else:
-        row.verdict = "agrees" if reason is None else "no kernel here; reference agrees"
-    row.detail = reason or ""
+        row.verdict = "agrees"
+    row.detail = "; ".join(piece.reason for piece in missing[len(known) :])  # named once
+    return tuple(missing)
 
 
 def main() -> int:
@@ -210,36 +335,95 @@ def main() -> int:
     parser.add_argument("--samples", type=int, help="calibration rows (default 32; 8 with --ci)")
     parser.add_argument("--rows", type=int, default=16, help="evaluation rows scored")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, 1e-3 = 0.1 %%")
+    parser.add_argument(
+        "--vlm-folder", type=Path, default=vlm_folder(),
+        help="the VLM (model and processor files, calib/ and eval/ captions.jsonl with images; "
+        "default: refmodel.VLM_FOLDER)",
+    )  # fmt: skip
+    parser.add_argument("--vlm-rows", type=int, help="VLM evaluation rows scored (default: all)")
+    parser.add_argument(
+        "--vlm-group-size", type=int, help="--group-size of the VLM's W4A16 (widths 128 misses)"
+    )
+    parser.add_argument("--vlm-only", action="store_true", help="only the VLM's cases")
     args = parser.parse_args()
     if not VENV_PYTHON.exists():
         print(f"{VENV_PYTHON} is missing: run `bash benchmarks/vllm_env.sh` first.")
         return 2
+    if args.vlm_folder is None:
+        print("no VLM: this checkout's refmodel names no VLM_FOLDER, and --vlm-folder is not given")
+    elif not (args.vlm_folder / "model.safetensors").exists():
+        print(f"{args.vlm_folder} holds no model.safetensors: not a VLM to serve")
+        return 2
     samples = args.samples or (8 if args.ci else 32)
-    cases = [case for case in CASES if case.in_ci or not args.ci]
+    models = {"vlm"} if args.vlm_only else {"text", "vlm"}
+    if args.vlm_folder is None:
+        models.discard("vlm")
+    cases = [case for case in CASES if (case.in_ci or not args.ci) and case.model in models]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch:
+        subjects = {"text": text_subject(args.rows)} if "text" in models else {}
+        if "vlm" in models:
+            subjects["vlm"] = vlm_subject(args, Path(scratch) / "vlm-rows.json")
         folders: dict[str, Path] = {}
+        found: dict[str, tuple[Missing, ...]] = {}  # per case, and per model for its pieces
         for case in cases:
-            row = Row(case)
+            start = time.perf_counter()
+            subject, row = subjects[case.model], Row(case)
             folder = Path(scratch) / f"case{len(rows)}"
             if case.tamper is not None:
-                tamper(folders["GPTQ W4A16"], folder, case.tamper)
+                tamper(folders[case.source], folder, case.tamper)
             elif case.flags or case.recipe:
-                row.numbers["compress_s"] = compress(case, folder, samples)
+                row.numbers["compress_s"] = compress(case, subject, folder, samples)
             else:
-                folder = REFMODEL
+                folder = subject.folder
             folders[case.name] = folder
-            row.ours = our_perplexity(folder, args.rows) if case.tamper is None else None
-            if row.ours is None:  # a tampered copy is judged against its untouched original
-                row.ours = rows[[r.case.name for r in rows].index("GPTQ W4A16")].ours
-            judge(row, folder, args.rows, args.tolerance)
+            if case.tamper is None:
+                row.ours = our_perplexity(folder, subject)
+            else:  # a tampered copy is judged against its untouched original
+                row.ours = next(r.ours for r in rows if r.case.name == case.source)
+            known = found[case.source] if case.tamper else found.get(case.model, ())
+            found[case.name] = judge(row, folder, subject, args.tolerance, known)
+            model_wide = [p for p in found[case.name] if p.stand_in != "reference-kernel"]
+            found[case.model] = tuple(model_wide)
+            row.numbers["wall_s"] = time.perf_counter() - start
             rows.append(row)
             print(format_row(row), flush=True)
-    print_table(rows, samples, args.rows)
+    for model, subject in subjects.items():
+        chosen = [row for row in rows if row.case.model == model]
+        print_table(chosen, subject, samples)
     failed = [row for row in rows if not row.passed]
     for row in failed:
         print(f"FAILED: {row.case.name}: {row.verdict} {row.detail}")
     return 1 if failed else 0
+
+
+def vlm_folder() -> Path | None:
+    """``refmodel.VLM_FOLDER``, where this checkout's reference models include a VLM."""
+    import refmodel
+
+    return getattr(refmodel, "VLM_FOLDER", None)
+
+
+def text_subject(rows: int) -> Subject:
+    """The text reference model, scored on the first ``rows`` rows of its ``eval.npy``."""
+    evaluation = REFMODEL / "eval.npy"
+    return Subject(
+        f"refmodel, perplexity on the first {rows} eval rows",
+        REFMODEL, REFMODEL / "calib.npy", evaluation, rows, evaluation,
+    )  # fmt: skip
+
+
+def vlm_subject(args: argparse.Namespace, worker_rows: Path) -> Subject:
+    """The VLM, calibrated on ``calib/`` images and scored on ``eval/`` captions given their
+    images (the worker's rows written to ``worker_rows``)."""
+    folder = args.vlm_folder
+    evaluation = folder / "eval" / "captions.jsonl"
+    rows = write_media_rows(folder, evaluation, args.vlm_rows, worker_rows)
+    return Subject(
+        f"{folder}, perplexity of the first {rows} eval captions given their images",
+        folder, folder / "calib" / "captions.jsonl", evaluation, rows, worker_rows,
+        flags=("--modality", "image"), group_size=args.vlm_group_size,
+    )  # fmt: skip
 
 
 def format_row(row: Row) -> str:
@@ -256,10 +440,11 @@ def format_row(row: Row) -> str:
     )
 
 
-def print_table(rows: list[Row], samples: int, scored: int) -> None:
+def print_table(rows: list[Row], subject: Subject, samples: int) -> None:
+    wall = sum(row.numbers["wall_s"] for row in rows)
     print(
-        f"\nrefmodel, calibration {samples} x 512, perplexity on the first {scored} eval rows"
-        f" (torch {torch.__version__}, numpy {np.__version__})"
+        f"\n{subject.title}; calibration {samples} rows of at most {SEQ_LEN} tokens"
+        f" (torch {torch.__version__}, numpy {np.__version__}); these rows took {wall:.0f} s"
     )
     print("| checkpoint | vLLM | llmc-trace evaluate | gap | verdict | load s | tokens/s | note |")
     print("|---|---|---|---|---|---|---|---|")

@@ -92,6 +92,9 @@ OUTPUT_FILES = (
     "split.json",
     "results.json",
 )
+#: The data files the MoE reads from the Llama's folder instead of keeping copies of its own
+#: (the repository travels to GPU machines under a size limit).
+SHARED_DATA_FILES = ("calib.npy", "eval.npy", "split.json")
 
 
 @dataclass
@@ -357,12 +360,20 @@ class Architecture:
     folder: Path
     steps: int
     data: Callable[[Path], Data]
+    files: tuple[str, ...] = OUTPUT_FILES
 
 
 ARCHITECTURES = {
     "llama": Architecture(LlamaForCausalLM, model_config, HERE, Recipe.steps, fresh_data),
     # a routed step costs about 1.3x the Llama's (1.55 s on 2 free cores): 600 take 15 minutes
-    "moe": Architecture(Qwen3MoeForCausalLM, moe_config, HERE / "moe", 600, reference_data),
+    "moe": Architecture(
+        Qwen3MoeForCausalLM,
+        moe_config,
+        HERE / "moe",
+        600,
+        reference_data,
+        tuple(name for name in OUTPUT_FILES if name not in SHARED_DATA_FILES),
+    ),
 }
 
 
@@ -704,7 +715,7 @@ def run(out: Path, recipe: Recipe, stdlib: Path, architecture: Architecture) -> 
                 **measured,
             },
         )
-        for name in OUTPUT_FILES:
+        for name in architecture.files:
             (staging / name).chmod(0o644)  # some writers create private files; these are shared
             os.replace(staging / name, out / name)
     finally:
@@ -715,7 +726,8 @@ def evaluate_only(folder: Path) -> None:
     """Recompute results.json's measured part from the saved weights and token arrays."""
     results_path = folder / "results.json"
     record = json.loads(results_path.read_text())
-    record |= measure(folder, np.load(folder / "calib.npy"), np.load(folder / "eval.npy"))
+    data = folder if (folder / "calib.npy").is_file() else HERE  # the MoE reads the Llama's
+    record |= measure(folder, np.load(data / "calib.npy"), np.load(data / "eval.npy"))
     staged = results_path.with_suffix(".json.tmp")
     write_json(staged, record)
     os.replace(staged, results_path)

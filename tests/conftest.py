@@ -88,20 +88,28 @@ def llama() -> LlamaForCausalLM:
     return tiny_llama()
 
 
-def require_refmodel(folder: Path = REFMODEL) -> Path:
-    """A reference model's folder (``refmodel.FOLDER`` or ``refmodel.MOE_FOLDER``), failing
-    (never skipping) when a file of it is missing: it is part of the repository, and the
-    quality tests are the ones that must not go quiet."""
-    missing = [
-        name
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "calib.npy", "eval.npy")
-        if not (folder / name).is_file()
-    ]
+#: The files a language reference model's folder (``FOLDER``, ``MOE_FOLDER``) cannot lack.
+LANGUAGE_REFMODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "calib.npy",
+    "eval.npy",
+)
+
+
+def require_refmodel(
+    folder: Path = REFMODEL, files: tuple[str, ...] = LANGUAGE_REFMODEL_FILES
+) -> Path:
+    """A reference model's folder (``refmodel.FOLDER``, ``MOE_FOLDER`` or ``VLM_FOLDER``, whose
+    ``files`` differ), failing (never skipping) when one of ``files`` is missing: it is part of
+    the repository, and the quality tests are the ones that must not go quiet."""
+    missing = [name for name in files if not (folder / name).is_file()]
     if missing:
         pytest.fail(
             f"the reference model's {', '.join(missing)} is missing from {folder}: restore it "
             "with `git checkout -- refmodel` or remake it with `python refmodel/train.py` "
-            "(see refmodel/README.md)"
+            "(`train_vlm.py` for the vision-language model; see refmodel/README.md)"
         )
     return folder
 

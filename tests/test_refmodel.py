@@ -189,7 +189,9 @@ def test_balance_loss_is_switch_transformers_loss_of_each_layer_on_its_own() -> 
 
 @pytest.fixture(scope="module")
 def moe_dir() -> Path:
-    return require_refmodel(MOE_FOLDER)
+    """The MoE's own files (its token arrays are the Llama's, read from ``FOLDER``)."""
+    require_refmodel(FOLDER)
+    return require_refmodel(MOE_FOLDER, ("config.json", "model.safetensors", "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +208,9 @@ def test_the_moe_folder_is_small_bf16_and_shares_the_llamas_data(moe_dir: Path) 
     for key in ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok"):
         assert getattr(config, key) == getattr(expected, key), key
     assert config.norm_topk_prob and config.mlp_only_layers == []
-    for name in ("tokenizer.json", "calib.npy", "eval.npy", "split.json"):
-        assert (moe_dir / name).read_bytes() == (FOLDER / name).read_bytes(), name
+    assert (moe_dir / "tokenizer.json").read_bytes() == (FOLDER / "tokenizer.json").read_bytes()
+    # its token arrays and split are the Llama's own files, not copies
+    assert not any((moe_dir / name).exists() for name in ("calib.npy", "eval.npy", "split.json"))
 
 
 def test_the_moe_stores_each_expert_as_its_own_bf16_linears(moe_dir: Path) -> None:
@@ -233,7 +236,7 @@ def test_the_moe_loads_and_its_perplexity_matches_its_training_script(
 
     assert type(moe).__name__ == "Qwen3MoeForCausalLM"
     assert moe.model.layers[0].mlp.experts.gate_up_proj.ndim == 3  # fused again when loaded
-    rows = np.load(MOE_FOLDER / "eval.npy")[:8]
+    rows = np.load(FOLDER / "eval.npy")[:8]
     result = perplexity(moe, rows, batch_size=8)
     assert result.perplexity == pytest.approx(training_perplexity(moe, rows), rel=1e-5)
     assert result.num_tokens == 8 * 511
@@ -243,7 +246,7 @@ def test_the_moe_weights_are_the_ones_results_json_measured(moe: torch.nn.Module
     """The README's MoE figures come from results.json; they must describe these weights."""
     results = json.loads((MOE_FOLDER / "results.json").read_text())["results"]
     float_row = next(row for row in results if row["config"] == "bf16 weights, fp32 compute")
-    calib = np.load(MOE_FOLDER / "calib.npy")[:64]
+    calib = np.load(FOLDER / "calib.npy")[:64]
     assert training_perplexity(moe, calib) == pytest.approx(float_row["calib64_ppl"], abs=0.05)
 
 
@@ -252,6 +255,6 @@ def test_the_moe_router_spreads_tokens_over_every_expert(moe: torch.nn.Module) -
     and their compression unmeasured: every expert of every layer gets at least a quarter of
     an even share of 32 evaluation rows (windows of one file lean on a few experts, so fewer
     rows swing more)."""
-    shares = np.array(expert_load(moe, np.load(MOE_FOLDER / "eval.npy")[:32]))
+    shares = np.array(expert_load(moe, np.load(FOLDER / "eval.npy")[:32]))
     assert shares.shape == (moe.config.num_hidden_layers, moe.config.num_experts)
     assert shares.min() > 0.25 / moe.config.num_experts
