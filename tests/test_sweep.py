@@ -1,10 +1,12 @@
-"""CI's sweep: every generative model type that verified when the shipped sweep was measured
+"""CI's sweep: every (model type, modality) that verified when the shipped sweep was measured
 still verifies on the installed transformers, or CI turns red naming it.
 
 The shipped sweep (``models/builtin/coverage-all.json``, what ``coverage --all --json``
-printed for the README) is the reference; each type is built, traced and replayed against
-its own eager forward again here. The types are split into shards, separate test items that
-``pytest -n 2`` spreads over its workers, so the sweep costs the suite its CPU time once.
+printed for the README) is the reference; each verified row is built from the config it names
+(the type's defaults, or the built-in its defaults needed), traced and replayed against its own
+eager forward again here, and nothing else is: what did not verify costs CI no time. The types
+are split into shards, separate test items that ``pytest -n 2`` spreads over its workers, so
+the sweep costs the suite its CPU time once.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import transformers
 
 from llmc_trace.attempt.swept import SWEEP_FILE
-from llmc_trace.attempt.sweep import SweepRow, cpu_seconds, sweep
+from llmc_trace.attempt.sweep import SweepRow, cpu_seconds
 from llmc_trace.attempt.sweep_report import summarize, sweep_table
-from llmc_trace.models.defaults import generative_types
+from llmc_trace.attempt.sweep_type import DEFAULT, resweep
+from llmc_trace.models.defaults import default_config, generative_types
 from llmc_trace.models.source import builtin_root
 
 SHIPPED = json.loads((builtin_root() / SWEEP_FILE).read_text())
@@ -38,26 +42,44 @@ def verified_types(rows: list[dict[str, object]]) -> set[str]:
     }
 
 
+def verified_pairs(rows: list[dict[str, object]]) -> dict[tuple[str, str], list[str]]:
+    """(model type, config) -> the modalities that verified from that config."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        if row["outcome"] == "verified":
+            pairs.setdefault((str(row["model_type"]), str(row["config"])), []).append(
+                str(row["modality"])
+            )
+    return pairs
+
+
+@pytest.mark.usefixtures("one_thread")  # as in the sweep's workers
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"shard{s + 1}of{SHARDS}")
-def test_every_type_verified_in_the_shipped_sweep_still_verifies(shard: int) -> None:
+def test_every_pair_verified_in_the_shipped_sweep_still_verifies(shard: int) -> None:
     installed = generative_types()
-    expected = sorted(verified_types(SHIPPED["rows"]) & set(installed))[shard::SHARDS]
+    pairs = verified_pairs(SHIPPED["rows"])
+    types = sorted({t for t, _ in pairs} & set(installed))[shard::SHARDS]
     start = cpu_seconds()
-    rows = sweep(expected, workers=1)
-    spent = cpu_seconds() - start
-    now = verified_types([vars(row) for row in rows])
-    broken = [
-        f"{row.model_type} ({row.modality}): {row.outcome}: {row.problem}"
-        for row in rows
-        if row.model_type in set(expected) - now and not row.verified
+    rows = [
+        row
+        for (model_type, config), modalities in sorted(pairs.items())
+        if model_type in types
+        for row in resweep(model_type, installed[model_type], config, modalities)
     ]
+    spent = cpu_seconds() - start
+    broken = [
+        f"{row.model_type} ({row.modality}, {row.config}): {row.outcome}: {row.problem}"
+        for row in rows
+        if not row.verified
+    ]
+    assert len(rows) == sum(len(m) for (t, _), m in pairs.items() if t in types), rows
     assert not broken, (
         f"transformers {SHIPPED['transformers']} verified these types; the installed one "
         f"does not: {broken}"
     )
     # the time box: the whole sweep is measured at SHIPPED["cpu_s"]; a shard at several times
     # its share would push the suite past its 10 minutes
-    assert spent < SHARD_CPU_S, f"shard {shard + 1} took {spent:.0f} CPU s: {expected}"
+    assert spent < SHARD_CPU_S, f"shard {shard + 1} took {spent:.0f} CPU s: {types}"
 
 
 def test_the_shipped_sweep_meets_its_goal_and_the_readme_shows_it() -> None:
@@ -76,7 +98,7 @@ def test_summary_counts_only_what_transformers_can_run() -> None:
     verifies only when each of its counted modalities does."""
 
     def row(model_type: str, modality: str, outcome: str) -> SweepRow:
-        return SweepRow(model_type, "Cls", modality, outcome, "", "", 0, 0.0)
+        return SweepRow(model_type, "Cls", DEFAULT, modality, outcome, "", "", 0, 0.0)
 
     rows = [
         row("a", "text", "verified"),
@@ -135,6 +157,55 @@ def test_coverage_all_json_and_the_table_generated_from_it(tmp_path) -> None:
     saved.write_text(result.stdout)
     table = runner.invoke(cli, ["coverage", "--table", str(saved)])
     assert table.exit_code == 0
-    assert "| llama | LlamaForCausalLM | text |  |  |" in table.output
+    assert "| llama | LlamaForCausalLM | default | text |  |  |" in table.output
     bad = runner.invoke(cli, ["coverage", "--all", "-m", "no_such_type"])
     assert bad.exit_code == 2 and "no_such_type" in bad.output
+
+
+def test_a_modality_the_default_did_not_run_is_taken_from_a_built_in_that_runs_it() -> None:
+    """What the default config ran stays; what it did not run (transformers' failure, or no
+    sample) is replaced by the built-in's row for the modality where that one ran; a default
+    that did not build at all gives way to every row of a built-in that ran anything."""
+    from llmc_trace.attempt.sweep_type import _ran_instead
+
+    def row(config: str, modality: str, outcome: str) -> SweepRow:
+        return SweepRow("t", "Cls", config, modality, outcome, "", "", 0, 0.0)
+
+    default = [row(DEFAULT, "text", "verified"), row(DEFAULT, "image", "transformers")]
+    default += [row(DEFAULT, "video", "sample")]
+    builtin = [row("org/b", "text", "mismatch"), row("org/b", "image", "verified")]
+    builtin += [row("org/b", "video", "transformers")]
+    assert _ran_instead(default, builtin) == [default[0], builtin[1], default[2]]
+    unbuilt = [row(DEFAULT, "-", "transformers")]
+    assert _ran_instead(unbuilt, builtin) == builtin
+    assert _ran_instead(unbuilt, [row("org/b", "-", "transformers")]) == unbuilt
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_idefics3_takes_images_from_smolvlm_where_its_default_cannot() -> None:
+    """Idefics3's default tower cuts 224 pixels into 7 x 7 patches, which its pixel shuffle by
+    2 cannot split, at full size as in the twin: transformers' own default. SmolVLM's
+    published config runs, so its images are swept from that; the default's text stays."""
+    from llmc_trace.attempt.sweep_type import _full_size_failure, sweep_type
+
+    class_name = generative_types()["idefics3"]
+    cls = getattr(transformers, class_name)
+    failure = _full_size_failure(cls, default_config("idefics3"), "image")
+    assert failure is not None and "is invalid for input of size" in str(failure)
+    rows = {(r.modality, r.config, r.outcome) for r in sweep_type("idefics3", class_name)}
+    assert rows == {
+        ("text", DEFAULT, "verified"),
+        ("image", "HuggingFaceTB/SmolVLM-Instruct", "verified"),
+    }
+
+
+def test_glm4v_default_rope_sections_fail_at_full_size_not_only_in_the_twin() -> None:
+    """GLM-4.1V's rope sections [8, 12, 12] cover half its 128-wide heads
+    (``partial_rotary_factor`` 0.5 in the published config); the default text config leaves the
+    factor out, so the full-size model fails as the twin does: not a shrink of ours."""
+    from llmc_trace.attempt.sweep_type import _full_size_failure
+
+    failure = _full_size_failure(
+        transformers.Glm4vForConditionalGeneration, default_config("glm4v"), "text"
+    )
+    assert failure is not None and "split_sizes=[8, 12, 12]" in str(failure)

@@ -18,9 +18,10 @@ from llmc_trace.graph.verify import replay, verify_subgraphs
 from llmc_trace.models.build import build_twin
 from llmc_trace.models.samples import SampleOptions, make_sample
 from llmc_trace.models.source import resolve_model
+from llmc_trace.traced.probe import sample_for
 from llmc_trace.tracing.trace import concrete_arguments
 from tests.conftest import tiny_llama, token_batch
-from tests.test_builtins import cases
+from tests.test_builtins import EXPECTED_FAILURES, cases
 
 SIZES = dict(
     vocab_size=128,
@@ -153,8 +154,9 @@ def test_a_string_target_is_one_and_unknown_ignore_names_are_dropped_with_one_wa
     assert [s.targets for s in compat] == [s.targets for s in subgraphs]
 
 
-#: every built-in and modality, in shards that ``pytest -n 2`` spreads over its workers
-BUILTIN_CASES = cases()
+#: every built-in and modality that ``attempt`` verifies (test_builtins says where the others
+#: stop), in shards that ``pytest -n 2`` spreads over its workers
+BUILTIN_CASES = [case for case in cases() if case not in EXPECTED_FAILURES]
 SHARDS = 4
 
 
@@ -167,7 +169,7 @@ def test_llm_compressors_default_ignore_verifies_on_every_builtin_twin(shard: in
     failed = []
     for name, modality in BUILTIN_CASES[shard::SHARDS]:
         twin = build_twin(resolve_model(name))
-        sample = make_sample(twin.config, modality, SampleOptions())
+        sample = sample_for(twin, modality, SampleOptions())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # configs' own deprecation notes
             subgraphs = trace_subgraphs(twin, sample, None, list(DEFAULT_TRACING_IGNORE))

@@ -1,7 +1,9 @@
 """The sweep's document and table: what ``coverage --all --json`` prints, what the README shows.
 
 A type counts when transformers can run some modality of it, and verifies when every counted
-modality does; the types transformers cannot run at all are listed apart with its own error.
+modality does; the types transformers cannot run at all are listed apart with its own error for
+the type's default config. A type swept from a built-in published config (its default cannot
+run) says which.
 The README's table is generated from the document alone, so it cannot drift from the JSON.
 """
 
@@ -13,6 +15,7 @@ import torch
 import transformers
 
 from llmc_trace.attempt.sweep import SweepRow
+from llmc_trace.attempt.sweep_type import DEFAULT
 
 
 def sweep_document(
@@ -32,7 +35,8 @@ def sweep_document(
 
 def summarize(rows: list[SweepRow]) -> dict[str, Any]:
     """Types counted (some modality transformers can run), verified (every counted modality
-    verified), and the share; the types transformers cannot run, apart."""
+    verified), and the share; the types swept from a built-in config; the types transformers
+    cannot run, apart."""
     by_type: dict[str, list[SweepRow]] = {}
     for row in rows:
         by_type.setdefault(row.model_type, []).append(row)
@@ -45,6 +49,7 @@ def summarize(rows: list[SweepRow]) -> dict[str, Any]:
         "verified": len(verified),
         "verified_share": round(len(verified) / len(counted), 4) if counted else 0.0,
         "failed": sorted(set(counted) - set(verified)),
+        "from_builtin": sorted({r.model_type for r in rows if r.counted and r.config != DEFAULT}),
         "transformers_cannot_run": sorted(set(by_type) - set(counted)),
     }
 
@@ -61,28 +66,32 @@ def sweep_table(document: dict[str, Any]) -> str:
         f"in {document['elapsed_s']:.0f} s with {document['workers']} workers "
         f"({document['cpu_s']:.0f} CPU seconds in all).",
         "",
-        "| model type | class | verified | fix | not verified: where |",
-        "|---|---|---|---|---|",
+        "| model type | class | config | verified | fix | not verified: where |",
+        "|---|---|---|---|---|---|",
     ]
     apart = []
     for model_type in sorted({row.model_type for row in rows}):
         mine = [row for row in rows if row.model_type == model_type]
         counted = [row for row in mine if row.counted]
-        if not counted:
-            apart.append(f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |")
+        if not counted:  # the config's own error: where it failed to build, else on text
+            first = next((row for row in mine if row.modality in ("-", "text")), mine[0])
+            apart.append(f"| {model_type} | {first.model_class} | {_cell(first.problem)} |")
             continue
+        configs = ", ".join(sorted({row.config for row in counted}, key=lambda c: c != DEFAULT))
         good = ", ".join(row.modality for row in counted if row.verified) or "no"
-        fixes = "; ".join(f"`{row.fix}`" for row in counted if row.fix)
+        fixes = "; ".join(dict.fromkeys(f"`{row.fix}`" for row in counted if row.fix))
         bad = "; ".join(
             f"{row.modality}: {row.outcome}: {_cell(row.problem)}"
             for row in mine
             if not row.verified
         )
-        lines.append(f"| {model_type} | {mine[0].model_class} | {good} | {fixes} | {bad} |")
+        lines.append(
+            f"| {model_type} | {mine[0].model_class} | {configs} | {good} | {fixes} | {bad} |"
+        )
     lines += [
         "",
         "Not counted: transformers itself cannot build these default configs, or run them "
-        "eagerly at full size (its own error):",
+        "eagerly at full size (its own error), and no built-in config of the type runs:",
         "",
         "| model type | class | transformers' error |",
         "|---|---|---|",

@@ -37,7 +37,8 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     "every_type",
     is_flag=True,
     help="Sweep every generative model type of the installed transformers, each built from "
-    "its default config (--model then names model types).",
+    "its default config, or a built-in config of the type where transformers cannot run the "
+    "default (--model then names model types).",
 )
 @click.option(
     "--workers",
@@ -69,8 +70,8 @@ def coverage(
     """Attempt every built-in model and modality (with --fix for failures) and tabulate.
 
     With --all, every generative model type of the installed transformers instead, each from
-    its default config shrunk to a tiny twin (types transformers itself cannot run are listed
-    apart). Exit code 0 when every row verified (with --all: every counted type), 1 otherwise.
+    its default config shrunk to a tiny twin, or from a built-in config of the type where
+    transformers cannot run the default (types it cannot run at all are listed apart). Exit code 0 when every row verified (with --all: every counted type), 1 otherwise.
     """
     if table_from is not None:
         from llmc_trace.attempt.sweep_report import sweep_table
@@ -171,12 +172,18 @@ def _sweep_all(
             f"{document['elapsed_s']:.0f} s",
             title_justify="left",
         )
-        for column in ("model type", "modality", "outcome", "fix", "where", "s"):
+        for column in ("model type", "config", "modality", "outcome", "fix", "where", "s"):
             table.add_column(column)
         for r in rows:
             outcome = "[green]verified[/]" if r.verified else f"[red]{r.outcome}[/]"
             table.add_row(
-                r.model_type, r.modality, outcome, r.fix, r.problem, f"{r.seconds:.1f}"
+                r.model_type,
+                r.config,
+                r.modality,
+                outcome,
+                r.fix,
+                r.problem,
+                f"{r.seconds:.1f}",
             )
         ctx.out.print(table)
     sys.exit(0 if not summary["failed"] else 1)

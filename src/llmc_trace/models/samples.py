@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from llmc_trace.core.names import MODALITIES
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import model_class
 
@@ -29,6 +28,12 @@ class SampleOptions:
     image_size: int | None = None  # None: the smallest size the architecture accepts
     batch_size: int = 1
     seed: int = 0
+
+
+class UnfitConfig(BadInputError):
+    """The config cannot take the medium whatever the sample: its model has no encoder for it,
+    no placeholder token, or an encoder whose features are not as wide as the token embeddings
+    they would replace."""
 
 
 Builder = Callable[[PretrainedConfig, SampleOptions, torch.Generator], dict[str, Any]]
@@ -46,41 +51,81 @@ def sample_builder(modality: str, *model_types: str) -> Callable[[Builder], Buil
     return register
 
 
-def supported_modalities(config: PretrainedConfig) -> list[str]:
-    """Modalities this architecture accepts (and llmc-trace can build samples for)."""
-    found = [m for m in MODALITIES if (m, config.model_type) in _BUILDERS]
-    if is_audio_model(config):
-        return [m for m in found if m == "audio"] or ["audio"]
-    if requires_pixels(config):
-        return [m for m in found if m in ("image", "video")] or ["image"]
-    return ["text", *[m for m in found if m != "text"]]
+#: Forward parameters that carry each medium: a model takes a modality when its forward has one.
+MEDIA_INPUTS: dict[str, tuple[str, ...]] = {
+    "image": (
+        "pixel_values",
+        "pixel_values_images",
+        "image_pixel_values",
+        "flattened_patches",
+        "image_patches",
+    ),
+    "video": ("pixel_values_videos",),
+    "audio": ("input_features", "input_values", "audio_input_features"),
+}
 
 
-def requires_pixels(config: PretrainedConfig) -> bool:
-    """Models whose forward cannot run without an image (InstructBLIP's Q-Former reads one
-    for every prompt): a text-only sample is not an input they accept."""
-    try:
-        forward = model_class(config, config.model_type).forward
-    except BadInputError:
-        return False
-    parameter = inspect.signature(forward).parameters.get("pixel_values")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
+def supported_modalities(
+    config: PretrainedConfig, cls: type[torch.nn.Module] | None = None
+) -> list[str]:
+    """Modalities the architecture takes, read from the forward of ``cls`` (default: the class
+    the config names): each medium it has an input for, and text when it takes token ids and
+    requires no medium (InstructBLIP's Q-Former reads an image for every prompt, Whisper's
+    encoder reads nothing but audio). A medium no builder here makes from the config alone is
+    probed from the model (:func:`llmc_trace.traced.probe.sample_for`).
 
-
-def is_audio_model(config: PretrainedConfig) -> bool:
-    """Speech recognition encoder-decoders: their encoder takes audio and nothing else."""
-    return ("audio", config.model_type) in _BUILDERS and getattr(
-        config, "is_encoder_decoder", False
+    A forward that names none of these inputs (a generate-only class) is offered text, so that
+    running it says what it takes.
+    """
+    forward = forward_parameters(config, cls)
+    media = [m for m in MEDIA_INPUTS if any(name in forward for name in MEDIA_INPUTS[m])]
+    required = any(
+        forward[name].default is inspect.Parameter.empty
+        for medium in media
+        for name in MEDIA_INPUTS[medium]
+        if name in forward
     )
+    takes_text = "input_ids" in forward and not required
+    return (["text"] if takes_text or not media else []) + media
 
 
-def make_sample(config: PretrainedConfig, modality: str, options: SampleOptions) -> dict[str, Any]:
-    """One batch for ``modality``; raises :class:`BadInputError` for an unsupported one."""
-    supported = supported_modalities(config)
+def forward_parameters(
+    config: PretrainedConfig, cls: type[torch.nn.Module] | None = None
+) -> dict[str, inspect.Parameter]:
+    """The named parameters of the model's ``forward`` (none when no class is known)."""
+    try:
+        model = cls or model_class(config, config.model_type)
+    except BadInputError:
+        return {}
+    return dict(inspect.signature(model.forward).parameters)
+
+
+def has_builder(config: PretrainedConfig, modality: str) -> bool:
+    """Whether :func:`make_sample` builds ``modality`` from the config alone."""
+    return modality == "text" or (modality, config.model_type) in _BUILDERS
+
+
+def make_sample(
+    config: PretrainedConfig,
+    modality: str,
+    options: SampleOptions,
+    cls: type[torch.nn.Module] | None = None,
+) -> dict[str, Any]:
+    """One batch for ``modality`` from the config alone; raises :class:`BadInputError` for a
+    modality the model does not take, or one only its own feature methods can size
+    (:func:`llmc_trace.traced.probe.sample_for` builds those)."""
+    supported = supported_modalities(config, cls)
     if modality not in supported:
         raise BadInputError(
             f"{config.model_type} models do not take {modality} inputs here.",
             hint=f"Use --modality {' or '.join(supported)}.",
+            param="modality",
+        )
+    if not has_builder(config, modality):
+        raise BadInputError(
+            f"No {modality} sample of {config.model_type} can be made from its config alone.",
+            hint="Build the model and use llmc_trace.traced.probe.sample_for, which sizes the "
+            "sample with the model's own feature method.",
             param="modality",
         )
     check_seq_len(config, options.seq_len)
@@ -420,11 +465,43 @@ def instructblip_image(
 ) -> dict[str, Any]:
     """An image, the instruction tokenized twice (for the Q-Former and for the language
     model), and ``num_query_tokens`` image tokens that the Q-Former's outputs replace."""
+    token = token_id(config, "image_token_id", "image_token_index")
+    return _qformer_sample(config, options, generator, token, frames=None)
+
+
+@sample_builder("image", "instructblipvideo")
+def instructblipvideo_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """InstructBLIP's batch for a clip of four frames (the model's own count), the Q-Former's
+    queries once per frame, each in place of a video token."""
+    token = getattr(config, "video_token_index", None)
+    if not isinstance(token, int):
+        raise UnfitConfig(
+            "The instructblipvideo config leaves video_token_index unset: its forward has no "
+            "token to put the frames' queries in place of.",
+            hint="Use a config that names the token (a published checkpoint's).",
+            param="modality",
+        )
+    return _qformer_sample(config, options, generator, token, frames=4)
+
+
+def _qformer_sample(
+    config: PretrainedConfig,
+    options: SampleOptions,
+    generator: torch.Generator,
+    token: int,
+    frames: int | None,
+) -> dict[str, Any]:
+    """An image (or ``frames`` of a clip), the instruction for the Q-Former and the language
+    model, and a ``token`` for each query the Q-Former returns (per frame)."""
     vision = config.vision_config
     side = vision.image_size
-    queries = [token_id(config, "image_token_id", "image_token_index")] * config.num_query_tokens
+    queries = [token] * config.num_query_tokens * (frames or 1)
     text = random_tokens(config, (options.batch_size, options.seq_len), generator)
     input_ids = torch.cat([torch.tensor([queries] * options.batch_size), text], dim=1)
+    picture = (getattr(vision, "num_channels", 3), side, side)
+    shape = (options.batch_size, *([frames] if frames else []), *picture)
     sample: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
@@ -432,9 +509,7 @@ def instructblip_image(
             1, config.qformer_config.vocab_size, tuple(text.shape), generator=generator
         ),
         "qformer_attention_mask": torch.ones_like(text),
-        "pixel_values": torch.randn(
-            options.batch_size, getattr(vision, "num_channels", 3), side, side, generator=generator
-        ),
+        "pixel_values": torch.randn(*shape, generator=generator),
     }
     if not config.use_decoder_only_language_model:
         sample["decoder_input_ids"] = decoder_tokens(config, options, generator)
@@ -527,4 +602,35 @@ def mllama_image(
     first_image = int((sample["input_ids"][0] == middle[0]).nonzero()[0])
     cross[:, first_image:, :, 0] = 1
     sample["cross_attention_mask"] = cross
+    return sample
+
+
+# ---------------------------------------------------------------- robot policies: PI0
+@sample_builder("text", "pi0")
+def pi0_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """An instruction and the robot's state (``max_state_dim`` values), which PI0's action
+    expert reads beside the vision-language model's prefix."""
+    sample = text_sample(config, options, generator)
+    sample["state"] = torch.randn(options.batch_size, config.max_state_dim, generator=generator)
+    return sample
+
+
+@sample_builder("image", "pi0")
+def pi0_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """One camera's picture (PaliGemma's: one image token per patch), the mask of the cameras
+    present, the instruction and the robot's state."""
+    vlm = config.vlm_config
+    vision = vlm.vision_config
+    side = vision.image_size  # SigLIP position embeddings fix the input size
+    middle = [vlm.image_token_id] * (side // vision.patch_size) ** 2
+    sample: dict[str, Any] = with_placeholders(config, options, generator, middle)
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, 1, vision.num_channels, side, side, generator=generator
+    )
+    sample["pixel_attention_mask"] = torch.ones(options.batch_size, 1, dtype=torch.bool)
+    sample["state"] = torch.randn(options.batch_size, config.max_state_dim, generator=generator)
     return sample

@@ -114,8 +114,11 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
         _shrink_one(sub, renamed_widths, min_layers if sub is text else MIN_LAYERS)
     for sub in [twin, *_sub_configs(twin)]:
         _follow_widths(sub, renamed_widths)
+    _follow_merged_widths(twin, renamed_widths)
     _shrink_vocab(twin)
     _shrink_images(twin)
+    _retarget_feature_layers(twin)
+    _derive_again(twin)
     return twin
 
 
@@ -247,6 +250,18 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         if key.endswith("layers_indices") and isinstance(indices, list) and indices:
             keep = max(keep, len(indices))
             setattr(config, key, list(range(len(indices))))
+    windows = attrs.get("global_attn_indexes")
+    if isinstance(windows, (list, tuple)) and windows and all(_is_count(i) for i in windows):
+        # SAM's windowed layers and its first global one, whose hidden state DeepSeek-VL's
+        # hybrid tower reads: kept with one layer after it
+        keep = max(keep, windows[0] + 2)
+        config.global_attn_indexes = type(windows)(i for i in windows if i < keep)
+    shared = attrs.get("num_kv_shared_layers")
+    if _is_count(shared) and shared > 0:
+        # the last layers reuse the caches of earlier layers of their type (Gemma 3n): the twin
+        # keeps producers of every type, then as many consumers
+        config.num_kv_shared_layers = min(shared, keep)
+        keep += config.num_kv_shared_layers
     depth = next(
         (v for k in LAYER_KEYS if isinstance(v := attrs.get(k), int) and not isinstance(v, bool)),
         None,
@@ -292,8 +307,9 @@ def _shrink_experts(config: PretrainedConfig) -> None:
     for key in TOP_K_KEYS:
         if isinstance(attrs.get(key), int) and attrs[key] > 2:
             setattr(config, key, 2)
-    if isinstance(attrs.get("n_group"), int):
-        config.n_group = 1
+    for key in ("n_group", "num_expert_group"):  # expert groups (Bailing names them so)
+        if isinstance(attrs.get(key), int):
+            setattr(config, key, 1)
     if isinstance(attrs.get("topk_group"), int):
         config.topk_group = 1
 
@@ -327,6 +343,27 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
         if key in WIDTH_KEYS or is_width or key.endswith("_groups"):
             if renamed[value] != value:
                 setattr(config, key, renamed[value])
+
+
+def _follow_merged_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
+    """Top-level widths of merged patches follow their tower: Muse's ``out_hidden_size`` is
+    the vision width times its ``merge_size`` squared (the patches one token merges), so the
+    twin's is its smaller tower's width times the same."""
+    merges = {
+        m
+        for sub in _sub_configs(config)
+        for key in ("spatial_merge_size", "merge_size")
+        if _is_count(m := vars(sub).get(key)) and m > 1
+    }
+    for key in WIDTH_KEYS:
+        value = vars(config).get(key)
+        if not _is_count(value) or value in renamed:
+            continue
+        merged = [
+            new * m * m for old, new in renamed.items() for m in merges if old * m * m == value
+        ]
+        if merged:
+            setattr(config, key, merged[0])
 
 
 def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
@@ -386,14 +423,19 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
 #: Patches per image side in a twin: divisible by 2, 3, 4 and 6, the merge, pixel-shuffle and
 #: pooling factors vision-language models use.
 TWIN_PATCHES_PER_SIDE = 12
+#: Learned image queries a twin keeps (Kosmos-2's count): each becomes a placeholder token.
+LATENT_QUERIES = 64
 
 
 def _shrink_images(config: PretrainedConfig) -> None:
     """Small images for twins: a 896-pixel SigLIP input would dominate verification time.
 
     Fields derived from the image size follow: Gemma 3 pools to ``mm_tokens_per_image`` soft
-    tokens (kept a square dividing the patch grid), Idefics3 records its ``image_seq_len``.
+    tokens (kept a square dividing the patch grid), Idefics3 records its ``image_seq_len``, and
+    an any-resolution model's ``image_grid_pinpoints`` (resolutions in multiples of the tower's
+    image size) scale with it, so that a picture is cut into as many tiles as at full size.
     """
+    ratio = None
     for sub in [config, *_sub_configs(config)]:
         attrs = vars(sub)
         size, patch = attrs.get("image_size"), attrs.get("patch_size")
@@ -403,9 +445,57 @@ def _shrink_images(config: PretrainedConfig) -> None:
             and size // patch > TWIN_PATCHES_PER_SIDE
         ):
             sub.image_size = patch * TWIN_PATCHES_PER_SIDE
+            ratio = ratio or Fraction(sub.image_size, size)
     attrs = vars(config)
-    if isinstance(attrs.get("mm_tokens_per_image"), int):
-        config.mm_tokens_per_image = 16  # 4 x 4 pooled tokens, from a 12 x 12 patch grid
+    if _is_count(attrs.get("latent_query_num")) and attrs["latent_query_num"] > LATENT_QUERIES:
+        # Kosmos-2.5's 2048 image queries each take a placeholder: 2048 tokens of text per image
+        config.latent_query_num = LATENT_QUERIES
+    pinpoints = attrs.get("image_grid_pinpoints")
+    if ratio is not None and isinstance(pinpoints, list) and pinpoints:
+        scaled = [[side * ratio for side in point] for point in pinpoints]
+        if all(side.denominator == 1 for point in scaled for side in point):
+            config.image_grid_pinpoints = [[int(side) for side in point] for point in scaled]
+    queries = attrs.get("projector_patch_to_query_dict")
+    if ratio is not None and isinstance(queries, dict) and queries:
+        # Aria's query count per patch count: the patch counts of the sizes it was trained at
+        scaled_keys = {int(k) * ratio * ratio: v for k, v in queries.items()}
+        if all(k.denominator == 1 for k in scaled_keys):
+            config.projector_patch_to_query_dict = {int(k): v for k, v in scaled_keys.items()}
+    for sub in [config, *_sub_configs(config)]:  # T5Gemma 2 keeps it in its encoder's config
+        if isinstance(vars(sub).get("mm_tokens_per_image"), int):
+            sub.mm_tokens_per_image = 16  # 4 x 4 pooled tokens, from a 12 x 12 patch grid
     scale = attrs.get("scale_factor")
     if isinstance(attrs.get("image_seq_len"), int) and isinstance(scale, int) and scale > 0:
         config.image_seq_len = (TWIN_PATCHES_PER_SIDE // scale) ** 2
+
+
+def _retarget_feature_layers(config: PretrainedConfig) -> None:
+    """Vision layers whose hidden states the projector reads (LLaVA's ``vision_feature_layer``,
+    VipLLaVA's five ``vision_feature_layers``) point into the twin's shorter tower: the
+    nearest layer from the same end, as many layers as before."""
+    vision = vars(config).get("vision_config")
+    if not isinstance(vision, PretrainedConfig):
+        return
+    depth = next((v for k in LAYER_KEYS if _is_count(v := vars(vision).get(k))), None)
+    if depth is None:
+        return
+    for key in ("vision_feature_layer", "vision_feature_layers"):
+        value = vars(config).get(key)
+        if _is_count(value):
+            setattr(config, key, _within(value, depth))
+        elif isinstance(value, (list, tuple)) and all(_is_count(i) for i in value):
+            setattr(config, key, type(value)(_within(i, depth) for i in value))
+
+
+def _within(index: int, depth: int) -> int:
+    """``index`` into the ``depth + 1`` hidden states of a tower (embeddings first)."""
+    return min(index, depth) if index >= 0 else max(index, -(depth + 1))
+
+
+def _derive_again(config: PretrainedConfig) -> None:
+    """Fields a config class derives from widths when it is made, derived again from the
+    twin's: Zamba2's ``mamba_headdim`` is its SSM's width over its SSM heads."""
+    attrs = vars(config)
+    heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
+    if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
+        config.mamba_headdim = expand * hidden // heads

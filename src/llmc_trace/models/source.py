@@ -9,6 +9,7 @@ answers offline exactly as it would online.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -76,6 +77,22 @@ def builtin_names() -> list[str]:
         str(path.parent.relative_to(root)).replace("\\", "/")
         for path in root.glob("*/*/config.json")
     )
+
+
+def builtin_names_of_type(model_type: str) -> list[str]:
+    """Hub ids of the built-ins whose config is of ``model_type``, sorted: published configs
+    to sweep a type from where its config class's defaults cannot run."""
+    return _builtin_types().get(model_type, [])
+
+
+@functools.cache
+def _builtin_types() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name in builtin_names():
+        model_type = read_json(builtin_root() / name / "config.json").get("model_type")
+        if isinstance(model_type, str):
+            found.setdefault(model_type, []).append(name)
+    return found
 
 
 def resolve_model(name: str) -> ModelSource:

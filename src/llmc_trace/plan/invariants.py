@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from llmc_trace.graph.subgraph import MODEL_OUTPUT
-from llmc_trace.models.samples import SampleOptions, make_sample
+from llmc_trace.models.samples import SampleOptions
 from llmc_trace.pipelines.cache import IntermediatesCache
 from llmc_trace.traced.model import TracedModel
+from llmc_trace.traced.probe import sample_for
 
 
 #: the input that says a sample carries media, by modality
@@ -37,8 +38,7 @@ def sample_invariant_names(twin: TracedModel | None) -> set[str]:
     batch, seq = int(ids.shape[0]), int(ids.shape[1])
     modality = sample_modality(twin.sample)
     samples = [
-        make_sample(twin.model.config, modality, SampleOptions(seq, None, batch, seed))
-        for seed in (1, 2)
+        sample_for(twin.model, modality, SampleOptions(seq, None, batch, seed)) for seed in (1, 2)
     ]
     names = twin.partitioned.trace.input_names
     inputs = [{k: v for k, v in s.items() if k in names} for s in samples]

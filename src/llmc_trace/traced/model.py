@@ -27,6 +27,7 @@ from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.models.build import build_meta_model
 from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
 from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.traced.probe import sample_for
 from llmc_trace.traced.summary import SubgraphSummary, summarize
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.proxy import DataDependentQuestion
@@ -150,7 +151,7 @@ def trace_source(
     full = build_meta_model(source)
     built_s = time.perf_counter() - start
     tracing = TracingOptions.parse(full, ignore or [], sequential_targets, targets_per_subgraph)
-    sample = make_sample(full.config, modality, options)
+    sample = sample_for(full, modality, options)
     traced = trace_model(full, sample, tracing, name=display_name(source), source=source)
     return dataclasses.replace(traced, timings_s={"build_s": built_s, **traced.timings_s})
 

@@ -21,9 +21,10 @@ from transformers import PretrainedConfig
 from llmc_trace.graph.structure import StructureCheck, compare_structure
 from llmc_trace.graph.verify import Verification, verify_subgraphs
 from llmc_trace.models.build import build_twin, load_pretrained, twin_of_class
-from llmc_trace.models.samples import SampleOptions, make_sample, supported_modalities
+from llmc_trace.models.samples import SampleOptions, supported_modalities
 from llmc_trace.models.source import ModelSource
 from llmc_trace.traced.model import TracedModel, trace_model
+from llmc_trace.traced.probe import sample_for
 from llmc_trace.tracing.trace import concrete_arguments
 
 
@@ -56,7 +57,7 @@ def verify_on_twin(
     tracing = traced.options
     twin = build_twin(source, seed=seed, min_layers=max(2, 2 * tracing.targets_per_subgraph))
     built_s = time.perf_counter() - start
-    sample = make_sample(twin.config, modality, options)
+    sample = sample_for(twin, modality, options)
     return _check(traced, twin, sample, "tiny twin", {"twin_s": built_s})
 
 
@@ -70,13 +71,15 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
     """
     model, modality = traced.model, sample_modality(traced.sample)
     config = getattr(model, "config", None)
-    if isinstance(config, PretrainedConfig) and modality in supported_modalities(config):
+    if isinstance(config, PretrainedConfig) and modality in supported_modalities(
+        config, type(model)
+    ):
         start = time.perf_counter()
         try:
             attention = getattr(config, "_attn_implementation", None) or "eager"
             twin = twin_of_class(type(model), config, seed=seed, attn_implementation=attention)
             options = SampleOptions(seq_len=_sequence_length(traced.sample), seed=seed)
-            sample = make_sample(twin.config, modality, options)
+            sample = sample_for(twin, modality, options)
         except Exception:  # noqa: BLE001 - any failure here only means: no twin to prove on
             twin = None
         if twin is not None:
@@ -125,9 +128,7 @@ def verify_on_weights(traced: TracedModel, modality: str, options: SampleOptions
     start = time.perf_counter()
     model = load_pretrained(source, dtype=torch.float32)
     timings = {"load_s": time.perf_counter() - start}
-    return _check(
-        traced, model, make_sample(model.config, modality, options), "real weights", timings
-    )
+    return _check(traced, model, sample_for(model, modality, options), "real weights", timings)
 
 
 def _check(

@@ -1,0 +1,273 @@
+"""A sample of any modality for a built model: the config's builder where one is registered,
+else one sized by the model's own feature method.
+
+The builders of :mod:`llmc_trace.models.samples` derive every input from the config, one
+architecture at a time; transformers ships a hundred vision-language and speech models, and
+most have none. Those models keep one contract, which this module relies on: their
+``get_image_features`` (``get_video_features``, ``get_audio_features``) turns the media inputs
+into the rows that replace the placeholder tokens, and the forward refuses a text whose
+placeholders are not exactly as many. So the probe lays the media out in each way such models
+take them (:mod:`llmc_trace.traced.layouts`), keeps the first layout the model's own method
+accepts, and writes one placeholder per row that came out. A model without such a method gets
+no placeholders, and the first layout its encoder takes where it has no prompt (Whisper, a
+vision encoder-decoder), else the first that fits its inputs (GIT prepends the picture). On a
+model on ``meta`` (a full-size trace) the method runs mixed: shapes only, with a grid or mask
+read for real, so probing a 70B config costs nothing; sizes that pass through a copy to
+``meta`` are lost there (LFM2-VL's), and such a probe says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.samples import (
+    SampleOptions,
+    UnfitConfig,
+    decoder_tokens,
+    forward_parameters,
+    has_builder,
+    make_sample,
+    supported_modalities,
+    text_sample,
+    with_placeholders,
+)
+from llmc_trace.traced.layouts import layouts
+from llmc_trace.tracing.values import MixedExecution
+
+#: Types that count a video's frames by the image token, between the video's start and end
+#: tokens (GLM-4V and its heirs: their ``get_placeholder_mask`` says so).
+FRAMES_AS_IMAGES = frozenset({"glm4v", "glm46v", "glm4v_moe", "glm5_next", "glm_ocr", "glmga"})
+#: Where a model without an image token is told which positions its image embeddings take.
+POSITION_MASK = "image_embeds_position_mask"
+#: The ids processors give each medium's placeholders in ``mm_token_type_ids`` (0: text).
+MM_TOKEN_TYPES = {"image": 1, "video": 2}
+#: Sub-configs that describe each medium's encoder: a config that sets one to ``None`` builds
+#: no encoder for it.
+ENCODER_CONFIGS = {"image": "vision_config", "video": "vision_config", "audio": "audio_config"}
+#: The config fields naming a medium's placeholder token, and those around it, first found wins.
+TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "image": (
+        ("image_token_id", "image_token_index"),
+        ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"),
+        ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"),
+    ),
+    "video": (
+        ("video_token_id", "video_token_index"),
+        ("vision_start_token_id", "video_start_token_id"),
+        ("vision_end_token_id", "video_end_token_id"),
+    ),
+    "audio": (
+        ("audio_token_id", "audio_token_index"),
+        ("audio_start_token_id", "audio_bos_token_id", "boa_token_id"),
+        ("audio_end_token_id", "audio_eos_token_id", "eoa_token_id"),
+    ),
+}
+
+
+def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) -> dict[str, Any]:
+    """One batch of ``modality`` for ``model`` (a twin, real weights, or a model on ``meta``).
+
+    Raises :class:`~llmc_trace.errors.BadInputError` when the model does not take the modality,
+    or when no layout of it runs through the model's feature method (the error names the
+    layouts tried and the model's answer to each); :class:`UnfitConfig` when the config itself
+    cannot take it.
+    """
+    config = model.config
+    cls = type(model)
+    if has_builder(config, modality) or modality not in supported_modalities(config, cls):
+        return make_sample(config, modality, options, cls)
+    _check_encoder(model, modality)
+    generator = torch.Generator().manual_seed(options.seed)
+    forward = forward_parameters(config, cls)
+    features = _feature_method(model, modality)
+    if features is not None and "input_ids" in forward:
+        _check_token(model, modality)
+    method = features or _encoder_forward(model, forward)
+    accepted = set(forward) | set(_named_parameters(method) if method else [])
+    tried = []
+    for name, media in layouts(config, modality, accepted, options, generator):
+        if method is None:
+            return _assemble(config, forward, modality, media, 0, options, generator)
+        try:
+            rows, width = _feature_rows(method, media)
+        except Exception as err:  # noqa: BLE001 - the model's answer: this layout is not its own
+            tried.append(f"{name} ({type(err).__name__}: {str(err).strip()[:160]})")
+            continue
+        if features is not None:
+            _check_width(model, modality, width)
+            # a mask the feature method does not read is one the forward applies to the rows
+            # it returned (Granite Speech), of a length the layout cannot know: left out, as
+            # such a forward allows
+            read = set(_named_parameters(features))
+            media = {k: v for k, v in media.items() if not k.endswith("mask") or k in read}
+        return _assemble(config, forward, modality, media, rows, options, generator)
+    raise BadInputError(
+        f"No {modality} sample of {config.model_type} could be built: "
+        + (
+            f"its {method.__name__} took none of the layouts tried: {'; '.join(tried)}"
+            if tried
+            else f"its forward takes none of the {modality} layouts known here"
+        )
+        + ".",
+        hint=f"Trace another modality, or add a {modality} builder for {config.model_type} "
+        "to llmc_trace.models.samples.",
+        param="modality",
+    )
+
+
+def _check_encoder(model: torch.nn.Module, modality: str) -> None:
+    """Refuse a medium the model was built without an encoder for (Gemma 4's default config
+    has no vision tower; its forward takes pixel values all the same)."""
+    key = ENCODER_CONFIGS[modality]
+    try:
+        encoder = model.get_encoder(modality)  # transformers' lookup of the medium's tower
+    except (AttributeError, TypeError, ValueError):  # no such lookup: the config may tell
+        encoder = model
+    if encoder is None or (hasattr(model.config, key) and getattr(model.config, key) is None):
+        raise UnfitConfig(
+            f"{type(model).__name__} built from this config has no {modality} encoder.",
+            hint="Use a config that names one (a published checkpoint's).",
+            param="modality",
+        )
+
+
+def _check_token(model: torch.nn.Module, modality: str) -> None:
+    """Refuse a medium whose placeholder token the config leaves unset (Voxtral's default
+    ``audio_token_id`` is ``None``): the forward finds no place for the features."""
+    names = [n for n in TOKENS[modality][0] if hasattr(model.config, n)]
+    if names and _token(model.config, tuple(names)) is None:
+        raise UnfitConfig(
+            f"The {model.config.model_type} config leaves {names[0]} unset: its forward has "
+            f"no token to put the {modality} features in place of.",
+            hint="Use a config that names the token (a published checkpoint's).",
+            param="modality",
+        )
+
+
+def _check_width(model: torch.nn.Module, modality: str, width: int) -> None:
+    """Refuse features that cannot replace token embeddings: the forward checks their count
+    in embedding widths, so no count of placeholders fits them."""
+    embeddings = model.get_input_embeddings()
+    wide = getattr(embeddings, "embedding_dim", None)
+    if isinstance(wide, int) and width not in (0, wide):
+        raise UnfitConfig(
+            f"{type(model).__name__}'s own {modality} features are {width} wide and its token "
+            f"embeddings {wide}: its config does not fit them together.",
+            hint="Use a config whose encoder's output width is the text model's hidden size.",
+            param="modality",
+        )
+
+
+def _feature_method(model: torch.nn.Module, modality: str) -> Callable[..., Any] | None:
+    """``get_<medium>_features`` with its own parameters: the inner model's where the outer
+    one only passes ``*args, **kwargs`` on to it."""
+    name = f"get_{modality}_features"
+    found = [
+        getattr(owner, name)
+        for owner in (getattr(model, "model", None), model)
+        if owner is not None and callable(getattr(owner, name, None))
+    ]
+    named = [method for method in found if _named_parameters(method)]
+    return (named or found or [None])[0]
+
+
+def _encoder_forward(
+    model: torch.nn.Module, forward: dict[str, inspect.Parameter]
+) -> Callable[..., Any] | None:
+    """The encoder's forward of an encoder-decoder that takes no prompt (Whisper, a vision
+    encoder-decoder): the media go to the encoder alone, so the encoder says which layout
+    is its own."""
+    get_encoder = getattr(model, "get_encoder", None)
+    if "input_ids" in forward or not callable(get_encoder):
+        return None
+    encoder = get_encoder()
+    return encoder.forward if isinstance(encoder, torch.nn.Module) else None
+
+
+def _named_parameters(method: Callable[..., Any]) -> list[str]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(method).parameters.values() if p.kind in kinds]
+
+
+def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[int, int]:
+    """Rows the feature method makes of ``media`` (each replaces one placeholder token), and
+    their width."""
+    named = set(_named_parameters(method))
+    owner = getattr(method, "__self__", None)
+    weights = list(owner.parameters()) if isinstance(owner, torch.nn.Module) else []
+    on_meta = any(p.is_meta for p in weights)
+    dtype = weights[0].dtype if weights else torch.float32  # as a processor's output is cast
+    arguments = {
+        key: value.to(dtype) if value.is_floating_point() else value
+        for key, value in media.items()
+        if key in named
+    }
+    with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
+        output = method(**arguments)
+    pooled = getattr(output, "pooler_output", None)
+    if pooled is None:
+        pooled = getattr(output, "last_hidden_state", output)
+    tensors = [pooled] if isinstance(pooled, torch.Tensor) else list(pooled)
+    return sum(t.numel() // t.shape[-1] for t in tensors), int(tensors[0].shape[-1])
+
+
+def _assemble(
+    config: PretrainedConfig,
+    forward: dict[str, inspect.Parameter],
+    modality: str,
+    media: dict[str, Any],
+    rows: int,
+    options: SampleOptions,
+    generator: torch.Generator,
+) -> dict[str, Any]:
+    """The text around ``rows`` placeholders (per batch row), the media, and the per-token
+    modality ids a processor adds where the forward takes them."""
+    token_names, start_names, end_names = TOKENS[modality]
+    if modality == "video" and config.model_type in FRAMES_AS_IMAGES:
+        token_names = TOKENS["image"][0]
+    token = _token(config, token_names)
+    marked = POSITION_MASK in forward and modality == "image"
+    count = rows // options.batch_size
+    if "input_ids" not in forward:  # a speech or vision encoder-decoder: no prompt to place into
+        sample: dict[str, Any] = {}
+    elif count == 0 or (token is None and not marked):
+        sample = text_sample(config, options, generator)
+    else:
+        # with no placeholder token (Kosmos-2), any text marked by the position mask serves
+        placeholders = [token] * count if token is not None else [0] * count
+        middle = [t for t in (_token(config, start_names),) if t is not None]
+        start = max(1, options.seq_len // 4) + len(middle)  # where with_placeholders puts them
+        middle += placeholders + [t for t in (_token(config, end_names),) if t is not None]
+        sample = with_placeholders(config, options, generator, middle)
+        if marked:
+            sample[POSITION_MASK] = torch.zeros_like(sample["input_ids"])
+            sample[POSITION_MASK][:, start : start + count] = 1
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in forward:
+        limit = getattr(config, "max_target_positions", None)
+        sample.setdefault("decoder_input_ids", decoder_tokens(config, options, generator, limit))
+    sample.update(media)
+    ids = sample.get("input_ids")
+    if ids is not None and token is not None:
+        placed = (ids == token).long()
+        if "mm_token_type_ids" in forward:  # as processors mark them: 1 image, 2 video
+            sample["mm_token_type_ids"] = placed * MM_TOKEN_TYPES.get(modality, 0)
+        if "token_type_ids" in forward:
+            sample["token_type_ids"] = placed
+    return sample
+
+
+def _token(config: PretrainedConfig, names: tuple[str, ...]) -> int | None:
+    text = getattr(config, "text_config", None)
+    for owner in (config, text):
+        for name in names:
+            value = getattr(owner, name, None) if owner is not None else None
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None

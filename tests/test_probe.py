@@ -1,0 +1,91 @@
+"""Samples for architectures no builder knows: which media a model takes, read from its forward,
+and how many placeholders its own feature method asks for (``traced/probe.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.build import build_meta_model_of, twin_of_class
+from llmc_trace.models.defaults import default_config
+from llmc_trace.models.samples import SampleOptions, supported_modalities
+from llmc_trace.traced.probe import UnfitConfig, sample_for
+
+SHORT = SampleOptions(seq_len=16)
+
+
+def twin_of(model_type: str, class_name: str) -> torch.nn.Module:
+    return twin_of_class(getattr(transformers, class_name), default_config(model_type))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "class_name", "modalities"),
+    [
+        ("whisper", "WhisperForConditionalGeneration", ["audio"]),  # no token ids at all
+        ("instructblip", "InstructBlipForConditionalGeneration", ["image"]),  # pixels required
+        ("vision-encoder-decoder", "VisionEncoderDecoderModel", ["image"]),
+        ("qwen2_vl", "Qwen2VLForConditionalGeneration", ["text", "image", "video"]),
+        ("voxtral", "VoxtralForConditionalGeneration", ["text", "audio"]),
+        ("llama", "LlamaForCausalLM", ["text"]),
+    ],
+)
+def test_the_modalities_are_the_media_a_forward_takes(
+    model_type: str, class_name: str, modalities: list[str]
+) -> None:
+    cls = getattr(transformers, class_name)
+    assert supported_modalities(default_config(model_type), cls) == modalities
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_placeholders_are_as_many_as_the_model_makes_features_at_either_size() -> None:
+    """LLaVA's CLIP tower at 336 pixels gives 24 x 24 patch features (its CLS dropped); the
+    twin's at 168 pixels 12 x 12: the probe finds each on the model itself, the full-size one
+    on meta, and the twin's forward takes its sample."""
+    config = default_config("llava")
+    image = config.image_token_id
+    full = build_meta_model_of(transformers.LlavaForConditionalGeneration, config)
+    assert int((sample_for(full, "image", SHORT)["input_ids"] == image).sum()) == 24 * 24
+    twin = twin_of("llava", "LlavaForConditionalGeneration")
+    sample = sample_for(twin, "image", SHORT)
+    assert int((sample["input_ids"] == twin.config.image_token_id).sum()) == 12 * 12
+    with torch.no_grad():
+        twin(**sample)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_any_resolution_model_gets_the_views_of_its_pinpoints() -> None:
+    """LLaVA-NeXT cuts a picture into a base view and the tiles of its best pinpoint; the twin's
+    pinpoints shrink with its images, so a square picture is the base view and two tiles."""
+    twin = twin_of("llava_next", "LlavaNextForConditionalGeneration")
+    sample = sample_for(twin, "image", SHORT)
+    assert sample["pixel_values"].shape[:2] == (1, 3)
+    with torch.no_grad():
+        twin(**sample)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "class_name", "modality", "said"),
+    [
+        # Gemma 4's default config builds no vision tower; its forward takes pixels all the same
+        ("gemma4", "Gemma4ForConditionalGeneration", "image", "has no image encoder"),
+        # Voxtral's default config leaves the audio token unset
+        ("voxtral", "VoxtralForConditionalGeneration", "audio", "leaves audio_token_id unset"),
+        # Qwen3-VL's default vision tower outputs 3584 wide; its text model is 4096 wide
+        ("qwen3_vl", "Qwen3VLForConditionalGeneration", "image", "3584 wide"),
+    ],
+)
+def test_a_config_that_cannot_take_a_medium_is_told_apart(
+    model_type: str, class_name: str, modality: str, said: str
+) -> None:
+    full = build_meta_model_of(getattr(transformers, class_name), default_config(model_type))
+    with pytest.raises(UnfitConfig, match=said):
+        sample_for(full, modality, SHORT)
+
+
+def test_a_feature_method_that_takes_no_layout_names_each_it_tried() -> None:
+    """Molmo 2's image features need its processor's pooling tables, which no config holds."""
+    twin = twin_of("molmo2", "Molmo2ForConditionalGeneration")
+    with pytest.raises(BadInputError, match="took none of the layouts tried: one picture"):
+        sample_for(twin, "image", SHORT)
