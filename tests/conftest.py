@@ -28,6 +28,26 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
+#: torch's probes of the CPU's half-precision matrix instructions (see pipelines/residency.py)
+HALF_PRECISION_PROBES = (
+    "_is_avx512_bf16_supported",
+    "_is_amx_tile_supported",
+    "_is_avx512_fp16_supported",
+    "_is_amx_fp16_supported",
+)
+
+
+@pytest.fixture(autouse=True)
+def float32_cpu_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees a CPU without half-precision matrix units, so bf16 checkpoints calibrate
+    in float32 on every machine that runs the suite, with or without AVX512-BF16: tests that
+    compare compressed weights or logits at tight tolerances then give the same answer
+    everywhere. A test of the native path sets the probes itself
+    (``tests/test_device.py``); subprocesses (the CLI tests) see the real CPU."""
+    for probe in HALF_PRECISION_PROBES:
+        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+
+
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     """Run the test on one torch thread, restoring the setting after it: compressing and

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from llmc_trace.core.device import HOST, place, resolve
+from tests.conftest import HALF_PRECISION_PROBES
 from llmc_trace.models.build import build_skeleton
 from llmc_trace.models.source import resolve_model
 from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.pipelines.residency import InMemory, Streamed
+from llmc_trace.pipelines.residency import InMemory, Streamed, compute_dtype
 
 META = torch.device("meta")
 
@@ -85,3 +86,19 @@ def test_a_streamed_group_sits_wholly_on_the_device_it_enters(
     residency.leave(list(first.modules()))
     assert set(exported) == {f"model.layers.0.{n}" for n, _ in first.named_parameters()}
     assert set(exported.values()) == {META}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_cpu_computes_in_half_precision_only_where_it_multiplies_it_natively(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """torch's probes of the CPU decide: bfloat16 stays bfloat16 where AVX512-BF16 or AMX is
+    reported, float16 where AVX512-FP16 or AMX-FP16 is; else float32. A GPU keeps the
+    checkpoint's dtype, and float32 is float32 everywhere."""
+    for probe in HALF_PRECISION_PROBES:
+        monkeypatch.setattr(torch.cpu, probe, lambda: native, raising=False)
+    cpu = torch.device("cpu")
+    for half in (torch.bfloat16, torch.float16):
+        assert compute_dtype(half, cpu) == (half if native else torch.float32)
+        assert compute_dtype(half, torch.device("cuda")) == half
+    assert compute_dtype(torch.float32, cpu) == torch.float32
