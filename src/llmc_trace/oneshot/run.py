@@ -20,9 +20,10 @@ a while, host memory still one group. A quantizing stage after a pruning one kee
 the compressor is told which layers were pruned, and GPTQ holds their zeros.
 
 The model keeps the dtype its ``config.json`` declares (or the requested one): non-quantized
-tensors, scales and ``config.json`` are stored in it; forward passes run in it on a GPU and in
-float32 on a CPU (:func:`~llmc_trace.pipelines.residency.compute_dtype`); Hessians and the
-GPTQ/SparseGPT arithmetic are float32 everywhere.
+tensors, scales and ``config.json`` are stored in it; forward passes run in it on a GPU and on
+a CPU that multiplies it in hardware, in float32 on other CPUs
+(:func:`~llmc_trace.pipelines.residency.compute_dtype`); Hessians and the GPTQ/SparseGPT
+arithmetic are float32 everywhere.
 """
 
 from __future__ import annotations
