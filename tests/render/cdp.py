@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import os
 import signal
 import subprocess
 import tempfile
@@ -146,12 +147,18 @@ def open_page(chromium: str, url: str) -> Iterator[Page]:
             finally:
                 socket.close()
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.send_signal(signal.SIGKILL)
-                process.wait(timeout=10)
+            # the whole session: Chromium's helper processes write into the profile too, and
+            # one still writing when the folder is removed failed its cleanup now and then
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    break  # every process of the session has exited
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    continue
+            process.wait(timeout=10)
 
 
 def _devtools_port(profile: Path, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:

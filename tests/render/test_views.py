@@ -16,7 +16,7 @@ from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.render import draw, render_svg
 from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.render.drawing import COLORS
-from llmc_trace.render.labels import safe_id
+from llmc_trace.core.markup import safe_id
 from llmc_trace.render.modules import MAX_MODULES
 from llmc_trace.render.roles import module_role
 from llmc_trace.errors import TraceStopped

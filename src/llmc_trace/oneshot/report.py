@@ -17,6 +17,7 @@ from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
 from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.stage import Stage
+from llmc_trace.report.page import render_report_html
 from llmc_trace.report.schema import (
     CompressionReport,
     LayerRow,
@@ -66,13 +67,7 @@ def build_report(
 
 
 def report_files(report: CompressionReport) -> dict[str, str]:
-    """The files of the report in a checkpoint folder, by name.
-
-    The page is imported here, when a checkpoint is written: its overview needs the render
-    package and Graphviz, which a run in memory (and every run until it writes) does without.
-    """
-    from llmc_trace.report.page import render_report_html
-
+    """The files of the report in a checkpoint folder, by name."""
     return {"report.json": report.dumps(), "report.html": render_report_html(report)}
 
 

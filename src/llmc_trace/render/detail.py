@@ -29,7 +29,8 @@ from llmc_trace.render.drawing import (
     new_digraph,
 )
 from llmc_trace.render.fold import fold_layers
-from llmc_trace.render.labels import describe_value, index_ranges, node_fields, safe_id
+from llmc_trace.core.markup import safe_id
+from llmc_trace.render.labels import describe_value, index_ranges, node_fields
 from llmc_trace.render.nodes import default_style, draw_clustered, fx_node_id
 from llmc_trace.render.overview import handoffs
 from llmc_trace.traced.model import TracedModel

@@ -15,7 +15,7 @@ from typing import Any
 import graphviz
 
 from llmc_trace.graph.subgraph import Subgraph
-from llmc_trace.render.labels import html_text
+from llmc_trace.core.markup import html_text
 
 FONT = "Helvetica,Arial,sans-serif"
 

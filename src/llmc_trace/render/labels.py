@@ -7,7 +7,6 @@ set's iteration order: objects other than plain values are named by their class 
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -22,7 +21,6 @@ from llmc_trace.core.sizes import human_bytes
 #: Longest text kept for one value; graphviz boxes grow with their widest line.
 MAX_TEXT = 60
 _ADDRESS = re.compile(r"( at)? 0x[0-9a-fA-F]{6,}")
-_UNSAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")  # ":" would read as a DOT port
 
 
 def describe_value(value: Any, depth: int = 0) -> str:
@@ -48,10 +46,6 @@ def describe_value(value: Any, depth: int = 0) -> str:
         open_, close = ("(", ")") if isinstance(value, tuple) else ("[", "]")
         return shorten(f"{open_}{', '.join(items)}{more}{close}")
     return type(value).__name__  # never repr(): it may hold an address
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def stable_text(text: str) -> str:
@@ -100,16 +94,3 @@ def node_fields(node: fx.Node) -> list[tuple[str, str]]:
         fields.append(("source", f"{source.file}:{source.line} in {source.function}"))
         fields.append(("code", shorten(source.code, 120)))
     return fields
-
-
-def safe_id(prefix: str, name: str) -> str:
-    """A DOT node name and SVG ``id`` made of safe characters.
-
-    Node names and module paths use only safe characters already, so ids stay distinct.
-    """
-    return f"{prefix}{_UNSAFE_ID.sub(lambda m: f'_{ord(m.group()):x}_', name)}"
-
-
-def html_text(text: str) -> str:
-    """Escape text for a graphviz HTML-like label (which is XML)."""
-    return html.escape(text, quote=True)

@@ -36,7 +36,7 @@ from llmc_trace.render.drawing import (
     new_digraph,
 )
 from llmc_trace.render.fold import ModuleRun, is_deep, longest_sibling_run, sibling_runs
-from llmc_trace.render.labels import safe_id
+from llmc_trace.core.markup import safe_id
 from llmc_trace.render.roles import ROLES, module_role
 from llmc_trace.traced.model import TracedModel
 

@@ -14,7 +14,8 @@ import torch
 from torch import fx
 
 from llmc_trace.render.drawing import COLORS, NodeInfo, cluster, html_label
-from llmc_trace.render.labels import describe_value, node_fields, node_operation, safe_id
+from llmc_trace.core.markup import safe_id
+from llmc_trace.render.labels import describe_value, node_fields, node_operation
 from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_TARGET, LeafPlan
 
 #: ``style(node) -> graphviz attributes`` overriding the default look of a node.

@@ -33,13 +33,12 @@ from llmc_trace.render.drawing import (
     table_label,
 )
 from llmc_trace.render.fold import Layer, fold_layers, path_range
+from llmc_trace.core.markup import plural, safe_id
 from llmc_trace.render.labels import (
     describe_value,
     human_bytes,
     index_ranges,
     node_fields,
-    plural,
-    safe_id,
 )
 from llmc_trace.traced.model import TracedModel
 

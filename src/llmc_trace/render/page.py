@@ -10,30 +10,19 @@ modules views are a page with one picture and nothing to unfold.
 from __future__ import annotations
 
 import html
-import json
 from importlib import resources
 from typing import Any
 
+from llmc_trace.core.markup import CONTENT_SECURITY_POLICY, json_island
 from llmc_trace.render.drawing import Drawing
 from llmc_trace.render.overlay import Overlay
 from llmc_trace.render.svg import lay_out
 from llmc_trace.render.unfold import ROOT, PageContent
 
-#: No network of any kind; only the inline script and style may run.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
-)
-
 
 def asset(name: str) -> str:
     """A viewer file shipped as package data (``viewer.js``, ``viewer.css``)."""
     return resources.files("llmc_trace.render").joinpath(name).read_text(encoding="utf-8")
-
-
-def json_island(document: dict[str, object]) -> str:
-    """JSON that cannot close its ``<script>`` element (``<``, ``>`` and ``&`` are escaped)."""
-    text = json.dumps(document, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def render_html(drawing: Drawing) -> str:

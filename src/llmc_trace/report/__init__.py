@@ -6,8 +6,8 @@ the same :class:`CompressionReport` when it compresses in memory.
 ``llmc-trace render --report report.json --out report.html`` redraws the page.
 
 Names are imported when first used (PEP 562): a run that only builds the report (in memory,
-or before it writes) imports the schema, not the page and its drawing, which bring the render
-package and Graphviz.
+or before it writes) imports the schema, not the page and its drawing. Neither needs the
+trace viewer (:mod:`llmc_trace.render`) or Graphviz.
 """
 
 from __future__ import annotations

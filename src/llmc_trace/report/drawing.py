@@ -2,7 +2,9 @@
 
 Each box is one subgraph (the pipeline's unit), holding one coloured cell per compressed layer
 and titled in the colour of its worst layer, so a glance down the chain finds where the
-method struggled. The same report gives the same drawing, and Graphviz the same SVG bytes.
+method struggled. A chain needs no layout engine: the boxes are placed here, top to bottom,
+so every ``compress`` writes its page without Graphviz (nor the trace viewer) and the same
+report gives the same SVG bytes.
 """
 
 from __future__ import annotations
@@ -11,9 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from llmc_trace.render.drawing import Drawing, NodeInfo, caption_label, new_digraph
-from llmc_trace.render.labels import html_text, plural, safe_id
-from llmc_trace.render.svg import render_svg
+from llmc_trace.core.markup import html_text, plural, safe_id
 from llmc_trace.report.schema import CompressionReport, LayerRow, StageSettings
 
 #: Colours along the scale of `loss_scale`: green, yellow, red.
@@ -76,8 +76,26 @@ def describe_stage(stage: StageSettings) -> str:
     return " ".join(parts)
 
 
-def draw_report(report: CompressionReport) -> Drawing:
-    """The overview coloured by the last stage's relative losses (the checkpoint's)."""
+#: The overview's geometry, in SVG pixels. Text is sized by its characters (no font metrics
+#: are read, so the same report gives the same bytes on every machine).
+CELL_WIDTH, CELL_HEIGHT, TITLE_HEIGHT = 92, 34, 36
+GAP = 26  # between boxes, where the arrow runs
+MARGIN = 8
+LINE = 16  # caption line height
+CHAR = 7.2  # width of one character at 12 px
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The drawn overview: the ``<svg>`` element and each box's id with its title."""
+
+    svg: str
+    boxes: dict[str, str]
+
+
+def draw_report(report: CompressionReport) -> Overview:
+    """The overview coloured by the last stage's relative losses (the checkpoint's): a chain
+    of boxes, top to bottom, laid out here (no Graphviz)."""
     last = len(report.settings.stages) - 1
     rows = [row for row in report.layers if row.stage == last]
     boxes = _boxes(report, rows)
@@ -92,21 +110,96 @@ def draw_report(report: CompressionReport) -> Drawing:
     ]
     legend = [(loss_colour(v), f"{v:g}") for v in (0.01, 0.03, 0.1, 0.3)]
     legend += [(loss_colour(1), "≥ 1"), (NO_VALUE, "none")]
-    dot = new_digraph("report", caption_label(caption, legend))
-    nodes: dict[str, NodeInfo] = {}
-    for box in boxes:
-        dot.node(box.node_id, _box_label(box), id=box.node_id, shape="plain", style="solid")
-        nodes[box.node_id] = NodeInfo(box.title, tuple(_box_fields(box)))
-    for tail, head in zip(boxes, boxes[1:]):
-        dot.edge(tail.node_id, head.node_id)
-    return Drawing(
-        view="report",
-        title=f"{report.model} · compression report",
-        caption="\n".join(caption),
-        dot=dot.source,
-        nodes=nodes,
-        subgraphs={},
+    widths = [_box_width(box) for box in boxes]
+    caption_width = max(len(line) for line in caption) * CHAR
+    width = MARGIN * 2 + max([caption_width, len(legend) * 60.0, *widths])
+    parts = [
+        f'<text x="{MARGIN}" y="{MARGIN + LINE * (i + 1) - 4}" class="caption">{html_text(line)}'
+        "</text>"
+        for i, line in enumerate(caption)
+    ]
+    y = MARGIN + LINE * len(caption) + 4
+    for i, (colour, label) in enumerate(legend):
+        x = MARGIN + i * 60
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="16" height="12" fill="{colour}" stroke="#9e9e9e"/>'
+            f'<text x="{x + 20}" y="{y + 10}">{html_text(label)}</text>'
+        )
+    y += 12 + GAP
+    centre = width / 2
+    for index, (box, box_width) in enumerate(zip(boxes, widths)):
+        if index:  # the arrow from the box above
+            parts.append(
+                f'<g class="edge"><line x1="{centre:g}" y1="{y - GAP:g}" x2="{centre:g}" '
+                f'y2="{y - 6:g}" stroke="#616161"/><polygon points="{centre - 4:g},{y - 7:g} '
+                f'{centre + 4:g},{y - 7:g} {centre:g},{y:g}" fill="#616161"/></g>'
+            )
+        height = _box_height(box)
+        parts.append(_box_svg(box, centre - box_width / 2, y, box_width))
+        y += height + GAP
+    height = y - GAP + MARGIN
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:g}" height="{height:g}" '
+        f'viewBox="0 0 {width:g} {height:g}" font-family="Helvetica, Arial, sans-serif" '
+        f'font-size="12">\n<title>{html_text(report.model)} · compression report</title>\n'
+        + "\n".join(parts)
+        + "\n</svg>\n"
     )
+    return Overview(svg, {box.node_id: box.title for box in boxes})
+
+
+def _box_width(box: _Box) -> float:
+    """Wide enough for its cells (up to `CELLS_PER_ROW` a row) and its two title lines."""
+    cells = max(min(len(box.rows), CELLS_PER_ROW), 1) * CELL_WIDTH
+    return max(cells, (max(len(box.title), len(_note(box))) + 2) * CHAR)
+
+
+def _box_height(box: _Box) -> int:
+    return TITLE_HEIGHT + -(-len(box.rows) // CELLS_PER_ROW) * CELL_HEIGHT
+
+
+def _note(box: _Box) -> str:
+    worst = _worst(box.rows)
+    if not box.rows:
+        return "no compressed layers"
+    if worst is None:
+        return plural(len(box.rows), "layer")
+    median = statistics.median(r.relative_loss for r in box.rows if r.relative_loss is not None)
+    return f"worst {_short(worst.name)} {worst.relative_loss:.3f} · median {median:.3f}"
+
+
+def _box_svg(box: _Box, x: float, y: float, width: float) -> str:
+    """One box: an outline (the polygon the page highlights), its title cell in its worst
+    layer's colour, and a cell per layer linking to the layer's row of the table."""
+    worst = _worst(box.rows)
+    title_colour = loss_colour(worst.relative_loss) if worst else "#ffffff"
+    height = _box_height(box)
+    right, bottom = x + width, y + height
+    parts = [
+        f'<g class="node" id="{box.node_id}"><title>{html_text(box.title)}</title>',
+        f'<rect x="{x:g}" y="{y:g}" width="{width:g}" height="{TITLE_HEIGHT}" '
+        f'fill="{title_colour}"/>',
+        f'<text x="{x + 6:g}" y="{y + 15:g}" font-weight="bold">{html_text(box.title)}</text>',
+        f'<text x="{x + 6:g}" y="{y + 30:g}" font-size="9">{html_text(_note(box))}</text>',
+    ]
+    for i, row in enumerate(box.rows):
+        cx = x + (i % CELLS_PER_ROW) * CELL_WIDTH
+        cy = y + TITLE_HEIGHT + (i // CELLS_PER_ROW) * CELL_HEIGHT
+        value = row.method if row.fallback else ratio_text(row.relative_loss)
+        parts.append(
+            f'<a href="#{html_text(row_id(row))}"><title>{html_text(_tooltip(row))}</title>'
+            f'<rect x="{cx:g}" y="{cy:g}" width="{CELL_WIDTH}" height="{CELL_HEIGHT}" '
+            f'fill="{loss_colour(row.relative_loss)}" stroke="#9e9e9e"/>'
+            f'<text x="{cx + CELL_WIDTH / 2:g}" y="{cy + 14:g}" text-anchor="middle">'
+            f"{html_text(_short(row.name))}</text>"
+            f'<text x="{cx + CELL_WIDTH / 2:g}" y="{cy + 27:g}" text-anchor="middle" '
+            f'font-size="9">{html_text(value)}</text></a>'
+        )
+    parts.append(
+        f'<polygon points="{x:g},{y:g} {right:g},{y:g} {right:g},{bottom:g} {x:g},{bottom:g}" '
+        'fill="none" stroke="#9e9e9e"/></g>'
+    )
+    return "".join(parts)
 
 
 def box_id(row: LayerRow) -> str:
@@ -157,39 +250,6 @@ def _worst(rows: list[LayerRow]) -> LayerRow | None:
     return max(compared, key=lambda row: row.relative_loss or 0.0) if compared else None
 
 
-def _box_label(box: _Box) -> str:
-    worst = _worst(box.rows)
-    width = max(min(len(box.rows), CELLS_PER_ROW), 1)
-    if not box.rows:
-        note = "no compressed layers"
-    elif worst is None:
-        note = plural(len(box.rows), "layer")
-    else:
-        median = statistics.median(r.relative_loss for r in box.rows if r.relative_loss is not None)
-        note = f"worst {_short(worst.name)} {worst.relative_loss:.3f} · median {median:.3f}"
-    title_colour = loss_colour(worst.relative_loss) if worst else "#ffffff"
-    cells = [
-        f'<TD BGCOLOR="{loss_colour(row.relative_loss)}" '
-        f'TOOLTIP="{html_text(_tooltip(row))}" HREF="#{html_text(row_id(row))}">'
-        f"{html_text(_short(row.name))}<BR/>"
-        f'<FONT POINT-SIZE="9">{row.method if row.fallback else ratio_text(row.relative_loss)}'
-        "</FONT></TD>"
-        for row in box.rows
-    ]
-    lines = ["".join(cells[i : i + CELLS_PER_ROW]) for i in range(0, len(cells), CELLS_PER_ROW)]
-    rows = "".join(f"<TR>{line}</TR>" for line in lines)
-    return (
-        '<<TABLE BORDER="1" CELLBORDER="1" CELLSPACING="0" CELLPADDING="4" COLOR="#9e9e9e">'
-        f'<TR><TD COLSPAN="{width}" BGCOLOR="{title_colour}" ALIGN="LEFT" BALIGN="LEFT">'
-        f'<B>{html_text(box.title)}</B><BR/><FONT POINT-SIZE="9">{html_text(note)}</FONT></TD></TR>'
-        f"{rows}</TABLE>>"
-    )
-
-
-def _box_fields(box: _Box) -> list[tuple[str, str]]:
-    return [(row.name, ratio_text(row.relative_loss)) for row in box.rows]
-
-
 def _tooltip(row: LayerRow) -> str:
     if row.fallback:
         return f"{row.name}: {row.fallback}"
@@ -209,5 +269,5 @@ def row_id(row: LayerRow) -> str:
 
 
 def render_report_svg(report: CompressionReport) -> str:
-    """The coloured overview alone, as a standalone SVG (needs Graphviz's ``dot``)."""
-    return render_svg(draw_report(report))
+    """The coloured overview alone, as a standalone SVG document."""
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + draw_report(report).svg
