@@ -31,7 +31,7 @@ at every size; growth ours/theirs at most 0.5; checkpoint 1.00x ideal; and, at t
 our growth at most 0.25x the checkpoint's bf16 bytes + 256 MiB; plan within 25 % of each
 measured peak.
 
-    python benchmarks/compress_scale.py                  # 0.1B, 0.4B, 1.6B (~40 min on 2 cores)
+    python benchmarks/compress_scale.py                  # 0.1B, 0.4B, 1.6B (17 min on 2 cores)
     python benchmarks/compress_scale.py --sizes 0.1B     # one size
     python benchmarks/compress_scale.py --sizes 8B       # Llama-3.1-8B's shape (for a GPU)
 """
