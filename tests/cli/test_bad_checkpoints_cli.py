@@ -108,6 +108,23 @@ def test_a_broken_checkpoint_exits_2_naming_what_is_wrong(
     assert not out.exists() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
+def test_compressing_a_compressed_checkpoint_exits_2_saying_so(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Its tensors are integers and scales: the refusal says it is quantized already (not
+    that weights are missing), before anything loads, and writes nothing."""
+    folder, data = saved_llama
+    first = tmp_path / "w4a16"
+    arguments = ["-d", str(data), "--samples", "4", "--seq-len", "32"]
+    code, output = invoke("compress", "-m", str(folder), "-o", str(first), *arguments)
+    assert code == 0, output
+    again = tmp_path / "again"
+    code, output = invoke("compress", "-m", str(first), "-o", str(again), *arguments)
+    assert code == 2, output
+    assert "is already quantized (compressed-tensors" in output and "--model" in output
+    assert "lacks" not in output and not again.exists()
+
+
 def config_only(tmp_path: Path, folder: Path) -> Path:
     bare = tmp_path / "config-only"
     bare.mkdir()

@@ -100,7 +100,7 @@ def test_evaluate_scores_text_given_images(twins, drawn_rows: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     image = json.loads(result.stdout)
-    assert image["modality"] == "auto" and image["num_tokens"] > 0
+    assert image["modality"] == "image" and image["num_tokens"] > 0  # detected from the rows
     code, output = invoke(
         "evaluate", "-m", folder, "--data", str(drawn_rows), "--modality", "audio"
     )

@@ -299,7 +299,7 @@ def evaluate(
                 "model": model,
                 "data": data,
                 "dtype": dtype,
-                "modality": modality,
+                "modality": result.modality,
                 "perplexity": result.perplexity,
                 "num_tokens": result.num_tokens,
                 "elapsed_s": result.elapsed_s,

@@ -46,6 +46,9 @@ class PerplexityResult:
     nll: float
     num_tokens: int
     elapsed_s: float
+    #: what the scored text was given: ``"text"`` alone, or its ``"image"``, ``"video"`` or
+    #: ``"audio"`` (the modality detected from the data's columns, or the one forced)
+    modality: str = "text"
 
 
 @torch.no_grad()

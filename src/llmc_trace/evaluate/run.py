@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -55,10 +56,11 @@ def evaluate_model(
             resolved = resolve_source(data)
             assert resolved.path is not None  # a media table is a local file
             samples = read_text_table(resolved.path, resolved.kind, resolved.description).num_rows
-        return evaluate_multimodal(
+        result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
             modality=media.modality, dtype=dtype, progress=progress,
         )  # fmt: skip
+        return replace(result, modality=media.modality)
     source = resolve_model(str(folder))
     resolved = resolve_source(data)
     tokenizer = None

@@ -35,6 +35,28 @@ def load_model(
         return load("eager")
 
 
+def refuse_quantized(source: ModelSource) -> None:
+    """A checkpoint whose weights are already quantized (its ``config.json`` has a
+    ``quantization_config`` with quantized groups, or another method's) is refused, from its
+    config alone: its tensors are integers and scales (``weight_packed``), not the weights a
+    compressor rounds, and rounding their dequantized values again would stack two errors.
+    A compressed-tensors config holding only a sparsity entry (a pruned checkpoint, stored
+    dense) is compressed as it is."""
+    quantization = getattr(source.config(), "quantization_config", None)
+    if quantization is None:
+        return
+    settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    method = settings.get("quant_method", "an unknown method")
+    if method == "compressed-tensors" and not settings.get("config_groups"):
+        return
+    raise BadInputError(
+        f"{source.name} is already quantized ({method}: its config.json has a "
+        "quantization_config); compressing it again would round its rounded weights.",
+        hint="Compress the checkpoint it was made from (the original, unquantized weights).",
+        param="model",
+    )
+
+
 def refuse_weight_changing(source: ModelSource) -> None:
     """A model whose only traceable form changes its weights cannot be compressed (checked on
     ``meta``, before anything heavy loads)."""

@@ -46,7 +46,7 @@ from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.core.world import World, check_shareable, current_world
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.oneshot.load import load_model, refuse_weight_changing
+from llmc_trace.oneshot.load import load_model, refuse_quantized, refuse_weight_changing
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import CompressionResult
 from llmc_trace.oneshot.settle import RunTrace
@@ -75,6 +75,7 @@ def compress(
     start = time.perf_counter()
     map_large_blocks()  # freed layers return to the OS, or the resident set creeps per layer
     world = current_world()
+    refuse_quantized(request.source)
     if request.needs_data:
         refuse_weight_changing(request.source)
     batches = math.ceil(request.calibration.samples / request.calibration.batch_size)
