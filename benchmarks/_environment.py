@@ -60,3 +60,18 @@ def describe(packages: list[str]) -> dict[str, Any]:
 def load_average() -> list[float]:
     """The 1-, 5- and 15-minute load averages, rounded for printing."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def environment_line(label: str, run: dict[str, Any]) -> str | None:
+    """One line saying what ``run`` (a worker's result) ran with and the load around it;
+    ``None`` for a run that recorded no environment (it failed before)."""
+    if not run or "environment" not in run:
+        return None
+    e = run["environment"]
+    packages = ", ".join(f"{k} {v}" for k, v in e["packages"].items())
+    return (
+        f"{label}: {packages}; Python {e['python']}; torch {e['torch']} "
+        f"({e['torch_git'][:10]}, {e['threads']} threads, {e['interop_threads']} "
+        f"interop, BLAS {e['blas']}, {e['cpu_capability']}); transformers "
+        f"{e['transformers']}; load {run['load_before']} -> {run.get('load_after', '-')}"
+    )

@@ -52,7 +52,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _environment import SAME_FOR_A_RATIO, describe, load_average  # noqa: E402
+from _environment import SAME_FOR_A_RATIO, describe, environment_line, load_average  # noqa: E402
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
 from _worker import failure_text, run_child  # noqa: E402
 from refmodel import FOLDER as REFMODEL  # noqa: E402
@@ -271,15 +271,9 @@ def print_environments(rows: list[tuple[str, int, int, dict[str, Any], dict[str,
     print()
     for name, _, _, mine, theirs in rows:
         for tool, r in (("llmc-trace", mine), ("llm-compressor", theirs)):
-            if r and "environment" in r:
-                e = r["environment"]
-                packages = ", ".join(f"{k} {v}" for k, v in e["packages"].items())
-                print(
-                    f"{name} {tool}: {packages}; Python {e['python']}; torch {e['torch']} "
-                    f"({e['torch_git'][:10]}, {e['threads']} threads, {e['interop_threads']} "
-                    f"interop, BLAS {e['blas']}, {e['cpu_capability']}); transformers "
-                    f"{e['transformers']}; load {r['load_before']} -> {r.get('load_after', '-')}"
-                )
+            line = environment_line(f"{name} {tool}", r)
+            if line:
+                print(line)
 
 
 def comparison(name: str, mine: dict[str, Any], theirs: dict[str, Any]) -> str:

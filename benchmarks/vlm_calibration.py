@@ -55,7 +55,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _environment import SAME_FOR_A_RATIO, describe, load_average  # noqa: E402
+from _environment import SAME_FOR_A_RATIO, describe, environment_line, load_average  # noqa: E402
 from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
 from _worker import failure_text  # noqa: E402
 from compress_scale import PhaseClock, commit, mib, run  # noqa: E402
@@ -425,16 +425,8 @@ def ratios(label: str, a: dict[str, Any], b: dict[str, Any]) -> str:
 
 def print_environments(runs: list[tuple[str, dict[str, Any]]]) -> None:
     print()
-    for label, r in runs:
-        if "environment" in r:
-            e = r["environment"]
-            packages = ", ".join(f"{k} {v}" for k, v in e["packages"].items())
-            print(
-                f"{label}: {packages}; Python {e['python']}; torch {e['torch']} "
-                f"({e['torch_git'][:10]}, {e['threads']} threads, BLAS {e['blas'][:40]}, "
-                f"{e['cpu_capability']}); transformers {e['transformers']}; "
-                f"load {r['load_before']} -> {r.get('load_after', '-')}"
-            )
+    for line in filter(None, (environment_line(label, r) for label, r in runs)):
+        print(line)
 
 
 def main() -> None:

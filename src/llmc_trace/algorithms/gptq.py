@@ -143,12 +143,7 @@ def gptq(
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
         before = _original_block(original, perm, dead, i1, i2)  # (out, block): W before it
-        U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
-        # The block as the paper's sweep finds it, one row per column (block, out): each
-        # column's steps then read and write contiguous memory, and a rank-1 update of the
-        # columns after it is one contiguous run (about twice as fast as (out, block)).
-        W1 = torch.addmm(before.T, U1.T, G[:, i1:i2].T)
-        V1 = U1 / U1.diagonal()[:, None]  # row i spreads w - q, so err = (w - q) / U_ii
+        W1, U1, V1 = factor.reach_block(G, before, i1, i2)  # (block, out): row i = column i
         Q1 = torch.empty_like(W1)  # integers
         q1 = torch.empty_like(W1)  # their grid values
         diff1 = torch.empty_like(W1)  # w - q

@@ -101,10 +101,7 @@ def sparsegpt(
         i2 = min(i1 + blocksize, columns)
         before = original[:, i1:i2].to(torch.float32, copy=True)  # (out, block): W before it
         before[:, factor.dead[i1:i2]] = 0
-        U1 = factor.block_inverse(i1, i2)  # the paper's factor on the block
-        # the block as the paper's sweep finds it, one row per column (block, out), as GPTQ's
-        W1 = torch.addmm(before.T, U1.T, G[:, i1:i2].T)
-        V1 = U1 / U1.diagonal()[:, None]  # row i spreads w - q, so err = (w - q) / U_ii
+        W1, U1, V1 = factor.reach_block(G, before, i1, i2)  # (block, out): row i = column i
         Q1 = torch.empty_like(W1)  # what each weight becomes
         diff1 = torch.empty_like(W1)  # w - q
         integers = torch.empty_like(W1)  # when quantizing
