@@ -201,6 +201,35 @@ def test_a_rank_that_cannot_read_its_dataset_ends_every_rank_with_its_sentence(
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@needs_torchrun
+def test_each_rank_leaves_the_group_before_it_exits_however_the_block_ends(
+    tmp_path: Path,
+) -> None:
+    """A rank that exits still in a gloo group can abort in its exit handlers ("terminate
+    called without an active exception") instead of exiting with its own code, now and then:
+    ``joined_from_environment`` leaves the group when its block ends, an exit included."""
+    driver = tmp_path / "joins.py"
+    driver.write_text(
+        "import torch.distributed as dist\n"
+        "from llmc_trace.core.world import joined_from_environment\n"
+        "try:\n"
+        "    with joined_from_environment() as world:\n"
+        "        print(f'rank {world.rank} of {world.size} joined', flush=True)\n"
+        "        raise SystemExit(3)\n"
+        "finally:\n"
+        "    print(f'left the group: {not dist.is_initialized()}', flush=True)\n"
+    )
+    assert TORCHRUN is not None
+    child = subprocess.run(
+        [TORCHRUN, "--nproc-per-node", "2", str(driver)], capture_output=True, text=True,
+        timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    output = child.stdout + child.stderr
+    assert "rank 0 of 2 joined" in output and "rank 1 of 2 joined" in output, output[-2000:]
+    assert output.count("left the group: True") == 2, output[-2000:]
+    assert "exitcode  : 3" in output and "SIGABRT" not in output, output[-2000:]
+
+
 def _runs_llmc_trace(process: psutil.Process) -> bool:
     """Whether ``process`` is a rank: a short-lived helper torchrun started may already be a
     zombie (or gone) when its command line is read."""

@@ -76,19 +76,24 @@ def _compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work.
     """
-    from llmc_trace.core.world import join_from_environment
+    from llmc_trace.core.world import joined_from_environment
     from llmc_trace.oneshot.request import CompressRequest
     from llmc_trace.oneshot.run import compress as run_compress
 
     given = _given_on_command_line(click.get_current_context(), options)
-    world = join_from_environment()  # under torchrun: this rank of the group
 
     def request() -> CompressRequest:
         if recipe is None:
             return CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
         return CompressRequest.from_recipe(recipe, model, out_dir, overwrite=overwrite, **given)
 
-    with interruptible(ctx, "compress"), handle_errors(ctx), ctx.progress("compress") as progress:
+    # under torchrun: this rank of the group, left before the process exits however it ends
+    with (
+        joined_from_environment() as world,
+        interruptible(ctx, "compress"),
+        handle_errors(ctx),
+        ctx.progress("compress") as progress,
+    ):
         # every rank checks its request (its dataset among it); one that fails ends them all
         result = run_compress(world.agree(request), progress=progress)
     if not world.is_main:

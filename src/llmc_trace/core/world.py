@@ -1,7 +1,7 @@
 """The processes one calibration runs on: a ``torch.distributed`` process group, or this one.
 
 ``torchrun --nproc-per-node N --no-python llmc-trace compress ...`` starts N ranks; each joins
-the group (:func:`join_from_environment`: NCCL on GPUs, gloo on CPUs), takes every N-th
+the group (:func:`joined_from_environment`: NCCL on GPUs, gloo on CPUs), takes every N-th
 calibration batch, and runs the pipeline on its own batches with its own cache. What the ranks
 must agree on goes through the group: each Hessian is summed over the ranks before any solve,
 the solves are shared out by cost, and each result is broadcast from the rank that computed it,
@@ -13,9 +13,10 @@ A process that is not part of a group is a world of one: every method here is th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -162,18 +163,30 @@ def current_world() -> World:
     return World()
 
 
-def join_from_environment() -> World:
-    """Join the group ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``,
-    ``MASTER_ADDR``...), once; NCCL with one GPU per local rank when there are GPUs, gloo
-    otherwise. Without those variables, a world of one."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+@contextlib.contextmanager
+def joined_from_environment() -> Iterator[World]:
+    """This process's rank in the group ``torchrun`` describes in the environment
+    (``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...), for the ``with`` block; NCCL with one GPU
+    per local rank when there are GPUs, gloo otherwise. Without those variables, a world of one.
+
+    The group joined here is left when the block ends, however it ends (an error every rank
+    raised together included): a process that exits still in a gloo group can abort in its
+    exit handlers ("terminate called without an active exception", SIGABRT) instead of
+    ending with its own exit code.
+    """
+    joins = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized()
+    if joins:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
         # torchrun stops the other ranks with SIGTERM when one fails: exit through the normal
         # unwinding, so a partial checkpoint folder is removed, not left behind
         signal.signal(signal.SIGTERM, _stop)
-    return current_world()
+    try:
+        yield current_world()
+    finally:
+        if joins and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _stop(signum: int, frame: object) -> None:
