@@ -57,6 +57,24 @@ def test_the_lower_triangle_bands_and_their_mirror_give_the_whole_product() -> N
     assert acc.problem() is not None
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sixteen_bit_inputs_give_the_exact_products_on_the_tensor_cores() -> None:
+    """bf16 and fp16 activations are accumulated with TF32 tensor cores, which hold each of
+    their values exactly: H is the float64 product of the same values up to float32 sums.
+    Float32 inputs, which TF32 would round, keep the float32 pipes."""
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = (torch.randn(4, 512, 384, generator=generator) * 3).to(dtype)
+        exact = x.reshape(-1, 384).double()
+        reference = 2 * exact.T @ exact / exact.shape[0]
+        accumulator = HessianAccumulator(384, device="cuda")
+        accumulator.add(x.cuda())
+        error = (accumulator.H.double().cpu() - reference).abs().max() / reference.abs().max()
+        assert error < 1e-6, (dtype, error.item())
+    assert torch.backends.cuda.matmul.fp32_precision != "tf32"  # put back as it was
+
+
 def damped_hessian(H: torch.Tensor, percdamp: float) -> torch.Tensor:
     """H with percdamp * mean(diag(H)) on its diagonal, in float64."""
     return H.double() + percdamp * torch.diag(H).mean().double() * torch.eye(

@@ -174,3 +174,23 @@ def test_the_plan_counts_a_vision_towers_activations(twins, drawn_rows) -> None:
     vision = config.vision_config
     lower = patches * vision.embed_dim * vision.mlp_ratio * 4
     assert first_subgraph(batch) >= lower > first_subgraph(text_batch)
+
+
+def test_fused_attention_on_a_gpu_holds_no_score_matrix() -> None:
+    """``sdpa`` on a GPU runs flash or memory-efficient kernels: the plan leaves out the
+    (seq, seq) scores that ``eager`` (and any attention on the CPU) holds, and nothing else."""
+    model = tiny_llama(layers=2, seed=0)
+    partitioned = partition_trace(trace_graph(model, token_batch(2, 16, seed=0)))
+    batch, seq, dtype_bytes = 2, 256, 2
+    heads = model.config.num_attention_heads
+
+    def sequential_device(attention: str, on_the_cpu: bool) -> int:
+        settings = RunSettings(
+            8, seq, batch, dtype_bytes=dtype_bytes, attention=attention, device_is_host=on_the_cpu
+        )
+        estimates = estimate_pipelines(model, partitioned, settings, traced=(2, 16))
+        return next(e for e in estimates if e.pipeline == "sequential").device_bytes
+
+    scores = batch * heads * seq * (seq * (4 + dtype_bytes) - 4)
+    assert sequential_device("eager", False) - sequential_device("sdpa", False) == scores
+    assert sequential_device("eager", True) == sequential_device("sdpa", True)

@@ -17,6 +17,7 @@ from llmc_trace.algorithms.hessian import damping_diagonal, sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
+from llmc_trace.algorithms.sweep_kernel import kernel_sweeps, sweep_block
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ def gptq(
     rounded and its error spread over the block's remaining columns at once, while later blocks
     receive the block's accumulated error in one matmul (the paper's lazy batch updates). The
     error is spread through the Cholesky factor of H itself (`SweepFactor`), which gives the
-    paper's updates without inverting H.
+    paper's updates without inverting H. On a GPU, with Triton, each block's column steps run
+    as one kernel (`llmc_trace.algorithms.sweep_kernel`) when the grid's scales are fitted up
+    front; the integers are those of the column loop.
 
     `args.actorder` chooses the sweep order:
 
@@ -137,6 +140,7 @@ def gptq(
     blocksize = grid.aligned(blocksize)
 
     rows, columns = W.shape
+    in_one_launch = kernel_sweeps(grid, W.device)  # a block per kernel on a GPU
     G = W.zero_()  # (out, in): D_A R_A,: for the columns not reached yet (SweepFactor)
     del W
     loss = torch.zeros((), device=G.device)
@@ -147,17 +151,10 @@ def gptq(
         Q1 = torch.empty_like(W1)  # integers
         q1 = torch.empty_like(W1)  # their grid values
         diff1 = torch.empty_like(W1)  # w - q
-        # views made once per block, so that the column loop allocates no tensor
-        columns_of_block = zip(W1.unbind(), Q1.unbind(), q1.unbind(), diff1.unbind())
-        for i, (w, integers, q, diff) in enumerate(columns_of_block):
-            if grid.starts_group(i1 + i):
-                group = W1[i : i + grid.group_size].T
-                if zeros is not None:  # the range the kept weights need
-                    group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
-                grid.fit(i1 + i, group)
-            grid.quantize_into(i1 + i, w, integers, q)
-            torch.sub(w, q, out=diff)
-            W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
+        if in_one_launch:
+            sweep_block(grid, i1, W1, V1, Q1, q1, diff1)
+        else:
+            _sweep_columns(grid, zeros, i1, W1, V1, Q1, q1, diff1)
         grid.set_block(i1, Q1)
         # sum over columns of err^2 / 2, err = (w - q) / U_ii
         loss += diff1.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
@@ -180,6 +177,32 @@ def gptq(
     W[:, dead] = 0
     refined = coordinate_descent(W, H_damped, grid, max_passes=refine_passes, blocksize=blocksize)
     return GPTQResult(grid.result(perm, dtype), refined.loss, percdamp, refined, baseline_loss)
+
+
+def _sweep_columns(
+    grid: SweepGrid,
+    zeros: torch.Tensor | None,
+    i1: int,
+    W1: torch.Tensor,
+    V1: torch.Tensor,
+    Q1: torch.Tensor,
+    q1: torch.Tensor,
+    diff1: torch.Tensor,
+) -> None:
+    """The paper's steps over one block (`sweep_block`'s contract), a column at a time with
+    torch ops: each column rounded (its group's scale fitted first where the sweep fits it)
+    and its w - q spread over the block's later columns."""
+    # views made once per block, so that the column loop allocates no tensor
+    columns_of_block = zip(W1.unbind(), Q1.unbind(), q1.unbind(), diff1.unbind())
+    for i, (w, integers, q, diff) in enumerate(columns_of_block):
+        if grid.starts_group(i1 + i):
+            group = W1[i : i + grid.group_size].T
+            if zeros is not None:  # the range the kept weights need
+                group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
+            grid.fit(i1 + i, group)
+        grid.quantize_into(i1 + i, w, integers, q)
+        torch.sub(w, q, out=diff)
+        W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
 
 
 def _original_block(

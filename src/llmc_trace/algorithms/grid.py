@@ -97,7 +97,10 @@ class SweepGrid:
         # point by a list lookup. `fit` writes into these rows in place, so the views stay valid.
         self._scale_rows = self._scales.unbind()
         self._zero_point_rows = self._zero_points.unbind()
-        self._zero_columns = zeros.T.contiguous().unbind() if zeros is not None else None
+        self._zeros_by_column = zeros.T.contiguous() if zeros is not None else None  # (in, out)
+        self._zero_columns = (
+            self._zeros_by_column.unbind() if self._zeros_by_column is not None else None
+        )
         self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
 
     def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
@@ -143,6 +146,21 @@ class SweepGrid:
             torch.mul(integers, s, out=dequantized)
         else:
             torch.sub(integers, z, out=dequantized).mul_(s)
+
+    def block_qparams(self, i1: int, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 scales and zero points of sweep positions `i1` to `i2`, one contiguous row
+        per position, each (k, out): what a kernel sweeping the block reads column by column."""
+        groups = self._group_index[i1:i2]
+        rows = self.int_weight.shape[0]
+        shape = (i2 - i1, rows)
+        scales = self._scales[groups].expand(shape).contiguous()
+        return scales, self._zero_points[groups].expand(shape).contiguous()
+
+    def block_zeros(self, i1: int, i2: int) -> torch.Tensor | None:
+        """The weights held at zero at sweep positions `i1` to `i2`, (k, out) bool, or None."""
+        if self._zeros_by_column is None:
+            return None
+        return self._zeros_by_column[i1:i2]
 
     def set_block(self, column: int, integers: torch.Tensor) -> None:
         """Keep the integers (k, out), float32, chosen for sweep positions `column` to

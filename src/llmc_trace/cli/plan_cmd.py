@@ -103,6 +103,7 @@ def plan(
     from llmc_trace.core.names import DATA_METHODS
     from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.oneshot.recipe import read_recipe
+    from llmc_trace.oneshot.settings import CalibrationSettings
     from llmc_trace.plan import RunSettings, plan_source
 
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
@@ -110,8 +111,10 @@ def plan(
         host = parse_bytes(host_memory, "host_memory") if host_memory else None
         sizes = {"samples": samples, "seq_len": seq_len, "batch_size": batch_size}
         stages: list[tuple[str, bool, bool]] = [("", not data_free, True)]
+        attention = CalibrationSettings().attn_implementation
         if recipe is not None:
             read = read_recipe(recipe)
+            attention = read.calibration.attn_implementation
             given = click.get_current_context().get_parameter_source
             for name in sizes:
                 if given(name) != click.core.ParameterSource.COMMANDLINE:
@@ -139,6 +142,7 @@ def plan(
                     streamed=True,
                     device_is_host=device is None and not torch.cuda.is_available(),
                     expert_group=expert_group,
+                    attention=attention,
                 )
                 for _, needs_data, quantizes in stages
             ],

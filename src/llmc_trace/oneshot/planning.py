@@ -44,6 +44,7 @@ def plan_stage(
         streamed=streamed,
         device_is_host=device.type == "cpu",
         expert_group=stage.expert_group,
+        attention=calibration.attn_implementation,
     )
     twin = check.twin if check else None
     plan = plan_memory(traced, settings, twin=twin)

@@ -62,6 +62,8 @@ class RunSettings:
     device_is_host: bool = False
     #: Experts whose Hessians are alive at once in an MoE layer (``None``: all of a layer's).
     expert_group: int | None = None
+    #: The attention kernel calibration asks for (``CalibrationSettings.attn_implementation``).
+    attention: str = "eager"
 
     def host_bytes(
         self, device: int, group: int, weights: int, cache: int, kept: int, kept_group: int

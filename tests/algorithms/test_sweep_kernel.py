@@ -1,0 +1,130 @@
+"""GPTQ's block sweep as one kernel against the torch loop it replaces: on the CPU through
+Triton's interpreter (the same integers, bit for bit), and on a GPU compiled."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmc_trace.algorithms import QuantizationArgs, gptq
+from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.algorithms.sweep_kernel import kernel_sweeps
+
+pytest.importorskip("triton")
+
+GPTQ_MODULE = sys.modules["llmc_trace.algorithms.gptq"]
+
+CASES = {
+    "channel": (QuantizationArgs(num_bits=4, strategy="channel", group_size=None), False),
+    "group-asym": (QuantizationArgs(num_bits=4, group_size=64, symmetric=False), False),
+    "group-actorder": (QuantizationArgs(num_bits=4, group_size=64, actorder="static"), False),
+    "3bit-held-zeros": (QuantizationArgs(num_bits=3, group_size=64, symmetric=False), True),
+}
+
+
+def _problem(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weight whose rows are not a multiple of the kernel's tile, inputs whose columns differ
+    in scale (act-order has an order to find), and a pruning mask."""
+    generator = torch.Generator().manual_seed(0)
+    W = torch.randn(72, 192, generator=generator) * 0.02
+    X = torch.randn(768, 192, generator=generator) * torch.linspace(0.2, 3.0, 192)
+    zeros = torch.rand(72, 192, generator=generator) < 0.3
+    return W.to(device), (2 * X.T @ X / 768).to(device), zeros.to(device)
+
+
+def _counting_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The blocks the kernel swept, recorded as `gptq` calls it."""
+    launched: list[int] = []
+    kernel = GPTQ_MODULE.sweep_block
+
+    def counted(grid: SweepGrid, i1: int, *buffers: torch.Tensor) -> None:
+        launched.append(i1)
+        kernel(grid, i1, *buffers)
+
+    monkeypatch.setattr(GPTQ_MODULE, "sweep_block", counted)
+    return launched
+
+
+def compare_on_the_cpu() -> dict[str, dict[str, object]]:
+    """Each case swept by the interpreted kernel and by the torch loop: what the test checks.
+    Runs in a process started with `TRITON_INTERPRET=1` (Triton reads it when first imported)."""
+    results: dict[str, dict[str, object]] = {}
+    for case, (args, held) in CASES.items():
+        W, H, zeros = _problem("cpu")
+        kwargs = {"zeros": zeros} if held else {}
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            launched = _counting_launches(monkeypatch)
+            kernel = gptq(W, H, args, blocksize=96, **kwargs)
+            monkeypatch.setattr(GPTQ_MODULE, "kernel_sweeps", lambda grid, device: False)
+            loop = gptq(W, H, args, blocksize=96, **kwargs)
+        results[case] = {
+            "launched": launched,
+            "same_integers": torch.equal(kernel.quantized.int_weight, loop.quantized.int_weight),
+            "same_scales": torch.equal(kernel.quantized.scale, loop.quantized.scale),
+            "losses": [kernel.loss, loop.loss],
+            "held_at_zero": bool((kernel.quantized.weight[zeros] == 0).all()) if held else None,
+        }
+    return results
+
+
+def test_the_interpreted_kernel_chooses_the_torch_loops_integers() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", "import json; from test_sweep_kernel import compare_on_the_cpu; "
+         "print(json.dumps(compare_on_the_cpu()))"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parent)},
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    results = json.loads(child.stdout.splitlines()[-1])
+    assert set(results) == set(CASES)
+    for case, result in results.items():
+        assert result["launched"] == [0, 96], case  # each block in one launch, none by the loop
+        assert result["same_integers"] and result["same_scales"], case
+        assert result["losses"][0] == pytest.approx(result["losses"][1], rel=1e-6), case
+        assert result["held_at_zero"] is not False, case
+
+
+def test_scales_fitted_in_the_sweep_stay_on_the_torch_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group fitted when the sweep reaches it needs its columns as the sweep updated them,
+    which the kernel does not fit: those sweeps keep the loop, and so does a CPU without the
+    interpreter."""
+    W, _, _ = _problem("cpu")
+    args = QuantizationArgs(num_bits=4, group_size=64)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fitted_in_sweep = SweepGrid(W, args, perm=None, static_groups=False, scale_dtype=W.dtype)
+    fitted_up_front = SweepGrid(W, args, perm=None, static_groups=True, scale_dtype=W.dtype)
+    assert not kernel_sweeps(fitted_in_sweep, W.device)
+    assert kernel_sweeps(fitted_up_front, W.device)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not kernel_sweeps(fitted_up_front, W.device)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_compiled_kernel_agrees_with_the_torch_loop_on_the_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On one GPU both sweeps share the factor and the block products; only the rank-1
+    updates' rounding can differ (the torch loop's may fuse multiply and add)."""
+    never: Callable[[SweepGrid, torch.device], bool] = lambda grid, device: False  # noqa: E731
+    for case, (args, held) in CASES.items():
+        W, H, zeros = _problem("cuda")
+        kwargs = {"zeros": zeros} if held else {}
+        with pytest.MonkeyPatch.context() as patch:
+            launched = _counting_launches(patch)
+            kernel = gptq(W, H, args, blocksize=96, **kwargs)
+            patch.setattr(GPTQ_MODULE, "kernel_sweeps", never)
+            loop = gptq(W, H, args, blocksize=96, **kwargs)
+        assert launched == [0, 96], case
+        mismatched = (kernel.quantized.int_weight != loop.quantized.int_weight).float().mean()
+        assert mismatched < 1e-3, f"{case}: {mismatched.item():.4%} of the integers differ"
+        assert kernel.loss == pytest.approx(loop.loss, rel=1e-4), case
