@@ -7,13 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from llmc_trace.algorithms import QuantizationArgs, gptq
+from llmc_trace.algorithms.gptq import GPTQResult
 from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps
 
@@ -52,24 +54,39 @@ def _counting_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return launched
 
 
-def compare_on_the_cpu() -> dict[str, dict[str, object]]:
-    """Each case swept by the interpreted kernel and by the torch loop: what the test checks.
-    Runs in a process started with `TRITON_INTERPRET=1` (Triton reads it when first imported)."""
-    results: dict[str, dict[str, object]] = {}
+def _swept_both_ways(device: str) -> Iterator[tuple[str, Swept]]:
+    """Each case's GPTQ through the kernel, then through the torch loop, on `device`."""
     for case, (args, held) in CASES.items():
-        W, H, zeros = _problem("cpu")
+        W, H, zeros = _problem(device)
         kwargs = {"zeros": zeros} if held else {}
         with pytest.MonkeyPatch.context() as monkeypatch:
             launched = _counting_launches(monkeypatch)
             kernel = gptq(W, H, args, blocksize=96, **kwargs)
             monkeypatch.setattr(GPTQ_MODULE, "kernel_sweeps", lambda grid, device: False)
             loop = gptq(W, H, args, blocksize=96, **kwargs)
+        yield case, Swept(launched, kernel, loop, zeros if held else None)
+
+
+class Swept(NamedTuple):
+    launched: list[int]  # the blocks the kernel swept
+    kernel: GPTQResult
+    loop: GPTQResult
+    held: torch.Tensor | None  # the weights held at zero, where the case holds some
+
+
+def compare_on_the_cpu() -> dict[str, dict[str, object]]:
+    """Each case swept by the interpreted kernel and by the torch loop: what the test checks.
+    Runs in a process started with `TRITON_INTERPRET=1` (Triton reads it when first imported)."""
+    results: dict[str, dict[str, object]] = {}
+    for case, (launched, kernel, loop, held) in _swept_both_ways("cpu"):
         results[case] = {
             "launched": launched,
             "same_integers": torch.equal(kernel.quantized.int_weight, loop.quantized.int_weight),
             "same_scales": torch.equal(kernel.quantized.scale, loop.quantized.scale),
             "losses": [kernel.loss, loop.loss],
-            "held_at_zero": bool((kernel.quantized.weight[zeros] == 0).all()) if held else None,
+            "held_at_zero": None
+            if held is None
+            else bool((kernel.quantized.weight[held] == 0).all()),
         }
     return results
 
@@ -110,20 +127,10 @@ def test_scales_fitted_in_the_sweep_stay_on_the_torch_loop(
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_compiled_kernel_agrees_with_the_torch_loop_on_the_gpu(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_compiled_kernel_agrees_with_the_torch_loop_on_the_gpu() -> None:
     """On one GPU both sweeps share the factor and the block products; only the rank-1
     updates' rounding can differ (the torch loop's may fuse multiply and add)."""
-    never: Callable[[SweepGrid, torch.device], bool] = lambda grid, device: False  # noqa: E731
-    for case, (args, held) in CASES.items():
-        W, H, zeros = _problem("cuda")
-        kwargs = {"zeros": zeros} if held else {}
-        with pytest.MonkeyPatch.context() as patch:
-            launched = _counting_launches(patch)
-            kernel = gptq(W, H, args, blocksize=96, **kwargs)
-            patch.setattr(GPTQ_MODULE, "kernel_sweeps", never)
-            loop = gptq(W, H, args, blocksize=96, **kwargs)
+    for case, (launched, kernel, loop, _) in _swept_both_ways("cuda"):
         assert launched == [0, 96], case
         mismatched = (kernel.quantized.int_weight != loop.quantized.int_weight).float().mean()
         assert mismatched < 1e-3, f"{case}: {mismatched.item():.4%} of the integers differ"
