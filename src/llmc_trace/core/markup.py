@@ -19,6 +19,26 @@ CONTENT_SECURITY_POLICY = (
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")  # ":" would read as a DOT port
 
 
+def page_start(title: str, css: str) -> str:
+    """A self-contained page up to its header's heading: the policy above, the stylesheet
+    inline, ``title`` (escaped here) as the tab's title and the ``<h1>``."""
+    title = html.escape(title)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+{css}</style>
+</head>
+<body>
+<header>
+<h1>{title}</h1>
+"""
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 

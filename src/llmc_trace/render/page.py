@@ -13,7 +13,7 @@ import html
 from importlib import resources
 from typing import Any
 
-from llmc_trace.core.markup import CONTENT_SECURITY_POLICY, json_island
+from llmc_trace.core.markup import json_island, page_start
 from llmc_trace.render.drawing import Drawing
 from llmc_trace.render.overlay import Overlay
 from llmc_trace.render.svg import lay_out
@@ -78,21 +78,9 @@ UNFOLDING_HINT = (
 
 def page_document(title: str, document: dict[str, Any], hint: str = HINT) -> str:
     """The HTML around the viewer and its JSON ``document``; ``hint`` starts the panel."""
-    title = html.escape(title)
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-{asset("viewer.css")}</style>
-</head>
-<body>
-<header>
-<h1>{title}</h1>
-<div class="toolbar">
+    return (
+        page_start(title, asset("viewer.css"))
+        + f"""<div class="toolbar">
 <input id="search" type="search" placeholder="Search by node name, module path or op  ( / )" aria-label="Search nodes">
 <button id="prev" title="Previous match (Shift+Enter)">&#9664;</button>
 <button id="next" title="Next match (Enter), unfolding what hides it">&#9654;</button>
@@ -112,6 +100,7 @@ def page_document(title: str, document: dict[str, Any], hint: str = HINT) -> str
 </body>
 </html>
 """
+    )
 
 
 def iframe(page: str, height_px: int = 640) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from importlib import resources
 
-from llmc_trace.core.markup import CONTENT_SECURITY_POLICY, json_island, plural
+from llmc_trace.core.markup import json_island, page_start, plural
 from llmc_trace.core.sizes import human_bytes
 from llmc_trace.report.drawing import (
     box_id,
@@ -29,23 +29,12 @@ from llmc_trace.report.schema import CompressionReport
 
 def render_report_html(report: CompressionReport) -> str:
     """The report page; see the module docstring."""
-    title = html.escape(f"{report.model} · compression report")
     overview = draw_report(report)
     picture, boxes = overview.svg, overview.boxes
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-{_asset("report.css")}</style>
-</head>
-<body>
-<header>
-<h1>{title}</h1>
-{_summary_html(report)}
+    start = page_start(f"{report.model} · compression report", _asset("report.css"))
+    return (
+        start
+        + f"""{_summary_html(report)}
 </header>
 <main>
 <section id="overview">
@@ -62,6 +51,7 @@ def render_report_html(report: CompressionReport) -> str:
 </body>
 </html>
 """
+    )
 
 
 def _summary_html(report: CompressionReport) -> str:
