@@ -136,7 +136,6 @@ def gptq(
     )
     rtn_error = _rtn_error(original, W, H, grid, perm, dead_weights) if baseline else None
     factor = sweep_factor(H, percdamp, overwrite=overwrite)
-    R = factor.R
     blocksize = grid.aligned(blocksize)
 
     rows, columns = W.shape
@@ -146,7 +145,7 @@ def gptq(
     loss = torch.zeros((), device=G.device)
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        before = _original_block(original, perm, dead, i1, i2)  # (out, block): W before it
+        before = factor.original_block(original, perm, i1, i2)  # (out, block)
         W1, U1, V1 = factor.reach_block(G, before, i1, i2)  # (block, out): row i = column i
         Q1 = torch.empty_like(W1)  # integers
         q1 = torch.empty_like(W1)  # their grid values
@@ -154,12 +153,9 @@ def gptq(
         if in_one_launch:
             sweep_block(grid, i1, W1, V1, Q1, q1, diff1)
         else:
-            _sweep_columns(grid, zeros, i1, W1, V1, Q1, q1, diff1)
+            _sweep_columns(grid, i1, W1, V1, Q1, q1, diff1)
         grid.set_block(i1, Q1)
-        # sum over columns of err^2 / 2, err = (w - q) / U_ii
-        loss += diff1.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
-        if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
-            G[:, i2:].addmm_(before.sub_(q1.T), R[i1:i2, i2:])
+        loss += factor.leave_block(G, before, q1.T, diff1, U1, i1, i2)
 
     baseline_loss = rtn_error.loss(factor.percdamp) if rtn_error is not None else None
     if not refine_passes:
@@ -170,7 +166,7 @@ def gptq(
     percdamp, dead = factor.percdamp, factor.dead
     del G, W1, diff1
     H_damped = factor.damped(H)
-    del H, R, factor
+    del H, factor
     W = original.to(torch.float32, copy=True)
     if perm is not None:
         W = W[:, perm]
@@ -181,7 +177,6 @@ def gptq(
 
 def _sweep_columns(
     grid: SweepGrid,
-    zeros: torch.Tensor | None,
     i1: int,
     W1: torch.Tensor,
     V1: torch.Tensor,
@@ -197,25 +192,13 @@ def _sweep_columns(
     for i, (w, integers, q, diff) in enumerate(columns_of_block):
         if grid.starts_group(i1 + i):
             group = W1[i : i + grid.group_size].T
-            if zeros is not None:  # the range the kept weights need
-                group = group.masked_fill(zeros[:, i1 + i : i1 + i + grid.group_size], 0)
+            if grid.zeros is not None:  # the range the kept weights need
+                held = grid.zeros[:, i1 + i : i1 + i + grid.group_size]
+                group = group.masked_fill(held, 0)
             grid.fit(i1 + i, group)
         grid.quantize_into(i1 + i, w, integers, q)
         torch.sub(w, q, out=diff)
         W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
-
-
-def _original_block(
-    original: torch.Tensor, perm: torch.Tensor | None, dead: torch.Tensor, i1: int, i2: int
-) -> torch.Tensor:
-    """Sweep positions `i1` to `i2` of the weight before the sweep, float32 (out, block): the
-    columns of `original` in sweep order, dead ones zeroed, as the sweep started from them."""
-    if perm is None:
-        block = original[:, i1:i2].to(torch.float32, copy=True)
-    else:
-        block = original[:, perm[i1:i2]].to(torch.float32)
-    block[:, dead[i1:i2]] = 0
-    return block
 
 
 def _rtn_error(

@@ -178,6 +178,38 @@ class SweepFactor:
         W1 = torch.addmm(before.T, U1.T, G[:, i1:i2].T)
         return W1, U1, U1 / U1.diagonal()[:, None]
 
+    def original_block(
+        self, original: torch.Tensor, perm: torch.Tensor | None, i1: int, i2: int
+    ) -> torch.Tensor:
+        """Sweep positions `i1` to `i2` of the weight before the sweep, float32 (out, block):
+        the columns of `original` (out, in) in sweep order (`perm`, None for input order),
+        dead ones zeroed, as the sweep started from them."""
+        if perm is None:
+            block = original[:, i1:i2].to(torch.float32, copy=True)
+        else:
+            block = original[:, perm[i1:i2]].to(torch.float32)
+        block[:, self.dead[i1:i2]] = 0
+        return block
+
+    def leave_block(
+        self,
+        G: torch.Tensor,
+        before: torch.Tensor,
+        chosen: torch.Tensor,
+        diff: torch.Tensor,
+        U1: torch.Tensor,
+        i1: int,
+        i2: int,
+    ) -> torch.Tensor:
+        """End the sweep's block `i1` to `i2`: its weight changes D_B = `before` - `chosen`
+        (each (out, block)) reach the later columns, G += D_B R_B,:, and its share of the
+        loss, the sum over its columns of err^2 / 2 with err = (w - q) / U_ii, is returned
+        (a 0-d tensor). `before` and `diff` (w - q, (block, out)) are used up."""
+        loss = diff.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
+        if i2 < G.shape[1]:
+            G[:, i2:].addmm_(before.sub_(chosen), self.R[i1:i2, i2:])
+        return loss
+
     def damped(self, H: torch.Tensor) -> torch.Tensor:
         """The matrix the factor is of: `H` (not modified) with dead columns' diagonal set to
         1 and the damping added, in float32."""

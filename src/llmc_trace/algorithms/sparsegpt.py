@@ -83,7 +83,6 @@ def sparsegpt(
     nm = _check_sparsity(sparsity, columns)
     factor = sweep_factor(H.to(W.device), percdamp, overwrite=overwrite_hessian)
     W[:, factor.dead] = 0
-    R = factor.R
     grid = None
     if quantize is not None:
         grid = SweepGrid(W, quantize, perm=None, static_groups=False, scale_dtype=dtype)
@@ -99,8 +98,7 @@ def sparsegpt(
     zero = torch.zeros((), device=G.device)  # what a pruned weight becomes
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
-        before = original[:, i1:i2].to(torch.float32, copy=True)  # (out, block): W before it
-        before[:, factor.dead[i1:i2]] = 0
+        before = factor.original_block(original, None, i1, i2)  # (out, block)
         W1, U1, V1 = factor.reach_block(G, before, i1, i2)  # (block, out): row i = column i
         Q1 = torch.empty_like(W1)  # what each weight becomes
         diff1 = torch.empty_like(W1)  # w - q
@@ -133,10 +131,7 @@ def sparsegpt(
             grid.set_block(i1, integers)
         Q[:, i1:i2] = Q1.T
         pruned[:, i1:i2] = mask1.T
-        # sum over columns of err^2 / 2, err = (w - q) / U_ii, as GPTQ's
-        loss += diff1.div_(U1.diagonal()[:, None]).pow_(2).sum() / 2
-        if i2 < columns:  # D_B = W_B - Q_B reaches the later columns through R_B,:
-            G[:, i2:].addmm_(before.sub_(Q1.T), R[i1:i2, i2:])
+        loss += factor.leave_block(G, before, Q1.T, diff1, U1, i1, i2)  # as GPTQ's
 
     quantized = grid.result(None, dtype) if grid is not None else None
     weight = Q.to(dtype) if quantized is None else quantized.weight
