@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,8 @@ class Run:
             "mode": "small" if args.small else "full",
             "device": args.device,
             "budget_s": args.budget_s,
+            "command": shlex.join(["python3", "benchmarks/gpu/run.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "steps": {},
         }
         self.out.mkdir(parents=True, exist_ok=True)
