@@ -10,7 +10,8 @@ A page asks for a table with a pair of markers; what lies between them is genera
 that the benchmark which wrote it renders (its module's ``tables(result)``, the same function
 that prints the table when the benchmark runs, so the docs show what the run printed). Under
 each table comes the line that says where it is from: the result file, the command that reruns
-it, the date, the commit and the machine. ``:goals`` renders any result's judged goals (goal,
+it, the date and the machine (the file holds the commit, versions and load; the pages name no
+commit). ``:goals`` renders any result's judged goals (goal,
 target, figure, met/missed), and ``gpu:goals`` those of the newest device run committed under
 ``benchmarks/results/gpu/<date>-<commit>/`` (or says that none is).
 
@@ -54,7 +55,7 @@ class TableError(Exception):
 def result(name: str) -> dict[str, Any]:
     path = RESULTS / f"{name}.json"
     if not path.is_file():
-        raise TableError(f"no result file {path.relative_to(ROOT)}")
+        raise TableError(f"no result file benchmarks/results/{name}.json")
     return json.loads(path.read_text())
 
 
@@ -77,14 +78,14 @@ def goals_table(goals: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def source_line(document: dict[str, Any], path: Path) -> str:
+def source_line(document: dict[str, Any], name: str) -> str:
+    """Where a table is from: the file (which holds the commit, versions and load too), the
+    command that reruns it, the date and the machine."""
     m = document["machine"]
     where = m.get("gpu") or m["cpu"]
-    load = document["load_average"]
     return (
-        f"<small>From `{path.relative_to(ROOT).as_posix()}`: `{document['command']}`, "
-        f"{document['date']}, commit `{document['commit'][:12]}`, {where} ({m['cores']} cores), "
-        f"load average {load['before'][0]} → {load['after'][0]}.</small>"
+        f"<small>From `benchmarks/results/{name}.json`: `{document['command']}`, "
+        f"{document['date']}, {where} ({m['cores']} cores).</small>"
     )
 
 
@@ -105,34 +106,66 @@ def gpu_block() -> str:
         verdict = {True: "met", False: "missed", None: "not judged"}[g["met"]]
         value = "-" if g["value"] is None else f"{g['value']:,.3g}"
         rows.append({"goal": name, "target": g["target"], "figure": value, "verdict": verdict})
-    folder = path.parent.relative_to(ROOT).as_posix()
-    return goals_table(rows) + f"\n\n<small>From `{folder}/` (`gpu-benchmark.json`, "  \
-        f"`summary.txt`, `cuda-tests.xml`, `steps.log`).</small>"
+    date = record.get("date") or path.parent.name[:10]
+    return goals_table(rows) + (
+        f"\n\n<small>From the device run of {date} kept under `benchmarks/results/gpu/` "
+        "(`gpu-benchmark.json`, `summary.txt`, `cuda-tests.xml`, `steps.log`).</small>"
+    )
+
+
+#: The README's summary, a row per claim: each result's script says its headline figures
+#: (``headline(result) -> [(what, figure), ...]``), and the row links the page that explains it.
+HEADLINES = (
+    ("coverage_builtins", "guides/architectures.md"),
+    ("coverage_all", "guides/architectures.md#every-generative-model-type-of-transformers"),
+    ("instance_tracing", "guides/llm-compressor.md"),
+    ("trace_speed", "guides/benchmarks.md#tracing"),
+    ("compress_quality", "guides/benchmarks.md#quality-on-the-reference-model"),
+    ("compress_scale", "guides/benchmarks.md#at-scale"),
+    ("vlm_quality", "guides/benchmarks.md#vision-language-models"),
+    ("vlm_calibration", "guides/benchmarks.md#image-calibration-side-by-side"),
+    ("moe_quality", "guides/benchmarks.md#mixture-of-experts-models"),
+    ("vllm_serving", "guides/serving.md"),
+)
+
+
+def headlines() -> str:
+    lines = ["| result | figure | from |", "|---|---|---|"]
+    for name, page in HEADLINES:
+        document = result(name)
+        headline = getattr(module_of(document["command"]), "headline", None)
+        if headline is None:
+            raise TableError(f"the script of {name}.json says no headline")
+        file = f"benchmarks/results/{name}.json"
+        for what, figure in headline(document):
+            lines.append(f"| [{what}]({page}) | {figure} | [{name}.json]({file}) |")
+    return "\n".join(lines)
 
 
 def render(key: str) -> str:
     name, _, table = key.partition(":")
+    if name == "headlines":
+        return headlines()
     if name == "gpu":
         if table != "goals":
             raise TableError(f"gpu has only the table 'goals', not {table!r}")
         return gpu_block()
     document = result(name)
-    path = RESULTS / f"{name}.json"
     if table == "goals":
         if not document.get("goals"):
-            raise TableError(f"{path.name} judges no goals")
+            raise TableError(f"{name}.json judges no goals")
         body = goals_table(document["goals"])
     else:
         tables: Callable[[dict[str, Any]], dict[str, str]] = getattr(
             module_of(document["command"]), "tables", None
         )
         if tables is None:
-            raise TableError(f"the script of {path.name} renders no tables")
+            raise TableError(f"the script of {name}.json renders no tables")
         rendered = tables(document)
         if table not in rendered:
-            raise TableError(f"{path.name} has no table {table!r} (it has: {', '.join(rendered)})")
+            raise TableError(f"{name}.json has no table {table!r} (it has: {', '.join(rendered)})")
         body = rendered[table]
-    return body.rstrip() + "\n\n" + source_line(document, path)
+    return body.rstrip() + "\n\n" + source_line(document, name)
 
 
 def regenerate(text: str, page: Path) -> str:

@@ -2,7 +2,8 @@
 # Install everything llmc-trace needs on a fresh Debian machine: graphviz (dot) and Chromium
 # (for the HTML view's browser test) from Debian, then the project's own virtual environment
 # (.venv: nothing lands in the system's Python) with the CPU build of torch first (a plain
-# "torch" requirement would pull a multi-GB CUDA build) and the package with its test extras.
+# "torch" requirement would pull a multi-GB CUDA build) and the package with its test and
+# documentation extras.
 # Afterwards: `. .venv/bin/activate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ python=.venv/bin/python
 "$python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$python" -c "import torch" 2>/dev/null ||
     "$python" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$python" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$python" -m pip install -q --disable-pip-version-check -e ".[test,docs]"
 "$python" - <<'EOF'
 from importlib.metadata import version
 
