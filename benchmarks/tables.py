@@ -67,6 +67,7 @@ def module_of(document_command: str) -> ModuleType:
     sys.path.insert(0, str(script.parent))
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 

@@ -19,6 +19,10 @@ sizes of 1, 2, 4 and 8: that changes no calibration value, only the order of flo
 range it gives (the "spread") is the noise floor a difference between two rows must clear
 (the README's convention for ``compress_quality.py``). RTN uses no data and has no spread.
 
+The run writes ``benchmarks/results/vlm_quality.json`` (``_results.Run``): every perplexity
+with the batch size it was calibrated at, the float model's, and the settings; ``tables``
+renders the table printed here, and the README's, from that file alone.
+
     python benchmarks/vlm_quality.py               # W4A16, 3-bit and 2-bit, batch size 1
     python benchmarks/vlm_quality.py --repeat 3    # each GPTQ row at batch sizes 1, 2 and 4
 """
@@ -28,9 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from transformers import AutoTokenizer
@@ -41,6 +46,10 @@ from llmc_trace.data.multimodal import MultimodalCalibrationSet, load_multimodal
 from llmc_trace.evaluate import perplexity
 from llmc_trace.evaluate.run import evaluate_multimodal
 from refmodel import VLM_FOLDER
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _results import Run  # noqa: E402
 
 #: The matrices are tiny: a second thread adds synchronisation, not speed (on the shared
 #: 2-core machine two made a training step ten times slower, as ``train_vlm.py`` notes).
@@ -59,9 +68,10 @@ SCHEMES = {
 }
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """One way to calibrate: the method, the data's modality, and the rows' shape."""
+class Calibration(NamedTuple):
+    """One way to calibrate: the method, the data's modality, and the rows' shape. (A named
+    tuple: ``tables.py`` imports this script without registering it as a module, which a
+    dataclass's string annotations need.)"""
 
     label: str
     method: str
@@ -70,13 +80,13 @@ class Calibration:
     seq_len: int
 
 
-def caption_windows(folder: Path, calib: Path) -> int:
-    """How many windows of ``TEXT_SEQ_LEN`` the calibration captions fill when packed as the
-    text loader packs them: each caption's tokens (no special tokens added) and an eos."""
+def caption_tokens(folder: Path, calib: Path) -> int:
+    """The calibration captions' tokens when packed as the text loader packs them: each
+    caption's tokens (no special tokens added) and an eos. They fill ``// TEXT_SEQ_LEN``
+    windows."""
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     texts = [json.loads(line)["text"] for line in calib.read_text().splitlines()]
-    tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1 for text in texts)
-    return tokens // TEXT_SEQ_LEN
+    return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1 for text in texts)
 
 
 def compressed_perplexity(
@@ -128,35 +138,58 @@ def recovered(rtn: float, gptq: float, float_ppl: float) -> str:
     return f"{(rtn - gptq) / (rtn - float_ppl):.0%}"
 
 
-def print_table(
-    table: list[tuple[str, dict[str, list[float]]]], float_ppl: float, batch_sizes: tuple[int, ...]
-) -> None:
-    """The markdown table: each GPTQ row at batch size 1 with its range over ``batch_sizes``,
-    and each margin at batch size 1 in units of the spread it must clear: GPTQ on images
-    against RTN (which has none) that of the images row, images against captions the larger
-    of the two rows' spreads."""
-    print(
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """The markdown table, from the result file alone: each GPTQ row at the first batch size
+    with its range over the run's batch sizes, and each margin at that batch size in units of
+    the spread it must clear: GPTQ on images against RTN (which has none) that of the images
+    row, images against captions the larger of the two rows' spreads."""
+    figures = result["figures"]
+    float_ppl = figures["float_perplexity"]
+    lines = [
         "| setting | float | RTN | GPTQ, images | GPTQ, captions | recovered, images / captions "
-        "| images vs RTN | images vs captions |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for label, measured in table:
+        "| images vs RTN | images vs captions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in figures["schemes"]:
         rtn, images, captions = (
-            measured["RTN"],
-            measured["GPTQ, images"],
-            measured["GPTQ, captions"],
+            [run["perplexity"] for run in row["runs"][label]]
+            for label in ("RTN", "GPTQ, images", "GPTQ, captions")
         )
         shared = max(spread(images), spread(captions))
-        print(
-            f"| {label} | {float_ppl:.5f} | {rtn[0]:.5f} | {spread_text(images)} "
+        lines.append(
+            f"| {row['setting']} | {float_ppl:.5f} | {rtn[0]:.5f} | {spread_text(images)} "
             f"| {spread_text(captions)} | {recovered(rtn[0], images[0], float_ppl)} / "
             f"{recovered(rtn[0], captions[0], float_ppl)} "
             f"| {margin_text(rtn[0] - images[0], spread(images))} "
             f"| {margin_text(captions[0] - images[0], shared)} |"
         )
+    return {"quality": "\n".join(lines)}
+
+
+def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The README's summary row: the harshest setting, GPTQ on images against captions alone."""
+    figures = result["figures"]
+    row = figures["schemes"][-1]
+    first = {label: row["runs"][label][0]["perplexity"] for label in row["runs"]}
+    return [(
+        f"VLM {row['setting']}: GPTQ calibrated on images vs on its captions alone",
+        f"perplexity {first['GPTQ, images']:.5f} vs {first['GPTQ, captions']:.5f} "
+        f"(float {figures['float_perplexity']:.5f}, RTN {first['RTN']:.5f})",
+    )]
+
+
+def shown(folder: Path) -> str:
+    """``folder`` from the repository's root where it lies inside it."""
+    folder, root = folder.resolve(), HERE.parent
+    return folder.relative_to(root).as_posix() if folder.is_relative_to(root) else str(folder)
+
+
+def legend(batch_sizes: list[int]) -> str:
+    """What the table's cells are, for the console and the result's notes."""
     sizes = ", ".join(map(str, batch_sizes))
-    print(
-        "\nPerplexity of eval/'s 128 captions given their images. GPTQ rows at batch size 1"
+    return (
+        f"Perplexity of eval/'s 128 captions given their images. GPTQ rows at batch size "
+        f"{batch_sizes[0]}"
         + (f", their range over batch sizes {sizes} in brackets" if len(batch_sizes) > 1 else "")
         + "; recovered: (RTN - GPTQ) / (RTN - float); the margins are positive where GPTQ on "
         "images is better"
@@ -184,15 +217,17 @@ def main() -> None:
     if not 1 <= args.repeat <= len(BATCH_SIZES):
         parser.error(f"--repeat must be 1 to {len(BATCH_SIZES)}")
     torch.set_num_threads(THREADS)
+    run = Run("vlm_quality")
     folder = args.model_dir
     calib, held_out = folder / "calib" / "captions.jsonl", folder / "eval" / "captions.jsonl"
-    windows = caption_windows(folder, calib)
+    tokens = caption_tokens(folder, calib)
+    windows = tokens // TEXT_SEQ_LEN
     calibrations = (
         Calibration("RTN", "rtn", "image", 128, IMAGE_SEQ_LEN),
         Calibration("GPTQ, images", "gptq", "image", 128, IMAGE_SEQ_LEN),
         Calibration("GPTQ, captions", "gptq", "text", windows, TEXT_SEQ_LEN),
     )
-    batch_sizes = BATCH_SIZES[: args.repeat]
+    batch_sizes = list(BATCH_SIZES[: args.repeat])
     started = time.perf_counter()
     print(f"refmodel/vlm: calibrated on {calib.parent.name}/ (128 images, or their captions")
     print(f"packed into {windows} windows of {TEXT_SEQ_LEN} tokens), scored on the 128 rows of")
@@ -205,31 +240,50 @@ def main() -> None:
     float_ppl = evaluate_multimodal(folder, held_out, samples=128, dtype=torch.float32).perplexity
     print(f"float (bf16 weights): {float_ppl:.5f}", flush=True)
 
-    table = []
+    rows = []
     for label in args.schemes:
         scheme = SCHEMES[label]
-        measured: dict[str, list[float]] = {}
+        measured: dict[str, list[dict[str, float]]] = {}
         for calibration in calibrations:
             sizes = batch_sizes if calibration.method == "gptq" else batch_sizes[:1]
             for batch_size in sizes:
                 ppl, seconds = compressed_perplexity(
                     folder, calib, scheme, calibration, batch_size, eval_set
                 )
-                measured.setdefault(calibration.label, []).append(ppl)
+                measured.setdefault(calibration.label, []).append(
+                    {"batch_size": batch_size, "perplexity": ppl}
+                )
                 print(
                     f"  {label:20} {calibration.label:15} batch {batch_size}: ppl {ppl:.5f} "
                     f"({seconds:.0f} s)",
                     flush=True,
                 )
-        table.append((label, measured))
+        rows.append({"setting": label, "runs": measured})
 
+    figures = {
+        "model": shown(folder),
+        "threads": THREADS,
+        "batch_sizes": batch_sizes,
+        "calibration_rows": 128,
+        "eval_rows": 128,
+        "eval_batch_size": EVAL_BATCH_SIZE,
+        "image_seq_len": IMAGE_SEQ_LEN,
+        "text_seq_len": TEXT_SEQ_LEN,
+        "caption_tokens": tokens,
+        "caption_windows": windows,
+        "float_perplexity": float_ppl,
+        "schemes": rows,
+    }
+    document = {"figures": figures}
     print()
-    print_table(table, float_ppl, batch_sizes)
+    print(tables(document)["quality"])
+    print()
+    print(legend(batch_sizes))
+    run.write(figures, notes=[legend(batch_sizes)])
     print(
         f"load average (1 min) at end: {os.getloadavg()[0]:.2f}; "
         f"{time.perf_counter() - started:.0f} s in all"
     )
-
 
 if __name__ == "__main__":
     main()
