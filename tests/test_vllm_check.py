@@ -78,6 +78,9 @@ def test_reasons_are_read_from_the_worker_log(serving) -> None:  # noqa: ANN001
     refusal = "ERROR [x.py:3] ValueError: Following weights were not initialized: ['a']\n"
     assert serving.no_kernel_reason(refusal) is None
     assert serving.root_cause(refusal, "fallback").startswith("ValueError: Following weights")
+    # the worker's own RESULT line is not vLLM's log: the fallback (its error) is used
+    result = 'RESULT {"ok": false, "error": "ValueError: no module named \'x\'"}\n'
+    assert serving.root_cause(result, "ValueError: no module") == "ValueError: no module"
 
 
 TORCHVISION_LOG = (
