@@ -25,6 +25,13 @@ samples (``shared_names``: causal mask, rotary cos/sin, ...) and its peak bytes,
 bytes if every sample kept its own copy of those values, and the resident growth sampled in
 the first subgraphs, the others and the last.
 
+The run writes ``benchmarks/results/pipeline_memory.json`` (``--result`` elsewhere): the
+settings, the plan's estimates, every worker's measurements and the goals' verdicts (each
+pipeline within 25 %; on a GPU, the device ratio). ``tables`` renders the printed tables
+(``estimates``, ``stages``, ``compressor``, ``cache``, ``shared``, ``cache_growth``) from that
+file alone, as ``benchmarks/tables.py`` does for the docs. Each pipeline runs once: its peak is
+a memory figure, and its seconds are recorded but shown in no table.
+
     python benchmarks/pipeline_memory.py            # about 5 minutes on 2 idle cores
     python benchmarks/pipeline_memory.py --quick    # 4 layers, 16 samples: a smoke test
     python benchmarks/pipeline_memory.py --jobs 1   # one pipeline process at a time
@@ -45,10 +52,11 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from _results import Run, goal
 from _rss import peak_rss_since_reset, reset_peak_rss, resident_bytes
 
 MiB = 1024 * 1024
@@ -305,7 +313,7 @@ def measure_cache(config_dir: str, samples: int, seq_len: int) -> dict:
     import torch
 
     from llmc_trace.graph.partition import partition_trace
-    from llmc_trace.pipelines.cache import nbytes
+    from llmc_trace.core.sizes import value_bytes
     from llmc_trace.pipelines.sequential import run_sequential
     from llmc_trace.tracing.trace import trace_graph
 
@@ -324,7 +332,7 @@ def measure_cache(config_dir: str, samples: int, seq_len: int) -> dict:
         "peak_bytes": peak.peak_bytes,
         "elapsed_s": time.perf_counter() - start,
         "shared_names": stats.shared_names,
-        "shared_bytes": {name: nbytes(values.get(name)) for name in stats.shared_names},
+        "shared_bytes": {name: value_bytes(values.get(name)) for name in stats.shared_names},
         "peak_cache_bytes": stats.peak_cache_bytes,
         "num_subgraphs": len(subgraphs),
         "stage_bytes": peak.stage_bytes,
@@ -445,141 +453,230 @@ def measure_all(config_dir: Path, cache_dir: Path, workload: Workload, cache: Wo
     }, cache_result
 
 
-# ---------------------------------------------------------------- printing
-def mib(value: float) -> str:
-    return f"{value / MiB:8.1f}"
+# ---------------------------------------------------------------- figures (parent)
+def estimate_figures(estimate: Estimate, on_gpu: bool) -> dict[str, Any]:
+    """The plan's figures for one pipeline and the one it is judged by: ``device_bytes`` on a
+    GPU, the one-memory figure on a CPU."""
+    return {
+        "device_bytes": estimate.device_bytes,
+        "host_bytes": estimate.host_bytes,
+        "cache_bytes": estimate.cache_bytes,
+        "device_weight_bytes": estimate.device_weight_bytes,
+        "weight_bytes": estimate.weight_bytes,
+        "compared_bytes": estimate.device_bytes if on_gpu else estimate.one_memory_bytes,
+    }
 
 
-def print_pipelines(
-    workload: Workload, chosen: str, estimates: dict[str, Estimate], measured: dict[str, dict]
-) -> None:
-    on_gpu = measured["basic"]["device"] == "cuda"
-    print(f"Part 1: pipelines with GPTQ W4A16 (LayerCompressor) on {workload.describe()}")
-    print(f"  the plan chooses: {chosen}")
-    if on_gpu:
-        print("  measured: CUDA max_memory_allocated during the pipeline; compared: device_bytes")
-    else:
-        print("  measured: peak RSS of a fresh process minus its RSS right before the pipeline")
-        print("  compared: device_bytes + host_bytes − all weights − weights inside device_bytes")
-        print("            (CPU: device and host are one memory; weights were resident before)")
-    print()
-    print(
-        f"  {'pipeline':<17}{'device est':>11}{'host est':>11}{'cache est':>11}"
-        f"{'compared':>11}{'measured':>11}{'est/meas':>10}  {'within 25%':<10}{'time s':>8}"
-    )
-    for name in PIPELINES:
-        estimate, result = estimates[name], measured[name]
-        compared = estimate.device_bytes if on_gpu else estimate.one_memory_bytes
-        ratio = compared / result["peak_bytes"]
-        verdict = "yes" if abs(ratio - 1) <= TOLERANCE else "NO"
-        print(
-            f"  {name:<17}{mib(estimate.device_bytes):>11}{mib(estimate.host_bytes):>11}"
-            f"{mib(estimate.cache_bytes):>11}{mib(compared):>11}{mib(result['peak_bytes']):>11}"
-            f"{ratio:>9.2f}×  {verdict:<10}{result['elapsed_s']:>8.0f}"
-        )
-    print(f"  (MiB; weights in the estimates: {estimates['basic'].weight_bytes / MiB:.1f} MiB)")
-    print()
-    print_stages(measured)
-    print_breakdown(estimates, measured)
-    print_device_ratio(estimates, measured, on_gpu)
-
-
-def print_stages(measured: dict[str, dict]) -> None:
-    """Where each pipeline holds the most, sampled at batch boundaries (GPTQ runs between)."""
-    print("  growth sampled at batch boundaries, by stage (MiB; GPTQ's own peaks fall between):")
-    for name in PIPELINES:
-        stages = sorted(measured[name]["stage_bytes"].items(), key=lambda item: -item[1])
-        top = ", ".join(f"{label} {value / MiB:.1f}" for label, value in stages[:2])
-        print(f"    {name:<17} highest: {top}")
-        if len(stages) > 2:
-            print(f"    {'':<17} lowest:  {stages[-1][0]} {stages[-1][1] / MiB:.1f}")
-    print()
-
-
-def print_breakdown(estimates: dict[str, Estimate], measured: dict[str, dict]) -> None:
-    """The compressor state behind the measured peaks, from the workers' own accounting."""
+def solver_figure(measured: dict[str, dict]) -> int:
+    """The plan's ``solver_bytes`` for the Linear whose GPTQ call basic's worker measured."""
     import torch
 
     from llmc_trace.plan.estimate import solver_bytes
 
-    basic, sequential = measured["basic"], measured["sequential"]
+    out_features, in_features = measured["basic"]["gptq_working"]["shape"]
+    return solver_bytes(torch.nn.Linear(in_features, out_features, device="meta"))
+
+
+def judge(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each pipeline's estimate within ``TOLERANCE`` of its measured peak; on a GPU, also
+    sequential's device peak under ``DEVICE_RATIO_TARGET`` of basic's."""
+    goals = []
+    for name in PIPELINES:
+        compared = figures["estimates"][name]["compared_bytes"]
+        ratio = compared / figures["measured"][name]["peak_bytes"]
+        goals.append(
+            goal(
+                f"{name}: estimate / measured peak",
+                f"within {TOLERANCE:.0%}",
+                f"{ratio:.2f}x",
+                abs(ratio - 1) <= TOLERANCE,
+            )
+        )
+    if figures["on_gpu"]:
+        measured = figures["measured"]
+        ratio = measured["sequential"]["peak_bytes"] / measured["basic"]["peak_bytes"]
+        goals.append(
+            goal(
+                "sequential's device peak / basic's",
+                f"< {DEVICE_RATIO_TARGET}",
+                f"{ratio:.2f}",
+                ratio < DEVICE_RATIO_TARGET,
+            )
+        )
+    return goals
+
+
+def run_notes(figures: dict[str, Any]) -> list[str]:
+    """What ran, what is measured and compared, and the device ratio a CPU cannot measure."""
+    workload = Workload(**figures["settings"]["pipelines"])
+    cache = Workload(**figures["settings"]["cache"])
+    estimates = figures["estimates"]
+    notes = [
+        f"Pipelines with GPTQ W4A16 (LayerCompressor) on a {workload.describe()}; "
+        f"the plan chooses {figures['chosen']}. Each pipeline ran once, in a fresh process.",
+    ]
+    if figures["on_gpu"]:
+        notes.append("Measured: CUDA max_memory_allocated during the pipeline; compared: the "
+                     "plan's device_bytes.")  # fmt: skip
+    else:
+        notes.append(
+            "Measured: peak RSS of a fresh process minus its RSS right before the pipeline. "
+            "Compared: device_bytes + host_bytes − all weights − the weights inside "
+            "device_bytes (on a CPU device and host are one memory, and the weights were "
+            "resident before)."
+        )
+        estimated = estimates["sequential"]["device_bytes"] / estimates["basic"]["device_bytes"]
+        notes.append(
+            f"Sequential's device peak / basic's: estimated {estimated:.2f} (target < "
+            f"{DEVICE_RATIO_TARGET}); not measured, a CPU has no separate device peak."
+        )
+    notes.append(f"Sequential's intermediates cache on a {cache.describe()}, callbacks that "
+                 "change nothing.")  # fmt: skip
+    return notes
+
+
+# ---------------------------------------------------------------- tables (from the result)
+def mib(value: float) -> str:
+    return f"{value / MiB:.1f}"
+
+
+def estimates_table(figures: dict[str, Any]) -> str:
+    """Per pipeline: the plan's estimates, the figure compared, the measured peak, the ratio."""
+    lines = [
+        "| pipeline | device estimate MiB | host estimate MiB | cache estimate MiB "
+        "| estimate compared MiB | measured peak MiB | estimate / measured "
+        f"| within {TOLERANCE:.0%} |",
+        "|---" * 8 + "|",
+    ]
+    for name in PIPELINES:
+        estimate, measured = figures["estimates"][name], figures["measured"][name]
+        ratio = estimate["compared_bytes"] / measured["peak_bytes"]
+        chosen = " (the plan's choice)" if name == figures["chosen"] else ""
+        lines.append(
+            f"| {name}{chosen} | {mib(estimate['device_bytes'])} | {mib(estimate['host_bytes'])} "
+            f"| {mib(estimate['cache_bytes'])} | {mib(estimate['compared_bytes'])} "
+            f"| {mib(measured['peak_bytes'])} | {ratio:.2f}x "
+            f"| {'yes' if abs(ratio - 1) <= TOLERANCE else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def stages_table(figures: dict[str, Any]) -> str:
+    """Where each pipeline holds the most, sampled at batch boundaries (GPTQ runs between)."""
+    lines = ["| pipeline | highest (MiB) | next (MiB) | lowest (MiB) |", "|---|---|---|---|"]
+    for name in PIPELINES:
+        stages = sorted(figures["measured"][name]["stage_bytes"].items(), key=lambda i: -i[1])
+        cells = [f"{label} {mib(value)}" for label, value in stages[:2]]
+        cells += ["-"] * (2 - len(cells))
+        cells.append(f"{stages[-1][0]} {mib(stages[-1][1])}" if len(stages) > 2 else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compressor_table(figures: dict[str, Any]) -> str:
+    """The compressor state behind the measured peaks, from the workers' own accounting,
+    beside what the plan counts for it."""
+    basic, sequential = figures["measured"]["basic"], figures["measured"]["sequential"]
     gptq = basic["gptq_working"]
     out_features, in_features = gptq["shape"]
-    print("  compressor state behind the measurements (MiB):")
-    print(
-        f"    Hessians of one decoder layer: {basic['hessian_bytes_per_layer'] / MiB:.1f} "
-        f"(q/k/v and gate/up share one each); the estimate counts "
-        f"{basic['estimated_hessian_bytes_per_layer'] / MiB:.1f} (one per distinct input, "
-        f"observed on meta)"
-    )
-    print(
-        f"    one GPTQ call on {gptq['name']} ({out_features}×{in_features}): "
-        f"{gptq['peak_bytes'] / MiB:.1f} of working memory "
-        f"(the plan's solver_bytes: {solver_bytes(torch.nn.Linear(in_features, out_features, device='meta')) / MiB:.1f})"
-    )
-    print(
-        f"    quantized weights the compressor keeps until the checkpoint is written: "
-        f"{basic['kept_bytes'] / MiB:.1f} ({basic['layers_compressed']} Linears)"
-    )
-    print(
-        f"    sequential's cache at its peak (PipelineStats, at subgraph boundaries): "
-        f"{sequential['peak_cache_bytes'] / MiB:.1f}; estimated "
-        f"{estimates['sequential'].cache_bytes / MiB:.1f}"
-    )
-    print()
+    rows = [
+        (
+            "Hessians of one decoder layer (q/k/v and gate/up share one each)",
+            basic["hessian_bytes_per_layer"],
+            basic["estimated_hessian_bytes_per_layer"],
+        ),
+        (
+            f"one GPTQ call on {gptq['name']} ({out_features}×{in_features}), working memory",
+            gptq["peak_bytes"],
+            figures["solver_bytes"],
+        ),
+        (
+            f"quantized weights kept until the checkpoint ({basic['layers_compressed']} Linears)",
+            basic["kept_bytes"],
+            None,
+        ),
+        (
+            "sequential's cache at its peak (at subgraph boundaries)",
+            sequential["peak_cache_bytes"],
+            figures["estimates"]["sequential"]["cache_bytes"],
+        ),
+    ]
+    lines = ["| compressor state | measured MiB | the plan counts MiB |", "|---|---|---|"]
+    for label, measured, estimated in rows:
+        counted = "-" if estimated is None else mib(estimated)
+        lines.append(f"| {label} | {mib(measured)} | {counted} |")
+    return "\n".join(lines)
 
 
-def print_device_ratio(
-    estimates: dict[str, Estimate], measured: dict[str, dict], on_gpu: bool
-) -> None:
-    estimated = estimates["sequential"].device_bytes / estimates["basic"].device_bytes
-    print(
-        f"  sequential's device peak / basic's (target < {DEVICE_RATIO_TARGET}): "
-        f"estimated {estimated:.2f}",
-        end="",
-    )
-    if on_gpu:
-        ratio = measured["sequential"]["peak_bytes"] / measured["basic"]["peak_bytes"]
-        verdict = "meets" if ratio < DEVICE_RATIO_TARGET else "MISSES"
-        print(f", measured {ratio:.2f} ({verdict} the target)")
-    else:
-        print("; not measured: on a CPU the device and the host")
-        print("  are one memory, so there is no separate device peak (needs a GPU)")
-    print()
-
-
-def print_cache(workload: Workload, result: dict, estimated_cache_bytes: int) -> None:
-    shared = result["shared_bytes"]
-    per_sample = sum(shared.values())
-    copies = result["peak_cache_bytes"] + (workload.samples - 1) * per_sample
-    print(f"Part 2: sequential's intermediates cache on {workload.describe()}")
-    print(
-        f"  {result['num_subgraphs']} subgraphs, callbacks that change nothing, {result['elapsed_s']:.0f} s"
-    )
-    print("  stored once for all samples (shared_names):")
-    for name in result["shared_names"]:
-        print(f"    {name:<32}{shared[name] / 1024:10.1f} KiB per sample")
+def cache_table(figures: dict[str, Any]) -> str:
+    """Part 2: the cache's peak against the plan and against one copy per sample, and the
+    whole run's resident growth."""
+    result, samples = figures["cache"], figures["settings"]["cache"]["samples"]
+    per_sample = sum(result["shared_bytes"].values())
+    copies = result["peak_cache_bytes"] + (samples - 1) * per_sample
     rows = [
         ("peak cache bytes (PipelineStats)", result["peak_cache_bytes"]),
-        ("the plan's estimate of the cache", estimated_cache_bytes),
+        ("the plan's estimate of the cache", result["estimated_cache_bytes"]),
         (
-            f"if each sample kept its own copy (+{workload.samples - 1} × {per_sample / 1024:.1f} KiB)",
+            f"if each sample kept its own copy (+{samples - 1} × {per_sample / 1024:.1f} KiB)",
             copies,
         ),
         ("peak RSS growth of the whole run", result["peak_bytes"]),
     ]
-    for label, value in rows:
-        print(f"  {label:<52}{value / MiB:8.1f} MiB")
-    stages = list(result["stage_bytes"].items())  # in run order
+    lines = ["| intermediates cache | MiB |", "|---|---|"]
+    lines += [f"| {label} | {mib(value)} |" for label, value in rows]
+    return "\n".join(lines)
+
+
+def shared_table(figures: dict[str, Any]) -> str:
+    """The values sequential's cache stores once for all samples (``shared_names``)."""
+    shared = figures["cache"]["shared_bytes"]
+    lines = ["| stored once for all samples | KiB per sample |", "|---|---|"]
+    names = figures["cache"]["shared_names"]
+    lines += [f"| `{name}` | {shared[name] / 1024:.1f} |" for name in names]
+    return "\n".join(lines)
+
+
+def cache_growth_table(figures: dict[str, Any]) -> str:
+    """Resident growth sampled at batch boundaries: the first subgraphs, the median of the
+    ones in between, the last."""
+    stages = list(figures["cache"]["stage_bytes"].items())  # in run order
     middle = sorted(value for _, value in stages[2:-1])
-    print("  growth sampled at batch boundaries (MiB):")
-    for label, value in stages[:2]:
-        print(f"    {label:<50}{value / MiB:8.1f}")
+    rows = list(stages[:2])
     if middle:
-        print(
-            f"    {'median of the subgraphs in between':<50}{middle[len(middle) // 2] / MiB:8.1f}"
-        )
-    print(f"    {stages[-1][0]:<50}{stages[-1][1] / MiB:8.1f}")
+        rows.append(("median of the subgraphs in between", middle[len(middle) // 2]))
+    rows.append(stages[-1])
+    lines = ["| sampled at | growth MiB |", "|---|---|"]
+    lines += [f"| {label} | {mib(value)} |" for label, value in rows]
+    return "\n".join(lines)
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """This benchmark's tables from its result alone: ``estimates`` (each pipeline's estimate
+    against its measured peak), ``stages``, ``compressor`` (the state behind the peaks), and
+    for the intermediates cache ``cache``, ``shared`` and ``cache_growth``."""
+    figures = result["figures"]
+    return {
+        "estimates": estimates_table(figures),
+        "stages": stages_table(figures),
+        "compressor": compressor_table(figures),
+        "cache": cache_table(figures),
+        "shared": shared_table(figures),
+        "cache_growth": cache_growth_table(figures),
+    }
+
+
+def print_tables(figures: dict[str, Any], goals: list[dict[str, Any]], notes: list[str]) -> None:
+    for note in notes:
+        print(note)
+    for key, table in tables({"figures": figures}).items():
+        print(f"\n{key}:\n{table}")
+    print()
+    for g in goals:
+        print(f"{g['goal']}: {g['figure']} (target {g['target']}): {g['verdict']}")
+    seconds = ", ".join(f"{p} {figures['measured'][p]['elapsed_s']:.0f}" for p in PIPELINES)
+    print(f"seconds per pipeline (one run each): {seconds}; cache "
+          f"{figures['cache']['elapsed_s']:.0f}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- main
@@ -592,6 +689,7 @@ def main() -> None:
         default=os.cpu_count() or 1,
         help="measurement processes at a time (default: one per CPU)",
     )
+    parser.add_argument("--result", type=Path, help="where to write the result file")
     # the child-process side: one measurement, printed as a RESULT line
     parser.add_argument("--measure", choices=[*PIPELINES, "cache"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -612,6 +710,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    record = Run("pipeline_memory")
     workload = QUICK_PIPELINE_WORKLOAD if args.quick else PIPELINE_WORKLOAD
     cache = QUICK_CACHE_WORKLOAD if args.quick else CACHE_WORKLOAD
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -622,10 +721,27 @@ def main() -> None:
         chosen, estimates = plan_estimates(config_dir, workload)
         cache_estimate = plan_estimates(cache_dir, cache)[1]["sequential"].cache_bytes
         measured, cache_result = measure_all(config_dir, cache_dir, workload, cache, args.jobs)
+    on_gpu = measured["basic"]["device"] == "cuda"
+    figures = {
+        "settings": {
+            "pipelines": asdict(workload),
+            "cache": asdict(cache),
+            "quick": args.quick,
+            "jobs": args.jobs,
+            "threads_per_process": 1,
+            "tolerance": TOLERANCE,
+        },
+        "on_gpu": on_gpu,
+        "chosen": chosen,
+        "estimates": {name: estimate_figures(estimates[name], on_gpu) for name in PIPELINES},
+        "measured": measured,
+        "solver_bytes": solver_figure(measured),
+        "cache": {**cache_result, "estimated_cache_bytes": cache_estimate},
+    }
+    goals, notes = judge(figures), run_notes(figures)
     print()
-    print_pipelines(workload, chosen, estimates, measured)
-    print_cache(cache, cache_result, cache_estimate)
-    print()
+    print_tables(figures, goals, notes)
+    record.write(figures, goals=goals, notes=notes, path=args.result)
     print(
         f"load average (1 min) at end: {os.getloadavg()[0]:.2f}; "
         f"{time.perf_counter() - started:.0f} s in all"
