@@ -17,13 +17,16 @@ from llmc_trace.data import (
     DataError,
     load_calibration,
     load_multimodal_calibration,
-    load_processor,
 )
 from llmc_trace.data.columns import Columns
 from llmc_trace.evaluate import evaluate_model
 
 QWEN = "Qwen/Qwen2-VL-2B-Instruct"
-CAPTIONS = ["a red circle .", "a round red shape .", "one red circle on white ."]
+CAPTIONS = [
+    "one purple triangle in the middle .",
+    "a yellow square on white .",
+    "three orange circles .",
+]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -168,29 +171,35 @@ def test_text_column_caption_with_modality_text_calibrates_on_the_captions(
     assert read_rows(drawn_rows)[0]["text"].split()[0] in text and "[" not in text
 
 
-def test_oversize_rows_are_dropped_and_counted_while_most_fit(twins, drawn_rows):
-    """Drawn images come in three sizes; at a seq_len below the largest image's placeholder
-    count those rows drop, counted, while the rest calibrate; at seq_len=8 none fits."""
+def test_oversize_rows_are_dropped_and_counted_while_most_fit(twins, drawn_rows, tmp_path):
+    """Rows of a large image among rows of small ones: at a seq_len below the large image's
+    placeholder count, the small rows fit (losing text) and the large one is dropped and
+    counted; at seq_len=8 no row fits, and the data is
+    refused."""
     folder = twins(QWEN)
     full = load_multimodal_calibration(
         drawn_rows, folder, samples=6, seq_len=512, batch_size=1, shuffle=False
     )
-    specials = set(load_processor(folder).tokenizer.all_special_ids) | {full.media_token_id}
-    specials |= {
-        i for i, t in load_processor(folder).tokenizer.added_tokens_decoder.items() if t.special
-    }
     media = [int((b["input_ids"] == full.media_token_id).sum()) for b in full.batches]
-    seq_len = max(media) - 1  # the largest images' placeholders alone no longer fit
-    protected = [sum(int(t) in specials for t in b["input_ids"][0]) for b in full.batches]
-    fits = [count <= seq_len for count in protected]
-    assert 2 * fits.count(True) >= len(fits) and not all(fits)
-    calibration = load_multimodal_calibration(
-        drawn_rows, folder, samples=fits.count(True), seq_len=seq_len, shuffle=False
+    small = [i for i, m in enumerate(media) if m < max(media)]
+    large = media.index(max(media))
+    rows = read_rows(drawn_rows)
+    mixed = tmp_path / "mixed.jsonl"
+    order = [large, *small, *small]
+    mixed.write_text(
+        "".join(
+            json.dumps({**rows[i], "image": str(drawn_rows.parent / rows[i]["image"])}) + "\n"
+            for i in order
+        )
     )
-    assert calibration.dropped == fits.count(False)
-    assert f"{calibration.dropped} rows dropped" in " ".join(calibration.notes)
+    seq_len = max(media) - 1  # the large image's placeholders alone no longer fit
+    calibration = load_multimodal_calibration(
+        mixed, folder, samples=len(order) - 1, seq_len=seq_len, shuffle=False
+    )
+    assert calibration.dropped == 1 and calibration.num_samples == len(order) - 1
+    assert "1 rows dropped" in " ".join(calibration.notes)
     with pytest.raises(DataError, match="do not fit seq_len=8"):
-        load_multimodal_calibration(drawn_rows, folder, samples=3, seq_len=8, shuffle=False)
+        load_multimodal_calibration(mixed, folder, samples=3, seq_len=8, shuffle=False)
 
 
 def test_evaluate_scores_all_of_a_short_text_and_says_how_much(refmodel_dir, drawn_rows, tmp_path):
