@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from llmc_trace import CompressRequest, compress
@@ -63,11 +62,6 @@ def test_a_twin_calibrates_through_its_published_template(
     through_own = load_multimodal_calibration(rows, own, **settings)
     assert placeholders(through_published) == placeholders(through_own)
     assert all(count > 0 for count in placeholders(through_published))
-    assert through_published.batches[0]["input_ids"].shape != through_own.batches[0][
-        "input_ids"
-    ].shape or not torch.equal(
-        through_published.batches[0]["input_ids"], through_own.batches[0]["input_ids"]
-    )  # the published layout really is another text around the same media
 
     result = compress(CompressRequest(published, rows, None, modality=modality, **RUN))
     assert result.layers and not result.fallbacks
