@@ -64,7 +64,8 @@ def test_no_text_column_lists_the_columns_found(write_records) -> None:
         DataError, match=r"no text column \(columns found: 'id', 'score'\)"
     ) as caught:
         validate_source(path, samples=1, seq_len=8)
-    assert "'text', 'content', 'prompt', 'messages'" in caught.value.hint
+    assert "'text', 'caption', 'content', 'prompt', 'messages'" in caught.value.hint
+    assert "--text-column" in caught.value.hint
     with pytest.raises(DataError, match=r"no column 'body' \(columns found: 'id', 'score'\)"):
         validate_source(path, samples=1, seq_len=8, column="body")
 

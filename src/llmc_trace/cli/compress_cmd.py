@@ -101,6 +101,8 @@ def _compress(
     stages = " then ".join(
         f"{s.stage.method} ({s.pipeline}, {len(s.layers)} layers)" for s in result.stages
     )
+    for note in result.data_notes:
+        ctx.err.print(f"[dim]data: {note}[/]")
     ctx.out.print(f"wrote {result.out_dir}: {stages}, {result.elapsed_s:.1f} s")
     for stage in result.stages:
         ctx.out.print(f"[dim]plan ({stage.stage.method}): {stage.plan.reason}[/]")
@@ -251,7 +253,8 @@ def _compression_summary(report: CompressionReport, worst: int = 5) -> list[Tabl
     "--samples",
     default=None,
     type=click.IntRange(1),
-    help="Rows to score (default: all of a .npy or of media rows; 128 windows of text).",
+    help="Rows to score (default: all of a .npy or of media rows; all the windows of a text, "
+    "up to 128).",
 )
 @click.option(
     "--seq-len",
@@ -307,10 +310,13 @@ def evaluate(
                 "modality": result.modality,
                 "perplexity": result.perplexity,
                 "num_tokens": result.num_tokens,
+                "notes": list(result.notes),
                 "elapsed_s": result.elapsed_s,
             }
         )
         return
+    for note in result.notes:
+        ctx.err.print(f"[dim]data: {note}[/]")
     table = Table(show_header=False)
     table.add_row("perplexity", f"{result.perplexity:.3f}")
     table.add_row("tokens scored", str(result.num_tokens))

@@ -50,6 +50,9 @@ PIPELINES = (*PREFERENCE, DATA_FREE)
 
 #: What a sample or a calibration row holds besides text, and text itself.
 MODALITIES = ("text", "image", "video", "audio")
+#: How a text column holding lists (several captions per image) is read: its first text, each
+#: text as its own sample, or all texts of a list joined by newlines into one.
+TEXT_LISTS = ("first", "each", "joined")
 
 #: The views ``render`` draws.
 VIEWS = ("overview", "detail", "modules", "failure")

@@ -9,8 +9,8 @@ and nothing else is random.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from llmc_trace.data.batching import pad_batches
+from llmc_trace.data.columns import Columns, is_text_list, text_list_note, texts_of
 from llmc_trace.errors import DataError
 from llmc_trace.data.hub import read_hub_table
 from llmc_trace.data.packing import pack_texts, truncate_texts
+from llmc_trace.data.saved import read_saved_table
 from llmc_trace.data.source import ResolvedSource, resolve_source
 from llmc_trace.data.tables import TextTable, read_text_table
 from llmc_trace.data.texts import choose_text_column, render_text
@@ -46,6 +48,9 @@ class CalibrationSet:
     num_tokens: int
     source: str
     seed: int
+    #: what a user should know about how the data was read (a column of text lists, rows
+    #: dropped), one sentence each; the command line prints them
+    notes: tuple[str, ...] = field(default=(), kw_only=True)
 
 
 def load_calibration(
@@ -61,20 +66,26 @@ def load_calibration(
     split: str = "train",
     subset: str | None = None,
     column: str | None = None,
+    text_lists: str = "first",
     vocab_size: int | None = None,
+    up_to: bool = False,
 ) -> CalibrationSet:
     """Take `samples` samples of at most `seq_len` tokens from `source`, shuffled by `seed`.
 
     `source` is a local `.jsonl`, `.json`, `.parquet` or `.txt` file, a `.npy` token array, or
     a Hugging Face Hub dataset id (with `subset` and `split`, which takes slices such as
     `"train[:2000]"`). Texts come from `column`, or the first of `text`, `content`, `prompt`,
-    `messages`; they are tokenised without added special tokens, then packed (`pack=True`:
+    `messages`; a cell holding a list of texts (a caption dataset's captions) gives its first,
+    each, or all joined, as `text_lists` says (`data.columns`), and `notes` says so. They are
+    tokenised without added special tokens, then packed (`pack=True`:
     joined with eos and cut into full windows) or truncated (one sample per text). Rows, texts
     or stream windows are visited in an order drawn from `seed`, or in file order with
     `shuffle=False`. A token array needs no tokenizer and is used as is: `pack`, `column`,
     `split` and `subset` do not apply to it. Every sample's ids, tokenised or given, must lie
     in `[0, vocab_size)` (the rows of the model's embedding table; the tokenizer's size when
     `vocab_size` is not given): a tokenizer larger than the model's vocabulary is refused too.
+    With `up_to`, a text source with fewer than `samples` windows gives all it has, its last
+    window shorter (what `evaluate` scores when no sample count is asked for).
 
     Raises `DataError` (with a `hint`) for any bad source, and before tokenising wherever the
     problem is visible without it.
@@ -91,6 +102,7 @@ def load_calibration(
     check_sizes(samples=samples, seq_len=seq_len, batch_size=batch_size)
     resolved = resolve_source(source)
     order_seed = seed if shuffle else None
+    notes: list[str] = []
     if resolved.is_token_array:
         rows = _token_samples(resolved, samples=samples, seq_len=seq_len, seed=order_seed)
     else:
@@ -100,11 +112,16 @@ def load_calibration(
                 hint="Pass the model's tokenizer, or use a .npy array of token ids.",
                 source=resolved.description,
             )
-        table = _open_table(resolved, split=split, subset=subset)
+        table = open_table(resolved, split=split, subset=subset)
         text_column = choose_text_column(table.columns, column, description=table.description)
-        token_lists = _tokenised_rows(table, text_column, tokenizer, seed=order_seed)
+        Columns(text_lists=text_lists).check(table.columns, table.description)
+        values = table.read_column(text_column)
+        first = next((v for v in values if v is not None), None) if table.num_rows else None
+        if is_text_list(first):
+            notes.append(text_list_note(text_column, first, text_lists))
+        token_lists = _tokenised_rows(table, values, text_column, tokenizer, order_seed, text_lists)
         rows = _text_samples(
-            table, token_lists, tokenizer, samples=samples, seq_len=seq_len, pack=pack
+            table, token_lists, tokenizer, samples=samples, seq_len=seq_len, pack=pack, up_to=up_to
         )
     batches = pad_batches(rows, batch_size=batch_size, pad_id=_pad_id(tokenizer))
     limit = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer else None)
@@ -117,6 +134,7 @@ def load_calibration(
         num_tokens=sum(int(batch["attention_mask"].sum()) for batch in batches),
         source=resolved.description,
         seed=seed,
+        notes=tuple(notes),
     )
 
 
@@ -137,26 +155,35 @@ def _token_samples(
     return take_windows(array, visiting_order(available, seed)[:samples], seq_len)
 
 
-def _open_table(resolved: ResolvedSource, *, split: str, subset: str | None) -> TextTable:
+def open_table(
+    resolved: ResolvedSource, *, split: str = "train", subset: str | None = None
+) -> TextTable:
+    """The table of a resolved text or media source: a Hub dataset, a `save_to_disk` folder or
+    `.arrow` file (through `datasets`), or a local text file."""
     if resolved.hub_id is not None:
         return read_hub_table(resolved.hub_id, split=split, subset=subset)
     assert resolved.path is not None
+    if resolved.kind in ("disk", "arrow"):
+        return read_saved_table(resolved.path, resolved.kind, resolved.description, split=split)
     return read_text_table(resolved.path, resolved.kind, resolved.description)
 
 
 def _tokenised_rows(
     table: TextTable,
+    values: Sequence[object],
     text_column: str,
     tokenizer: PreTrainedTokenizerBase,
-    *,
     seed: int | None,
+    text_lists: str,
 ) -> Iterator[list[int]]:
-    """Token ids of each row's text in visiting order, tokenised only when asked for."""
-    values = table.read_column(text_column)
+    """Token ids of each row's texts in visiting order, tokenised only when asked for."""
     for row in visiting_order(table.num_rows, seed):
         where = f"{table.description}, row {row} of column {text_column!r}"
-        text = render_text(values[int(row)], tokenizer, where=where)
-        yield tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        value = values[int(row)]
+        cells = texts_of(value, text_lists) if is_text_list(value) else [value]
+        for cell in cells:
+            text = render_text(cell, tokenizer, where=where)
+            yield tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 def _text_samples(
@@ -167,6 +194,7 @@ def _text_samples(
     samples: int,
     seq_len: int,
     pack: bool,
+    up_to: bool,
 ) -> list[list[int]]:
     if not pack:
         # Each text gives at most one sample, so a short table fails here, before tokenising.
@@ -188,6 +216,7 @@ def _text_samples(
         eos_id=tokenizer.eos_token_id,
         samples=samples,
         description=table.description,
+        up_to=up_to,
     )
 
 

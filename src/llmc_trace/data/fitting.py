@@ -10,9 +10,8 @@ Removing the same positions from every per-token tensor keeps them consistent (Q
 `mm_token_type_ids`, Gemma 3's `token_type_ids`), so the model sees a shorter text with whole
 images.
 
-A sample whose protected tokens alone exceed `seq_len` cannot fit: it is dropped (counted by
-the caller), unless its media placeholders alone exceed `seq_len`, which no row of such media
-can ever fit, and is bad input.
+A sample whose protected tokens alone exceed `seq_len` cannot fit: it is dropped and counted
+by the caller (which refuses the data only when too few rows fit).
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from llmc_trace.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -52,29 +49,18 @@ def fit_tokens(
     placeholders: torch.Tensor,
     *,
     seq_len: int,
-    where: str,
-    source: str,
 ) -> TokenFit | None:
     """Keep at most `seq_len` positions of `input_ids`, dropping unprotected ones from the end.
 
     `protected` and `placeholders` are boolean masks over `input_ids` (1-D). Returns None when
-    the protected positions alone exceed `seq_len`; raises `DataError` when the placeholders
-    alone do.
+    the protected positions (the placeholders among them) alone exceed `seq_len`.
     """
     length = int(input_ids.shape[0])
     positions = torch.arange(length)
     if length <= seq_len:
         return TokenFit(keep=positions, input_ids=input_ids, shortened=False)
-    media_tokens = int(placeholders.sum())
-    if media_tokens > seq_len:
-        raise DataError(
-            f"{where}: its media take {media_tokens} placeholder tokens alone, more than "
-            f"seq_len={seq_len}",
-            hint=f"Raise seq_len above {media_tokens}, or use smaller or fewer images "
-            "(the processor's max_pixels or image size bounds the tokens per image).",
-            source=source,
-            param="seq_len",
-        )
+    if int(placeholders.sum()) > seq_len:
+        return None
     excess = length - seq_len
     free = positions[~protected]
     if free.numel() < excess:

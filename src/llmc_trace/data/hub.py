@@ -12,11 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from llmc_trace.errors import DataError
+from llmc_trace.data.saved import dataset_table
 from llmc_trace.data.tables import TextTable
+from llmc_trace.errors import DataError
 
 _OFFLINE_HINT = (
-    "Use a local .jsonl, .json, .parquet or .txt file, or a .npy token array, instead; or run "
+    "Use a local .jsonl, .json, .parquet or .txt file, a save_to_disk folder, or a .npy token "
+    "array, instead; or run "
     "where huggingface.co is reachable (or the dataset is in the local `datasets` cache)."
 )
 
@@ -47,7 +49,8 @@ def read_hub_metadata(hub_id: str, *, split: str, subset: str | None) -> HubMeta
 
 
 def read_hub_table(hub_id: str, *, split: str, subset: str | None) -> TextTable:
-    """Download (or read from the local cache) one split of a Hub dataset as a table.
+    """Download (or read from the local cache) one split of a Hub dataset as a table (media
+    columns undecoded, as `data.saved.dataset_table` reads them).
 
     `split` takes `datasets`' slicing syntax, e.g. `"train[:2000]"`, which keeps a large corpus
     from being downloaded and prepared in full when only a few hundred samples are needed.
@@ -57,16 +60,7 @@ def read_hub_table(hub_id: str, *, split: str, subset: str | None) -> TextTable:
     with _translated_errors(hub_id, split=split, subset=subset):
         dataset = datasets.load_dataset(hub_id, subset, split=split)
     description = f"{hub_id} ({subset + ', ' if subset else ''}split {split})"
-
-    def read_column(name: str) -> datasets.Column:
-        return dataset[name]
-
-    return TextTable(
-        description=description,
-        columns=tuple(dataset.column_names),
-        num_rows=len(dataset),
-        read_column=read_column,
-    )
+    return dataset_table(dataset, description)
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
 Cells come in the layouts datasets are written in:
 
-* an image: a path relative to the data file (or absolute), raw encoded bytes, or a
+* an image: a path relative to the data file (or absolute), an `http(s)://` URL (fetched when
+  the network allows, as transformers' `load_image` fetches one), raw encoded bytes, or a
   `datasets` Image column as parquet stores it, `{"bytes": ..., "path": ...}`;
 * a video: a list of frames, each an image cell as above (video files are not decoded here:
   a processor's own video loading needs torchvision or PyAV);
@@ -126,6 +127,8 @@ def _bytes_of(
         value = value.get("path")
     if isinstance(value, (bytes, bytearray)):
         return bytes(value), f"the {kind} bytes"
+    if isinstance(value, str) and value.lower().startswith(("http://", "https://")):
+        return _fetched(value, where=where, source=source, kind=kind), value
     if not isinstance(value, str) or not value:
         raise DataError(
             f"{where} holds a {type(value).__name__}, not an {kind} path or bytes",
@@ -154,6 +157,35 @@ def _bytes_of(
         raise DataError(
             f"{where}: {kind} file {value} cannot be read ({err.strerror or err})",
             hint="Check the file's permissions.",
+            source=source,
+        ) from err
+
+
+#: Seconds to wait for a media URL before saying the network does not reach it.
+URL_TIMEOUT_S = 20.0
+
+
+def _fetched(url: str, *, where: str, source: str, kind: str) -> bytes:
+    """The bytes at `url`; a `DataError` saying URLs need the network when it cannot be read."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as err:
+        raise DataError(
+            f"{where}: {kind} URL {url} answered HTTP {err.code} ({err.reason})",
+            hint=f"Fix the URL, or download the {kind} and point the row at the file.",
+            source=source,
+        ) from err
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise DataError(
+            f"{where}: {kind} URL {url} cannot be fetched ({reason}); URLs are read over the "
+            "network, which does not reach it from here",
+            hint=f"Run where the network reaches it, or download the {kind}s and give their "
+            "paths (relative to the data file) instead of URLs.",
             source=source,
         ) from err
 

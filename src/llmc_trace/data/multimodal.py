@@ -4,7 +4,10 @@ The steps: read the table (`tables`), decide its modality (`rows.detect_modality
 rows in an order drawn from the seed, read each row's media (`media`), lay the row out with the
 processor's chat template, and preprocess it with the model's own processor (`processor`),
 which expands each image marker into as many placeholder tokens as the vision tower gives
-embeddings. Then each sample is fitted to `seq_len` (`fitting`), and the kept rows are
+embeddings. The template's markers are counted against the row's media before the processor
+runs, so a template that drops or repeats a marker (one that does not recognise the rows'
+media parts) is named in one sentence instead of failing inside the processor. Then each
+sample is fitted to `seq_len` (`fitting`), and the kept rows are
 preprocessed again as batches, so that the media tensors are collated as the processor
 collates them for the model (Qwen2-VL's patches of differently sized images concatenated with
 one `image_grid_thw` row each, Idefics3's tiles padded per row, audio features stacked).
@@ -22,12 +25,12 @@ from typing import Any
 import torch
 
 from llmc_trace.core.progress import Progress
-from llmc_trace.data.calibration import CalibrationSet, visiting_order
+from llmc_trace.data.calibration import CalibrationSet, open_table, visiting_order
+from llmc_trace.data.columns import Columns
 from llmc_trace.data.fitting import TokenFit, fit_tokens, protected_mask
 from llmc_trace.data.processor import LoadedProcessor, load_processor
 from llmc_trace.data.rows import MediaRow, ModalityChoice, RowReader, detect_modality, has_media
 from llmc_trace.data.source import ResolvedSource, resolve_source
-from llmc_trace.data.tables import read_text_table
 from llmc_trace.data.tokens import check_token_range
 from llmc_trace.data.validation import check_sizes
 from llmc_trace.errors import DataError
@@ -35,7 +38,10 @@ from llmc_trace.errors import DataError
 #: Per-token tensors: right-padded, and cut where the text is shortened. Every other tensor a
 #: processor returns describes the media and is collated by the processor itself.
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
-TABLE_KINDS = ("jsonl", "json", "parquet")
+TABLE_KINDS = ("jsonl", "json", "parquet", "disk", "arrow", "hub")
+#: The share of the rows visited that must fit `seq_len`: below it, dropping rows whose media
+#: alone are too long would calibrate on an unrepresentative few, and the data is refused.
+MIN_KEPT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class MultimodalCalibrationSet(CalibrationSet):
     `placeholder_ids` the token ids standing for media of any modality the model takes (never
     scored by `evaluate`), `media_token_id` the one of `modality`.
     `shortened` samples lost text to fit `seq_len`; `dropped` rows could not fit without
-    cutting media tokens and were skipped. `processor_built_from` says how the processor was
+    cutting media tokens and were skipped (`notes` says how many, and why). `processor_built_from` says how the processor was
     loaded (`"AutoProcessor"` or `"parts"`).
     """
 
@@ -87,11 +93,15 @@ def load_multimodal_calibration(
     shuffle: bool = True,
     progress: Progress | None = None,
     vocab_size: int | None = None,
+    columns: Columns | None = None,
+    split: str = "train",
 ) -> MultimodalCalibrationSet:
     """Take `samples` rows of `source` through `model`'s processor into batches.
 
-    `source` is a `.jsonl`, `.json` or `.parquet` file whose rows hold media and text (the
-    layouts are in `data.rows`; media paths are relative to the file). `model` is the model
+    `source` is a `.jsonl`, `.json` or `.parquet` file, a `save_to_disk` folder or `.arrow`
+    file, or a Hub dataset id (`split`), whose rows hold media and text (the layouts are in
+    `data.rows`; media paths are relative to the file, or the folder). `columns` names the
+    text, image or audio column and says how a list of captions is read. `model` is the model
     folder (its processor is loaded with `load_processor`) or an already loaded processor.
     `modality` forces image, video or audio; by default the columns decide. A sample longer
     than `seq_len` loses text from its end, never a media token (`data.fitting`); one that
@@ -99,9 +109,10 @@ def load_multimodal_calibration(
     read and fitted, then `("batches", done, total)`. With `vocab_size` (the rows of the
     model's embedding table) every token id, placeholders included, must lie below it.
 
-    Raises `DataError` for a bad source, a bad row (naming it), a model that does not take the
-    modality, a sample whose media tokens alone exceed `seq_len`, token ids outside the
-    vocabulary, and too few samples.
+    Raises `DataError` for a bad source, a bad row (naming it), a chat template whose media
+    markers do not match a row's media, a processor that refuses a row (naming it), a model
+    that does not take the modality, too many rows whose media alone exceed `seq_len`, token
+    ids outside the vocabulary, and too few samples.
 
     Example::
 
@@ -118,22 +129,30 @@ def load_multimodal_calibration(
     resolved = resolve_source(source)
     if resolved.kind not in TABLE_KINDS:
         raise _not_a_media_table(resolved)
-    assert resolved.path is not None
-    table = read_text_table(resolved.path, resolved.kind, resolved.description)
-    choice = detect_modality(table, modality)
+    table = open_table(resolved, split=split)
+    choice = detect_modality(table, modality, columns)
     loaded = model if isinstance(model, LoadedProcessor) else load_processor(model, choice.modality)
     loaded.require(choice.modality)
     encoder = _Encoder(loaded, choice.modality)
-    reader = RowReader(table, choice, base=resolved.path.parent, target_rate=encoder.sampling_rate)
+    reader = RowReader(
+        table, choice, base=_media_base(resolved), target_rate=encoder.sampling_rate,
+        columns=columns,
+    )  # fmt: skip
     kept, shortened, dropped = _fitted_rows(
         reader, encoder, table.num_rows, samples=samples, seq_len=seq_len,
         seed=seed if shuffle else None, description=table.description, progress=progress,
     )  # fmt: skip
+    notes = list(reader.notes)
+    if dropped:
+        notes.append(
+            f"{dropped} rows dropped: their media and the special tokens around them take more "
+            f"than seq_len={seq_len} tokens"
+        )
     batches, stats = [], []
     total = -(-len(kept) // batch_size)
     for first in range(0, len(kept), batch_size):
         chunk = kept[first : first + batch_size]
-        batch = encoder.batch(chunk)
+        batch = encoder.batch(chunk, table.description)
         check_token_range(batch["input_ids"], vocab_size, table.description)
         batches.append(batch)
         if progress is not None:
@@ -155,17 +174,21 @@ def load_multimodal_calibration(
         shortened=shortened,
         dropped=dropped,
         processor_built_from=loaded.built_from,
+        notes=(*notes, _seen(stats)),
     )
 
 
-def source_modality(source: str | Path, modality: str | None = None) -> ModalityChoice | None:
+def source_modality(
+    source: str | Path, modality: str | None = None, columns: Columns | None = None
+) -> ModalityChoice | None:
     """The media modality calibration rows in `source` hold, or None for text-only data.
 
     This is the cheap routing question a command line asks before any model is loaded: None
     means `load_calibration` reads the source (a `.npy` array, a `.txt` file, a Hub dataset, a
     table without media columns), a choice means `load_multimodal_calibration` does. A forced
     `modality` the source cannot hold is refused (`DataError`), as in the loader; `"text"`
-    forces None.
+    forces None. A Hub dataset is read for media only when `modality` forces one or `columns`
+    names a media column (its columns are not known before it is downloaded).
 
     Example::
 
@@ -177,27 +200,42 @@ def source_modality(source: str | Path, modality: str | None = None) -> Modality
     if modality == "text":
         return None
     resolved = resolve_source(source)
+    names_media = columns is not None and (columns.image or columns.audio)
+    if resolved.kind == "hub" and modality is None and not names_media:
+        return None
     if resolved.kind not in TABLE_KINDS:
         if modality is None:
             return None
         raise _not_a_media_table(resolved)
-    assert resolved.path is not None
-    table = read_text_table(resolved.path, resolved.kind, resolved.description)
-    if modality is None and not has_media(table):
+    table = open_table(resolved)
+    if modality is None and not has_media(table, columns):
         return None
-    return detect_modality(table, modality)
+    return detect_modality(table, modality, columns)
+
+
+def _media_base(resolved: ResolvedSource) -> Path:
+    """The folder relative media paths start from: the data file's, a saved dataset's own."""
+    if resolved.path is None:
+        return Path.cwd()
+    return resolved.path if resolved.kind == "disk" else resolved.path.parent
+
+
+def _seen(stats: list[BatchStats]) -> str:
+    """The line saying what calibration will see, in tokens (media placeholders among them)."""
+    tokens = sum(s.num_tokens for s in stats)
+    media = sum(s.placeholder_tokens for s in stats)
+    samples = sum(s.num_samples for s in stats)
+    return (
+        f"{samples} samples, {tokens} tokens ({media} of them media placeholders, "
+        f"{tokens // max(samples, 1)} tokens a sample on average)"
+    )
 
 
 def _not_a_media_table(resolved: ResolvedSource) -> DataError:
-    what = (
-        "is a Hub dataset, which is not read for image, video or audio calibration"
-        if resolved.kind == "hub"
-        else "cannot hold images, video or audio"
-    )
     return DataError(
-        f"calibration source {resolved.description} {what}",
-        hint="Give a local .jsonl, .json or .parquet file of rows with media and text "
-        "(a Hub dataset saved with to_parquet() is one).",
+        f"calibration source {resolved.description} cannot hold images, video or audio",
+        hint="Give a .jsonl, .json or .parquet file of rows with media and text, a folder "
+        "datasets' save_to_disk wrote, a .arrow file, or a Hub dataset id.",
         source=resolved.description,
     )
 
@@ -214,38 +252,51 @@ def _fitted_rows(
     progress: Progress | None,
 ) -> tuple[list[tuple[MediaRow, TokenFit]], int, int]:
     """The first `samples` rows (in visiting order) that fit `seq_len`, with their fits, and
-    the counts of rows shortened and dropped on the way."""
+    the counts of rows shortened and dropped on the way. Too few rows kept, or fewer than
+    `MIN_KEPT_SHARE` of those visited, is a `DataError` naming the longest media seen."""
     kept: list[tuple[MediaRow, TokenFit]] = []
-    shortened = dropped = 0
+    shortened = dropped = largest = 0
+    first_dropped = ""
     for row in visiting_order(num_rows, seed):
-        media_row = reader.read(int(row))
-        alone = encoder.encode([media_row])
-        ids = alone["input_ids"][0]
-        fit = fit_tokens(
-            ids,
-            protected_mask(ids, encoder.protected),
-            ids == encoder.media_token_id,
-            seq_len=seq_len,
-            where=f"{description}, row {int(row)}",
-            source=description,
-        )
-        if fit is None:
-            dropped += 1
-            continue
-        shortened += fit.shortened
-        kept.append((media_row, fit))
-        if progress is not None:
-            progress("rows", len(kept), samples)
+        for media_row in reader.read(int(row)):
+            ids = encoder.encode([media_row], description)["input_ids"][0]
+            placeholders = ids == encoder.media_token_id
+            fit = fit_tokens(
+                ids, protected_mask(ids, encoder.protected), placeholders, seq_len=seq_len
+            )
+            if fit is None:
+                dropped += 1
+                largest = max(largest, int(placeholders.sum()))
+                first_dropped = first_dropped or media_row.where
+                continue
+            shortened += fit.shortened
+            kept.append((media_row, fit))
+            if progress is not None:
+                progress("rows", len(kept), samples)
+            if len(kept) == samples:
+                break
         if len(kept) == samples:
-            return kept, shortened, dropped
-    raise DataError(
-        f"{description} gives only {len(kept)} samples of at most {seq_len} tokens, fewer than "
-        f"the {samples} asked for ({dropped} rows dropped: their text and special tokens "
-        "around the media do not fit)",
-        hint=f"Ask for at most {len(kept)} samples, raise seq_len, or use more rows.",
-        source=description,
-        param="samples",
-    )
+            break
+    if len(kept) < MIN_KEPT_SHARE * (len(kept) + dropped):
+        raise DataError(
+            f"{dropped} of the {len(kept) + dropped} rows read do not fit seq_len={seq_len} "
+            f"(first {first_dropped}: its media take {largest} placeholder tokens alone, "
+            f"more than seq_len={seq_len} with the tokens around them)",
+            hint=f"Raise seq_len above {largest}, or use smaller or fewer images (the "
+            "processor's max_pixels or image size bounds the tokens per image).",
+            source=description,
+            param="seq_len",
+        )
+    if len(kept) < samples:
+        raise DataError(
+            f"{description} gives only {len(kept)} samples of at most {seq_len} tokens, fewer "
+            f"than the {samples} asked for ({dropped} rows dropped: their text and special "
+            "tokens around the media do not fit)",
+            hint=f"Ask for at most {len(kept)} samples, raise seq_len, or use more rows.",
+            source=description,
+            param="samples",
+        )
+    return kept, shortened, dropped
 
 
 class _Encoder:
@@ -266,9 +317,12 @@ class _Encoder:
         extractor = getattr(self.processor, "feature_extractor", None)
         self.sampling_rate: int | None = getattr(extractor, "sampling_rate", None)
 
-    def encode(self, rows: list[MediaRow]) -> dict[str, torch.Tensor]:
-        """The processor's output for `rows`, right-padded to the longest."""
-        kwargs: dict[str, Any] = {"text": [self._text(row) for row in rows]}
+    def encode(self, rows: list[MediaRow], source: str) -> dict[str, torch.Tensor]:
+        """The processor's output for `rows`, right-padded to the longest; `DataError` naming
+        the row when the template's markers do not match its media, or the processor refuses
+        it."""
+        texts = [self._text(row, source) for row in rows]
+        kwargs: dict[str, Any] = {"text": texts}
         if self.modality == "image":
             kwargs["images"] = [row.images for row in rows]
         elif self.modality == "video":
@@ -276,13 +330,25 @@ class _Encoder:
         else:
             kwargs["audio"] = [audio for row in rows for audio in row.audios]
             kwargs["sampling_rate"] = self.sampling_rate
-        output = self.processor(**kwargs, padding=True, padding_side="right", return_tensors="pt")
+        try:
+            output = self.processor(
+                **kwargs, padding=True, padding_side="right", return_tensors="pt"
+            )
+        except (ValueError, TypeError, IndexError, KeyError, RuntimeError) as err:
+            where = "; ".join(row.where for row in rows)
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DataError(
+                f"{where}: the model's processor refuses the row ({first_line})",
+                hint="Check the row's media and text, and that the model folder's processor "
+                "files and chat template are the published ones.",
+                source=source,
+            ) from err
         return {k: v for k, v in output.items() if isinstance(v, torch.Tensor)}
 
-    def batch(self, chunk: list[tuple[MediaRow, TokenFit]]) -> dict[str, torch.Tensor]:
+    def batch(self, chunk: list[tuple[MediaRow, TokenFit]], source: str) -> dict[str, torch.Tensor]:
         """One batch of fitted rows: preprocessed together, then each row's tokens cut to its
         fit and padded again."""
-        encoded = self.encode([row for row, _ in chunk])
+        encoded = self.encode([row for row, _ in chunk], source)
         width = max(len(fit.keep) for _, fit in chunk)
         batch = {k: v for k, v in encoded.items() if k not in TOKEN_KEYS}
         for key in (k for k in TOKEN_KEYS if k in encoded):
@@ -296,10 +362,12 @@ class _Encoder:
             assert torch.equal(batch["input_ids"][index, : len(fit.keep)], fit.input_ids)
         return batch
 
-    def _text(self, row: MediaRow) -> str:
-        if getattr(self.processor, "chat_template", None):
-            return self.processor.apply_chat_template(row.messages, tokenize=False)
+    def _text(self, row: MediaRow, source: str) -> str:
         marker = getattr(self.processor, f"{self.modality}_token", None) or ""
+        if getattr(self.processor, "chat_template", None):
+            text = self.processor.apply_chat_template(row.messages, tokenize=False)
+            check_markers(text, marker, _items(row), self.modality, where=row.where, source=source)
+            return text
         lines = []
         for message in row.messages:
             content = message["content"]
@@ -309,6 +377,25 @@ class _Encoder:
                 )
             lines.append(f"{message['role']}: {content}")
         return "\n".join(lines)
+
+
+def check_markers(
+    text: str, marker: str, items: int, modality: str, *, where: str, source: str
+) -> None:
+    """Raise `DataError` unless the templated `text` holds one `marker` per media item: a
+    template that does not recognise the rows' media parts renders none (or too many), and
+    the processor would then fail, or misplace the embeddings, far from the cause."""
+    if not marker:
+        return
+    found = text.count(marker)
+    if found != items:
+        raise DataError(
+            f"{where}: the model's chat template wrote {found} {modality} marker(s) "
+            f"({marker}) for the row's {items} {modality} item(s)",
+            hint=f"The chat template does not lay out {{'type': '{modality}'}} parts; use the "
+            "published chat_template.jinja or chat_template.json of the checkpoint.",
+            source=source,
+        )
 
 
 def _items(row: MediaRow) -> int:

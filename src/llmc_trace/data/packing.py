@@ -27,8 +27,10 @@ def pack_texts(
     eos_id: int,
     samples: int,
     description: str,
+    up_to: bool = False,
 ) -> list[list[int]]:
-    """Cut `t1 eos t2 eos ...` into the first `samples` full windows of `seq_len` tokens."""
+    """Cut `t1 eos t2 eos ...` into the first `samples` full windows of `seq_len` tokens; with
+    `up_to`, a stream shorter than that gives every full window and its shorter rest."""
     windows: list[list[int]] = []
     stream: list[int] = []
     for tokens in token_lists:
@@ -43,6 +45,8 @@ def pack_texts(
         del stream[:start]
         if len(windows) == samples:
             return windows
+    if up_to and (windows or len(stream) >= 2):
+        return windows + ([stream] if len(stream) >= 2 else [])
     raise DataError(
         f"{description} packs into only {len(windows)} windows of {seq_len} tokens, "
         f"fewer than the {samples} samples asked for",

@@ -147,7 +147,8 @@ def _not_taken(model_type: str, folder: Path, modality: str, takes: tuple[str, .
     return DataError(
         f"the {model_type} model in {folder} does not take {modality} (it takes "
         f"{' and '.join(takes) or 'text only'})",
-        hint="Give calibration data of a modality the model takes, or force one with modality=...",
+        hint="Give calibration data of a modality the model takes, or force one the model takes "
+        "with --modality (modality= in Python).",
         param="modality",
     )
 

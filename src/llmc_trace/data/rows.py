@@ -10,7 +10,14 @@ Rows come in the layouts of captioning and chat datasets:
   (`{"type": "image", "image": "a.png"}`, llm-compressor's examples);
 
 and the same with `video`/`videos` (frame lists) and `audio`/`audios` (waveforms). A media
-column may hold one item or a list of items (several images per row).
+column may hold one item or a list of items (several images per row). A caption column may
+hold a list of captions (flickr30k, COCO captions): `data.columns.texts_of` decides which.
+`Columns` names the text, image or audio column where the names above do not find it.
+
+A media part keeps its media under its own key (`{"type": "audio", "audio": waveform}`), as
+transformers' chat templating documents the layout: published templates recognise a part by
+that key (Qwen2-Audio's by `'audio' in content`) or by its type, and a bare `{"type": "audio"}`
+would render no marker at all.
 
 `detect_modality` decides from the columns (and the part types of a messages column) which
 modality a table holds, and says which column told it.
@@ -25,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc_trace.data.columns import Columns, is_text_list, text_list_note, texts_of
 from llmc_trace.data.media import read_audio, read_frames, read_image
 from llmc_trace.data.tables import TextTable
 from llmc_trace.errors import DataError
@@ -57,29 +65,36 @@ class ModalityChoice:
 class MediaRow:
     """One row as a processor takes it: the conversation and the media it refers to, in order.
 
-    Media parts in `messages` are bare `{"type": kind}` markers; the media themselves are in
+    Media parts in `messages` are `{"type": kind, kind: item}`, in the order of the media in
     `images` (RGB images), `videos` (lists of frames) and `audios` (float32 waveforms).
+    `where` names the row (and caption) in errors.
     """
 
     messages: list[dict[str, Any]]
+    where: str = ""
     images: list[Any] = field(default_factory=list)
     videos: list[list[Any]] = field(default_factory=list)
     audios: list[np.ndarray] = field(default_factory=list)
 
 
-def has_media(table: TextTable) -> bool:
+def has_media(table: TextTable, columns: Columns | None = None) -> bool:
     """Whether any column of `table` (or a part of its messages) holds media."""
-    return bool(_media_found(table))
+    return bool(_media_found(table, columns))
 
 
-def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoice:
-    """Which modality `table` holds: the one `forced`, else the only one its columns show.
+def detect_modality(
+    table: TextTable, forced: str | None = None, columns: Columns | None = None
+) -> ModalityChoice:
+    """Which modality `table` holds: the one `forced`, else the only one its columns show
+    (a column `columns` names counts as that modality's).
 
     Raises `DataError` when no column holds media, when several modalities do and none is
     forced, or when the forced modality has no column.
     """
+    named = columns or Columns()
+    named.check(table.columns, table.description)
     messages_column = next((c for c in MESSAGES_COLUMNS if c in table.columns), None)
-    found = _media_found(table)
+    found = _media_found(table, named)
     columns = ", ".join(repr(c) for c in table.columns) or "none"
     if forced is not None:
         if forced not in MEDIA_MODALITIES:
@@ -107,21 +122,26 @@ def detect_modality(table: TextTable, forced: str | None = None) -> ModalityChoi
     elif len(found) > 1:
         raise DataError(
             f"{table.description} holds several modalities ({', '.join(found.values())})",
-            hint="Force the one to calibrate with: modality=" + " or ".join(found) + ".",
+            hint="Force the one to calibrate with: --modality "
+            + " or --modality ".join(found)
+            + ".",
             source=table.description,
             param="modality",
         )
     else:
         modality, how = next(iter(found.items()))
-    column = next((c for c in MEDIA_COLUMNS[modality] if c in table.columns), None)
+    column = named.media(modality) or next(
+        (c for c in MEDIA_COLUMNS[modality] if c in table.columns), None
+    )
     return ModalityChoice(modality, column, messages_column, f"{modality} ({how})")
 
 
-def _media_found(table: TextTable) -> dict[str, str]:
+def _media_found(table: TextTable, columns: Columns | None = None) -> dict[str, str]:
     """Each modality `table` holds, with the column (or messages parts) that holds it."""
+    columns = columns or Columns()
     found: dict[str, str] = {}
     for modality, names in MEDIA_COLUMNS.items():
-        column = next((c for c in names if c in table.columns), None)
+        column = columns.media(modality) or next((c for c in names if c in table.columns), None)
         if column is not None:
             found[modality] = f"column {column!r}"
     messages_column = next((c for c in MESSAGES_COLUMNS if c in table.columns), None)
@@ -146,16 +166,28 @@ def _part_types(conversations: Sequence[object]) -> list[str]:
 class RowReader:
     """Builds `MediaRow`s from a table, reading each column once.
 
-    `target_rate` is the feature extractor's sampling rate (audio only).
+    `target_rate` is the feature extractor's sampling rate (audio only). `columns` names the
+    answer column and says how a list of captions is read; `notes` collects what a user
+    should be told about it.
     """
 
     def __init__(
-        self, table: TextTable, choice: ModalityChoice, *, base: Path, target_rate: int | None
+        self,
+        table: TextTable,
+        choice: ModalityChoice,
+        *,
+        base: Path,
+        target_rate: int | None,
+        columns: Columns | None = None,
     ) -> None:
         self.table, self.choice, self.base, self.target_rate = table, choice, base, target_rate
+        self.text_lists = (columns or Columns()).text_lists
+        self.notes: list[str] = []
         self._columns: dict[str, Sequence[object]] = {}
         self.prompt_column = next((c for c in PROMPT_COLUMNS if c in table.columns), None)
-        self.answer_column = next((c for c in ANSWER_COLUMNS if c in table.columns), None)
+        self.answer_column = (columns or Columns()).text or next(
+            (c for c in ANSWER_COLUMNS if c in table.columns), None
+        )
         self.rate_column = next((c for c in SAMPLING_RATE_COLUMNS if c in table.columns), None)
         if choice.messages_column is None and self.answer_column is None and not self.prompt_column:
             raise DataError(
@@ -166,8 +198,9 @@ class RowReader:
                 source=table.description,
             )
 
-    def read(self, row: int) -> MediaRow:
-        """Row `row` with its media read; raises `DataError` naming the row on any problem."""
+    def read(self, row: int) -> list[MediaRow]:
+        """Row `row` with its media read: one sample, or one per caption of a caption list read
+        `each`. Raises `DataError` naming the row on any problem."""
         where = f"{self.table.description}, row {row}"
         kind = self.choice.modality
         payloads = self._column_media(row)
@@ -178,9 +211,10 @@ class RowReader:
             payloads = _merge_payloads(
                 messages, inline, payloads, kind, where, self.table.description
             )
+            conversations = [messages]
         else:
-            messages = self._caption_messages(row, len(payloads), where)
-        media_row = MediaRow(messages=messages)
+            conversations = self._caption_messages(row, len(payloads), where)
+        media_row = MediaRow(messages=[], where=where)
         for index, payload in enumerate(payloads):
             cell = f"{where}, {kind} {index}"
             source = self.table.description
@@ -199,7 +233,17 @@ class RowReader:
                     read_audio(payload, sampling_rate=rate, target_rate=self.target_rate,
                                base=self.base, where=cell, source=source)
                 )  # fmt: skip
-        return media_row
+        items = media_row.images or media_row.videos or media_row.audios
+        samples = []
+        for index, messages in enumerate(conversations):
+            caption = f", caption {index}" if len(conversations) > 1 else ""
+            samples.append(
+                MediaRow(
+                    _with_media(messages, kind, items), where=where + caption,
+                    images=media_row.images, videos=media_row.videos, audios=media_row.audios,
+                )
+            )  # fmt: skip
+        return samples
 
     def _cell(self, column: str, row: int) -> Any:
         if column not in self._columns:
@@ -222,7 +266,7 @@ class RowReader:
             return [value]
         return list(value) if isinstance(value, (list, tuple)) else [value]
 
-    def _caption_messages(self, row: int, count: int, where: str) -> list[dict[str, Any]]:
+    def _caption_messages(self, row: int, count: int, where: str) -> list[list[dict[str, Any]]]:
         if count == 0:
             raise DataError(
                 f"{where} has no {self.choice.modality}",
@@ -231,15 +275,36 @@ class RowReader:
             )
         prompt = self._cell(self.prompt_column, row) if self.prompt_column else None
         answer = self._cell(self.answer_column, row) if self.answer_column else None
-        user: list[dict[str, Any]] = [{"type": self.choice.modality} for _ in range(count)]
-        if prompt:
-            user.append({"type": "text", "text": str(prompt)})
-        messages = [{"role": "user", "content": user}]
-        if answer:
-            messages.append(
-                {"role": "assistant", "content": [{"type": "text", "text": str(answer)}]}
-            )
-        return messages
+        if is_text_list(answer) and not self.notes:
+            self.notes.append(text_list_note(str(self.answer_column), answer, self.text_lists))
+        answers: list[str | None] = list(texts_of(answer, self.text_lists)) if answer else []
+        conversations = []
+        for text in answers or [None]:
+            user: list[dict[str, Any]] = [{"type": self.choice.modality} for _ in range(count)]
+            if prompt:
+                user.append({"type": "text", "text": str(prompt)})
+            messages = [{"role": "user", "content": user}]
+            if text:
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+            conversations.append(messages)
+        return conversations
+
+
+def _with_media(
+    messages: list[dict[str, Any]], kind: str, items: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """`messages` with the `i`-th `{"type": kind}` part carrying `items[i]` under `kind`."""
+    media = iter(items)
+    laid_out = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {**part, kind: next(media)} if part.get("type") == kind else dict(part)
+                for part in content
+            ]
+        laid_out.append({**message, "content": content})
+    return laid_out
 
 
 def _is_sample_list(value: object) -> bool:
@@ -249,8 +314,8 @@ def _is_sample_list(value: object) -> bool:
 def _messages_with_markers(
     conversation: object, kind: str, where: str, source: str
 ) -> tuple[list[dict[str, Any]], list[object | None]]:
-    """The conversation with media parts reduced to `{"type": kind}`, and each part's inline
-    payload (None where the part carries none)."""
+    """The conversation with media parts reduced to `{"type": kind}` (their media attached by
+    `_with_media` once read), and each part's inline payload (None where it carries none)."""
     if not isinstance(conversation, list) or not all(
         isinstance(m, Mapping) and {"role", "content"} <= m.keys() for m in conversation
     ):

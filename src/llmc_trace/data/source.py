@@ -8,6 +8,9 @@ guess made later by whoever fails first:
   even when it does not exist, so that a typo reads "file not found" and not "Hub unreachable";
 * any other string that looks like a Hub id (`name` or `owner/name`) is a Hub dataset.
 
+A folder `datasets.save_to_disk` wrote is a local dataset (kind `disk`), and so is a `.arrow`
+file (kind `arrow`); both are read through `datasets` (`data.saved`).
+
 Hub ids may contain dots (`owner/corpus-v1.2`), which is why only listed suffixes mean "file".
 """
 
@@ -17,21 +20,24 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmc_trace.data.saved import is_saved_dataset
 from llmc_trace.errors import DataError
 
 TEXT_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet", ".txt")
 TOKEN_SUFFIXES: tuple[str, ...] = (".npy",)
-SUPPORTED_SUFFIXES: tuple[str, ...] = TEXT_SUFFIXES + TOKEN_SUFFIXES
+ARROW_SUFFIXES: tuple[str, ...] = (".arrow",)
+SUPPORTED_SUFFIXES: tuple[str, ...] = TEXT_SUFFIXES + TOKEN_SUFFIXES + ARROW_SUFFIXES
 
 # Suffixes that mean "a file" although we cannot read them; naming them gives a precise error.
 _OTHER_FILE_SUFFIXES = frozenset(
-    {".csv", ".tsv", ".arrow", ".npz", ".pt", ".pth", ".pkl", ".pickle", ".bin", ".safetensors",
+    {".csv", ".tsv", ".npz", ".pt", ".pth", ".pkl", ".pickle", ".bin", ".safetensors",
      ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".md", ".html", ".xml", ".yaml", ".yml",
      ".h5", ".hdf5", ".xlsx", ".ndjson"}
 )  # fmt: skip
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _SUPPORTED_HINT = (
-    "Name a .jsonl, .json, .parquet or .txt text file, a .npy token array, or a Hub dataset id."
+    "Name a .jsonl, .json, .parquet or .txt text file, a .npy token array, a folder or .arrow "
+    "file datasets' save_to_disk wrote, or a Hub dataset id."
 )
 
 
@@ -39,7 +45,8 @@ _SUPPORTED_HINT = (
 class ResolvedSource:
     """Where a calibration source lives.
 
-    `kind` is the file suffix without its dot (`"jsonl"`, `"npy"`, ...) or `"hub"`. `path` is set
+    `kind` is the file suffix without its dot (`"jsonl"`, `"npy"`, `"arrow"`, ...), `"disk"`
+    for a `save_to_disk` folder, or `"hub"`. `path` is set
     for local files and `hub_id` for Hub datasets. `description` is the source as the user gave
     it, for messages and reports (no absolute path is added, so reports stay reproducible).
     """
@@ -68,10 +75,13 @@ def resolve_source(source: str | Path) -> ResolvedSource:
         return ResolvedSource(kind="hub", description=description, hub_id=description)
     path = Path(source).expanduser()
     suffix = path.suffix.lower()
+    if is_saved_dataset(path):
+        return ResolvedSource(kind="disk", description=description, path=path)
     if path.is_dir():
         raise DataError(
-            f"calibration source {description} is a folder, not a file",
-            hint="Name one file inside it: " + _SUPPORTED_HINT,
+            f"calibration source {description} is a folder, and not one datasets' save_to_disk "
+            "wrote (it has no dataset_info.json or dataset_dict.json)",
+            hint="Name one file inside it, or the folder save_to_disk wrote: " + _SUPPORTED_HINT,
             source=description,
         )
     if not path.exists():

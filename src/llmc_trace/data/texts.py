@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # Searched in this order when no column is named; the first present one is used.
-TEXT_COLUMN_NAMES: tuple[str, ...] = ("text", "content", "prompt", "messages")
+TEXT_COLUMN_NAMES: tuple[str, ...] = ("text", "caption", "content", "prompt", "messages")
 
 
 def choose_text_column(columns: Sequence[str], column: str | None, *, description: str) -> str:
@@ -40,7 +40,7 @@ def choose_text_column(columns: Sequence[str], column: str | None, *, descriptio
             return name
     raise DataError(
         f"{description} has no text column (columns found: {found})",
-        hint="Name the text column explicitly; without one, the columns "
+        hint="Name the text column with --text-column; without it, the columns "
         + ", ".join(repr(name) for name in TEXT_COLUMN_NAMES)
         + " are tried in that order.",
         source=description,

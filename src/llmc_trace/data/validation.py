@@ -16,6 +16,7 @@ from llmc_trace.errors import DataError
 from llmc_trace.data.hub import read_hub_metadata
 from llmc_trace.data.source import ResolvedSource, resolve_source
 from llmc_trace.data.tables import read_text_table
+from llmc_trace.data.saved import read_saved_table
 from llmc_trace.data.texts import choose_text_column
 from llmc_trace.data.tokens import count_windows, open_token_array
 
@@ -119,6 +120,10 @@ def _inspect_text_source(
     if resolved.hub_id is not None:
         metadata = read_hub_metadata(resolved.hub_id, split=split, subset=subset)
         columns, num_rows = metadata.columns, metadata.num_rows
+    elif resolved.kind in ("disk", "arrow"):
+        assert resolved.path is not None
+        table = read_saved_table(resolved.path, resolved.kind, resolved.description, split=split)
+        columns, num_rows = table.columns, table.num_rows
     else:
         assert resolved.path is not None
         table = read_text_table(resolved.path, resolved.kind, resolved.description)

@@ -49,6 +49,8 @@ class PerplexityResult:
     #: what the scored text was given: ``"text"`` alone, or its ``"image"``, ``"video"`` or
     #: ``"audio"`` (the modality detected from the data's columns, or the one forced)
     modality: str = "text"
+    #: how much of the data was scored, in a sentence each; the command line prints them
+    notes: tuple[str, ...] = ()
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration, source_modality
 from llmc_trace.data.source import resolve_source
-from llmc_trace.data.tables import read_text_table
+from llmc_trace.data.calibration import open_table
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
@@ -45,7 +45,8 @@ def evaluate_model(
     ``compress`` chooses; ``modality`` forces one, ``"text"`` reads a table's text alone).
 
     A 2-D token array is scored row by row at its own length, a 1-D stream in windows of
-    ``seq_len``; ``samples`` takes the first rows (all by default; 128 windows of text). The data
+    ``seq_len``; ``samples`` takes the first rows (all by default; of text, every window up to
+    ``TEXT_WINDOWS``, the last one shorter, and ``notes`` says how many were scored). The data
     goes through the calibration loader's checks (file type, pickles, ids inside the model's
     vocabulary) before the model is loaded, so bad data is refused in a second. ``dtype``:
     see :func:`load_for_evaluation`.
@@ -53,9 +54,7 @@ def evaluate_model(
     media = source_modality(data, modality)
     if media is not None:
         if samples is None:
-            resolved = resolve_source(data)
-            assert resolved.path is not None  # a media table is a local file
-            samples = read_text_table(resolved.path, resolved.kind, resolved.description).num_rows
+            samples = open_table(resolve_source(data)).num_rows
         result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
             modality=media.modality, dtype=dtype, progress=progress,
@@ -74,15 +73,33 @@ def evaluate_model(
     calibration = load_calibration(
         data,
         tokenizer,
-        samples=samples or 128,
+        samples=samples or TEXT_WINDOWS,
         seq_len=seq_len,
         shuffle=False,
         batch_size=batch_size,
         vocab_size=_vocab_size(source),
+        up_to=samples is None,
     )
-    return perplexity(
+    result = perplexity(
         load_for_evaluation(source, dtype), calibration, batch_size=batch_size, progress=progress
     )
+    scored = _scored(calibration.num_samples, calibration.num_tokens, seq_len, asked=samples)
+    return replace(result, notes=(*calibration.notes, scored))
+
+
+#: Windows of text ``evaluate`` scores when no sample count is asked for.
+TEXT_WINDOWS = 128
+
+
+def _scored(windows: int, tokens: int, seq_len: int, *, asked: int | None) -> str:
+    """The sentence saying how much text was scored."""
+    if asked is None and windows < TEXT_WINDOWS:
+        return (
+            f"scored all the text: {windows} windows of at most {seq_len} tokens, {tokens} "
+            f"tokens (fewer than the {TEXT_WINDOWS} windows scored by default)"
+        )
+    more = "" if asked is not None else " (--samples scores more)"
+    return f"scored the first {windows} windows of {seq_len} tokens, {tokens} tokens{more}"
 
 
 def evaluate_multimodal(
@@ -116,7 +133,7 @@ def evaluate_multimodal(
         vocab_size=_vocab_size(source),
     )
     model = load_for_evaluation(source, dtype)
-    return perplexity(model, calibration, progress=progress)
+    return replace(perplexity(model, calibration, progress=progress), notes=calibration.notes)
 
 
 def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:

@@ -192,10 +192,13 @@ def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
     ids and texts are checked as the text loader reads them."""
     assert calibration.dataset is not None and source.folder is not None
     forced = None if calibration.modality == AUTO else calibration.modality
-    choice = source_modality(calibration.dataset, forced)
+    choice = source_modality(calibration.dataset, forced, calibration.columns())
     if choice is None:
         data = validate_source(
-            calibration.dataset, samples=calibration.samples, seq_len=calibration.seq_len
+            calibration.dataset,
+            samples=calibration.samples,
+            seq_len=calibration.seq_len,
+            column=calibration.text_column,
         )
         return data.kind
     load_processor(source.folder, choice.modality).require(choice.modality)

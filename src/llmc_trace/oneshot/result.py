@@ -51,6 +51,9 @@ class CompressionResult:
     elapsed_s: float
     traced: TracedModel = field(repr=False)
     report: CompressionReport = field(repr=False)
+    #: how the calibration data was read, one sentence each (a column of caption lists, rows
+    #: dropped, the tokens calibrated on); the command line prints them
+    data_notes: tuple[str, ...] = ()
 
     @property
     def pipeline(self) -> str:

@@ -111,6 +111,7 @@ def compress(
         time.perf_counter() - start,
         run.trace.traced,
         report,
+        run.calibration.notes if run.calibration is not None else (),
     )
 
 

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES
+from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES, TEXT_LISTS
 from llmc_trace.oneshot.declare import Int, Names, Parsed, Text, normalize, option
 from llmc_trace.oneshot.stage import Stage
 
 if TYPE_CHECKING:
     import torch
+
+    from llmc_trace.data.columns import Columns
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,27 @@ class CalibrationSettings:
         "the model folder's own processor and chat template.",
         Text(choices=(AUTO, *MODALITIES)),
     )
+    text_column: str | None = option(
+        None,
+        "The column holding the text (default: text, caption, content, prompt or messages).",
+        Parsed(lambda value: _column(value), description="a column name"),
+    )
+    image_column: str | None = option(
+        None,
+        "The column holding the images (default: images, image, image_path or image_bytes).",
+        Parsed(lambda value: _column(value), description="a column name"),
+    )
+    audio_column: str | None = option(
+        None,
+        "The column holding the audio (default: audios, audio, audio_path or waveform).",
+        Parsed(lambda value: _column(value), description="a column name"),
+    )
+    text_lists: str = option(
+        "first",
+        "A text column holding lists (flickr30k's five captions): use the first text, each "
+        "text as its own sample, or all joined.",
+        Text(choices=TEXT_LISTS),
+    )
     samples: int = option(128, "Calibration samples.", Int(1))
     seq_len: int = option(512, "Tokens per sample.", Int(2))
     batch_size: int = option(1, "Samples per forward pass.", Int(1))
@@ -57,6 +80,12 @@ class CalibrationSettings:
 
     def __post_init__(self) -> None:
         normalize(self)
+
+    def columns(self) -> Columns:
+        """The columns named, as the data loaders take them."""
+        from llmc_trace.data.columns import Columns
+
+        return Columns(self.text_column, self.image_column, self.audio_column, self.text_lists)
 
 
 @dataclass(frozen=True)
@@ -119,6 +148,12 @@ def _path_text(value: object) -> str | None:
     if isinstance(value, Path):
         return str(value)
     raise ValueError(f"must be a path or a hub id, not {value!r}")
+
+
+def _column(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    raise ValueError(f"must be a column name, not {value!r}")
 
 
 def _read_dtype(value: object) -> torch.dtype | None:

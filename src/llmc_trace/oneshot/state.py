@@ -71,10 +71,14 @@ class RunState:
         if request.modality != "text":
             assert request.source.folder is not None  # a request has weights
             return load_multimodal_calibration(
-                settings.dataset, request.source.folder, modality=request.modality, **sizes
-            )
+                settings.dataset, request.source.folder, modality=request.modality,
+                columns=settings.columns(), **sizes,
+            )  # fmt: skip
         tokenizer = _tokenizer(request.source) if request.data_kind != "npy" else None
-        return load_calibration(settings.dataset, tokenizer, **sizes)
+        return load_calibration(
+            settings.dataset, tokenizer, column=settings.text_column,
+            text_lists=settings.text_lists, **sizes,
+        )  # fmt: skip
 
     def report(
         self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None
