@@ -230,7 +230,8 @@ def write_media_rows(folder: Path, data: Path, count: int | None, out: Path) -> 
     rows = []
     for index, batch in enumerate(calibration.batches):  # one row each, unpadded
         images = []
-        for number, image in enumerate(reader.read(index).images):
+        (row,) = reader.read(index)  # one caption per row: the default, first caption
+        for number, image in enumerate(row.images):
             images.append(str(out.parent / f"{out.stem}-{index}-{number}.png"))
             image.save(images[-1])
         rows.append({"token_ids": batch["input_ids"][0].tolist(), "images": images})

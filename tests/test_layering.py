@@ -2,7 +2,7 @@
 
 Each package may import from packages of an earlier layer (and from itself), never from a
 later one: so a package can be read, tested and replaced knowing only what lies below it. The
-README's "How it works" draws the same layers.
+docs' "How it works" page (guides/architecture.md) draws the same layers.
 """
 
 from __future__ import annotations

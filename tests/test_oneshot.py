@@ -164,7 +164,7 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path)
     gptq_sequential = ppl(method="gptq")
     gptq_basic = ppl(method="gptq", pipeline="basic")
     # measured on 8 rows 114.0 against 117.7 (3.2% lower; basic 113.8, the float model 113.1):
-    # 0.98x leaves 1.4 of perplexity, ~30x what float order moves it (README, Compression results)
+    # 0.98x leaves 1.4 of perplexity, ~30x what float order moves it (guides/benchmarks.md, quality on the reference model)
     assert baseline < gptq_sequential < 0.98 * rtn and gptq_basic < 0.98 * rtn
     assert abs(gptq_sequential - gptq_basic) < 0.02 * gptq_basic
     first = [f"model.layers.0.{p}.weight" for p in ("self_attn.q_proj", "mlp.down_proj")]

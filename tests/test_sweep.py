@@ -2,7 +2,7 @@
 still verifies on the installed transformers, or CI turns red naming it.
 
 The shipped sweep (``models/builtin/coverage-all.json``, what ``coverage --all --json``
-printed for the README) is the reference; each verified row is built from the config it names
+printed for the docs) is the reference; each verified row is built from the config it names
 (the type's defaults, or the built-in its defaults needed), traced and replayed against its own
 eager forward again here, and nothing else is: what did not verify costs CI no time. The types
 are split into shards, separate test items that ``pytest -n 2`` spreads over its workers, so
@@ -82,15 +82,16 @@ def test_every_pair_verified_in_the_shipped_sweep_still_verifies(shard: int) -> 
     assert spent < SHARD_CPU_S, f"shard {shard + 1} took {spent:.0f} CPU s: {types}"
 
 
-def test_the_shipped_sweep_meets_its_goal_and_the_readme_shows_it() -> None:
-    """At least 95 % of the types transformers can run verified, and the README's table is the
-    one generated from the shipped JSON (so neither can drift from the other)."""
+def test_the_shipped_sweep_meets_its_goal_and_the_docs_show_it() -> None:
+    """At least 95 % of the types transformers can run verified, and the supported
+    architectures page's table is the one generated from the shipped JSON (so neither can drift
+    from the other)."""
     from tests.conftest import REPO
 
     summary = SHIPPED["summary"]
     assert summary["verified_share"] >= 0.95, summary["failed"]
     assert summary["verified"] == len(verified_types(SHIPPED["rows"]))
-    assert sweep_table(SHIPPED) in (REPO / "README.md").read_text()
+    assert sweep_table(SHIPPED) in (REPO / "guides" / "architectures.md").read_text()
 
 
 def test_summary_counts_only_what_transformers_can_run() -> None:
@@ -141,7 +142,7 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
 
 
 def test_coverage_all_json_and_the_table_generated_from_it(tmp_path) -> None:
-    """`coverage --all --json` is one document; `--table` turns it into the README's rows."""
+    """`coverage --all --json` is one document; `--table` turns it into the docs' rows."""
     from click.testing import CliRunner
 
     from llmc_trace.cli.main import cli
