@@ -170,7 +170,8 @@ def test_media_rows_are_ours_with_their_images(serving, twins, drawn_rows, tmp_p
     table = read_text_table(drawn_rows, "jsonl", "rows")
     reader = RowReader(table, detect_modality(table), base=drawn_rows.parent, target_rate=None)
     for index, row in enumerate(rows):
-        (image,) = reader.read(index).images
+        (media_row,) = reader.read(index)
+        (image,) = media_row.images
         (path,) = row["images"]
         assert np.array_equal(np.asarray(Image.open(path)), np.asarray(image))
         collapsed = worker.collapse_placeholders(row["token_ids"], placeholders)
