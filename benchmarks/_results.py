@@ -133,7 +133,7 @@ class Run:
     def __init__(self, name: str, argv: Sequence[str] | None = None) -> None:
         self.name = name
         self.command = command_line(argv)
-        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.started = _dt.datetime.now(_dt.UTC)
         self.load_before = load_average()
 
     def write(
@@ -149,7 +149,7 @@ class Run:
         """Write the result file and return its path. ``environments``: what other processes
         (a reference tool's workers) ran with, keyed by their name; ``notes``: sentences the
         docs print under the table, facts of this run only."""
-        ended = _dt.datetime.now(_dt.timezone.utc)
+        ended = _dt.datetime.now(_dt.UTC)
         document = {
             "schema": SCHEMA,
             "version": VERSION,

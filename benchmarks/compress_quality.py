@@ -27,12 +27,29 @@ allocator runs as a user's would: ours with the 4 MiB mmap threshold ``compress`
 ``pipeline_memory.py`` sets to compare live bytes with a plan) made every forward pass on this
 model 2-2.5x slower, which would distort the seconds.
 
-    python benchmarks/compress_quality.py               # 20-40 min on 2 cores, load permitting
+The baseline "rtn" rounds on compressed-tensors' grid, as ``compress`` stores weights:
+symmetric scale ``max|w| / ((qmax - qmin) / 2)`` per group, in the checkpoint's bf16, so 2 bits
+round to [-2, 1] at ``max|w| / 1.5``. ``refmodel/README.md``'s RTN rows divide by
+``2^(b-1) - 1`` in float32 instead (2 bits: ``max|w| / 1``, three levels), which costs far more
+at 2 bits; the table's note quotes them from ``refmodel/results.json`` so the two never read as
+one figure measured twice.
+
+The run writes ``benchmarks/results/compress_quality.json`` (``_results.Run``; with ``--part``
+``compress_quality-gptq.json`` or ``compress_quality-harsh.json``; ``--result`` names another
+path): every worker's figures (perplexities, seconds, memory) for every row, each timing's
+spread over the ``--repeat`` runs, and what each tool's measuring process ran with.
+``tables(result)`` renders the README's tables from that file alone (``benchmarks/tables.py``),
+and the tables printed at the end are the same function's output. A variant's RTN baseline is
+its plain row's (the same rounding), run once.
+
+    python benchmarks/compress_quality.py --repeat 3               # every row, ~30 min
+    python benchmarks/compress_quality.py --repeat 3 --part gptq   # 4 and 3 bits, ~20 min
+    python benchmarks/compress_quality.py --repeat 3 --part harsh  # the others, ~12 min
     python benchmarks/compress_quality.py --quick       # 16 samples, W4A16 only
-    python benchmarks/compress_quality.py --repeat 3    # min and median seconds of 3 runs
     python benchmarks/compress_quality.py --quick --samples 128 --repeat 3  # W4A16 timing
 
-On a shared CPU, check the load averages printed at the start and end.
+Seconds are the median (min-max) of ``--repeat`` runs (3 by default); on a shared CPU, check
+the load averages the result records before and after.
 """
 
 from __future__ import annotations
@@ -40,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +66,8 @@ from typing import Any
 
 import _worker
 import numpy as np
+from _environment import SAME_FOR_A_RATIO, describe
+from _results import Run, spread, spread_text
 from _rss import peak_rss_since_reset, reset_peak_rss
 from refmodel import FOLDER as DEFAULT_MODEL
 
@@ -91,6 +109,17 @@ class Setting:
         """Whether llm-compressor's GPTQ runs beside ours (W4A16 and 3-bit group 128)."""
         return self.method == "gptq" and self.bits in (3, 4) and not self.is_variant
 
+    @property
+    def part(self) -> str:
+        """``gptq``: the rows beside llm-compressor (4 and 3 bits, with their variants);
+        ``harsh``: the others (2 bits, sparsity, two stages)."""
+        return "gptq" if self.method == "gptq" and self.bits in (3, 4) else "harsh"
+
+    @property
+    def baseline_key(self) -> tuple[Any, ...]:
+        """What decides the data-free baseline: a variant shares its plain row's."""
+        return (self.baseline, self.bits, self.group_size, self.sparsity, self.then_quantize)
+
 
 SETTINGS = (
     Setting("W4A16 (4-bit g128 sym)", "gptq", "rtn", bits=4, group_size=128),
@@ -116,6 +145,8 @@ SETTINGS = (
 )
 
 
+PARTS = ("gptq", "harsh")
+
 # ---- measurement, inside each fresh process -------------------------------------------------
 
 
@@ -128,6 +159,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from llmc_trace.oneshot import CompressRequest, Stage, compress
 
     torch.set_num_threads(THREADS)
+    environment = describe(["llmc-trace", "compressed-tensors"])
     model_dir = Path(spec["model_dir"])
     scheme = (
         W4A16.with_weights(num_bits=spec["bits"], group_size=spec["group_size"])
@@ -175,6 +207,7 @@ def measure_ours(spec: dict[str, Any]) -> dict[str, Any]:
         "layers": len(result.layers),
         "compress_rss_bytes": peak - before,
         "peak_rss_bytes": max(before_peak, peak),
+        "environment": environment,
     }
     if spec["evaluate"]:
         tokens = np.load(model_dir / "eval.npy")
@@ -328,118 +361,289 @@ def save_calibration_rows(model_dir: Path, samples: int, seed: int, path: Path) 
     np.save(path, rows.numpy())
 
 
-@dataclass
-class Row:
-    """What was measured for one setting."""
-
-    setting: Setting
-    baseline: dict[str, Any]
-    ours: list[dict[str, Any]]
-    theirs: list[dict[str, Any]]
-
-
 def values(runs: list[dict[str, Any]], key: str) -> list[float]:
     return [run[key] for run in runs if run.get(key) is not None]
 
 
-def seconds_text(seconds: list[float]) -> str:
-    if not seconds:
-        return "-"
-    if len(seconds) == 1:
-        return f"{seconds[0]:.1f}"
-    return f"{min(seconds):.1f} / {statistics.median(seconds):.1f}"
+def spread_of(runs: list[dict[str, Any]], key: str, unit: float = 1.0) -> dict[str, Any] | None:
+    """``key`` over the runs that measured it, divided by ``unit``; None when none did."""
+    measured = values(runs, key)
+    if not measured:
+        return None
+    return spread([v / unit for v in measured], digits=2 if unit == MiB else 4)
+
+
+def summary(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row's repeats as spreads: what its tables show (seconds, MiB)."""
+    return {
+        "ours_compress_s": spread_of(ours, "compress_s"),
+        "ours_pipeline_s": spread_of(ours, "pipeline_s"),
+        "ours_mib": spread_of(ours, "compress_rss_bytes", MiB),
+        "ours_peak_mib": spread_of(ours, "peak_rss_bytes", MiB),
+        "theirs_oneshot_s": spread_of(theirs, "oneshot_s"),
+        "theirs_mib": spread_of(theirs, "load_and_oneshot_rss_bytes", MiB),
+        "theirs_oneshot_mib": spread_of(theirs, "oneshot_rss_bytes", MiB),
+        "theirs_before_oneshot_mib": spread_of(theirs, "rss_before_oneshot_bytes", MiB),
+        "theirs_peak_mib": spread_of(theirs, "peak_rss_bytes", MiB),
+    }
+
+
+def without_environment(run: dict[str, Any], seen: dict[str, Any], key: str) -> dict[str, Any]:
+    """``run`` less its ``environment``, which is kept once per tool in ``seen[key]``."""
+    run = dict(run)
+    environment = run.pop("environment", None)
+    if environment is not None:
+        seen.setdefault(key, environment)
+    return run
+
+
+def row_figures(
+    setting: Setting,
+    baseline: dict[str, Any],
+    ours: list[dict[str, Any]],
+    theirs: list[dict[str, Any]],
+    variant_of: str | None,
+) -> dict[str, Any]:
+    """One row of the result: the setting, every run, and the spreads the tables show.
+
+    A variant shares its plain row's llm-compressor runs (``variant_of`` names that row); its
+    own ``theirs`` stays empty, so each reference run is stored once."""
+    return {
+        "label": setting.label,
+        "method": setting.method,
+        "baseline_method": setting.baseline,
+        "bits": setting.bits,
+        "group_size": setting.group_size,
+        "sparsity": setting.sparsity,
+        "true_sequential": setting.true_sequential,
+        "refine_passes": setting.refine_passes,
+        "then_quantize": setting.then_quantize,
+        "variant_of": variant_of,
+        "baseline": baseline,
+        "ours": ours,
+        "theirs": theirs,
+        "summary": summary(ours, theirs),
+    }
+
+
+def refmodel_rtn(model_dir: Path) -> list[dict[str, Any]]:
+    """``refmodel/results.json``'s RTN rows (another rounding rule), for the table's note."""
+    path = model_dir / "results.json"
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text()).get("results", [])
+    return [
+        {"config": r["config"], "bits": r["bits"], "group_size": r["group_size"],
+         "ppl": r["eval_ppl"]}
+        for r in rows if r.get("bits")
+    ]  # fmt: skip
+
+
+# ---- the tables, from the result file alone -------------------------------------------------
 
 
 def ppl_text(run: dict[str, Any] | None) -> str:
     return f"{run['ppl']:.3f}" if run and "ppl" in run else "failed"
 
 
-def recovered(rtn: dict[str, Any], compressed: dict[str, Any] | None, fp_ppl: float) -> str:
-    if not compressed or "ppl" not in compressed or "ppl" not in rtn:
+def recovered(baseline: dict[str, Any], compressed: dict[str, Any] | None, fp_ppl: float) -> str:
+    if not compressed or "ppl" not in compressed or "ppl" not in baseline:
         return "-"
-    return f"{(rtn['ppl'] - compressed['ppl']) / (rtn['ppl'] - fp_ppl):.1%}"
+    return f"{(baseline['ppl'] - compressed['ppl']) / (baseline['ppl'] - fp_ppl):.1%}"
 
 
-def mib_text(sizes_bytes: list[float]) -> str:
-    return f"{statistics.median(sizes_bytes) / MiB:.0f}" if sizes_bytes else "-"
-
-
-def ratio_text(ours: list[float], theirs: list[float]) -> str:
+def ratio_text(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
+    """ours / theirs of two spreads' medians, measured in the same run."""
     if not ours or not theirs:
         return "-"
-    return f"{statistics.median(ours) / statistics.median(theirs):.2f}x"
+    return f"{ours['median'] / theirs['median']:.2f}x"
 
 
-def print_results(rows: list[Row], fp_ppl: float, repeat: int) -> None:
-    timing = "seconds" if repeat == 1 else f"seconds (min / median of {repeat})"
-    print()
-    print(f"| setting | baseline ppl | ours ppl | fp ppl | ours {timing} |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        name = row.setting.baseline + (", then rtn" if row.setting.then_quantize else "")
-        baseline = f"{ppl_text(row.baseline)} ({name})"
-        ours = row.ours[0] if row.ours else None
-        seconds = seconds_text(values(row.ours, "compress_s"))
-        print(f"| {row.setting.label} | {baseline} | {ppl_text(ours)} | {fp_ppl:.3f} | {seconds} |")
-    w4 = rows[0]
-    if w4.setting.bits == 4 and w4.ours:
-        print(
-            f"\nW4A16: GPTQ recovers {recovered(w4.baseline, w4.ours[0], fp_ppl)} of RTN's "
-            f"perplexity loss ((ppl_rtn - ppl_gptq) / (ppl_rtn - ppl_fp))"
-        )
+def reference_runs(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row whose llm-compressor runs ``row`` is compared with: itself or its plain row."""
+    if row["variant_of"] is None:
+        return row
+    return next(r for r in rows if r["label"] == row["variant_of"])
 
-    compared = [row for row in rows if row.theirs]
-    if not compared:
-        return
-    print("\nSide by side with llm-compressor's GPTQ (same model, same calibration rows):\n")
-    print(
-        "| setting | ppl ours / theirs | recovered ours / theirs | seconds ours | seconds theirs "
-        "| ours/theirs s | MiB ours | MiB theirs | ours/theirs MiB |"
+
+def rtn_note(figures: dict[str, Any]) -> str:
+    """Which rounding rule "rtn" is, and refmodel/README.md's RTN figures under its own."""
+    note = (
+        "rtn: round-to-nearest on compressed-tensors' grid, as `compress` stores weights "
+        "(symmetric scale max|w| / ((qmax - qmin) / 2) per group, in the checkpoint's bf16; "
+        "2 bits round to [-2, 1] at max|w| / 1.5)."
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in compared:
-        ours, theirs = row.ours[0] if row.ours else None, row.theirs[0]
-        ours_s, theirs_s = values(row.ours, "compress_s"), values(row.theirs, "oneshot_s")
-        ours_bytes = values(row.ours, "compress_rss_bytes")
-        theirs_bytes = values(row.theirs, "load_and_oneshot_rss_bytes")
-        print(
-            f"| {row.setting.label} | {ppl_text(ours)} / {ppl_text(theirs)} "
-            f"| {recovered(row.baseline, ours, fp_ppl)} / {recovered(row.baseline, theirs, fp_ppl)} "
-            f"| {seconds_text(ours_s)} | {seconds_text(theirs_s)} | {ratio_text(ours_s, theirs_s)} "
-            f"| {mib_text(ours_bytes)} | {mib_text(theirs_bytes)} "
-            f"| {ratio_text(ours_bytes, theirs_bytes)} |"
+    other = figures.get("refmodel_rtn") or []
+    if other:
+        quoted = ", ".join(f"{r['config']} {r['ppl']:.3f}" for r in other)
+        note += (
+            " `refmodel/README.md`'s RTN divides by 2^(b-1) - 1 in float32 (2 bits: max|w| / 1, "
+            f"three levels), another rule: {quoted}."
         )
-    print("\nDetails (medians over runs):")
-    for row in (r for r in compared if not r.setting.is_variant):
-        label = row.setting.label
-        pipeline_s = values(row.ours, "pipeline_s")
-        if pipeline_s:
-            print(f"  {label}: ours from the first subgraph on {seconds_text(pipeline_s)} s")
-        theirs_oneshot_mib = [b / MiB for b in values(row.theirs, "oneshot_rss_bytes")]
-        theirs_before_mib = [b / MiB for b in values(row.theirs, "rss_before_oneshot_bytes")]
-        if theirs_oneshot_mib:
-            print(
-                f"  {label}: theirs during oneshot alone +{statistics.median(theirs_oneshot_mib):.0f}"
-                f" MiB over {statistics.median(theirs_before_mib):.0f} MiB resident before it"
-            )
-        for who, runs in (("ours", row.ours), ("theirs", row.theirs)):
-            peaks = values(runs, "peak_rss_bytes")
-            if peaks:
-                print(
-                    f"  {label}: {who} whole-process peak {statistics.median(peaks) / MiB:.0f} MiB"
+    return note
+
+
+def quality_table(figures: dict[str, Any]) -> str:
+    rows, fp_ppl, repeat = figures["rows"], figures["fp_ppl"], figures["repeat"]
+    timing = "ours seconds" + (f", median (min-max) of {repeat}" if repeat > 1 else "")
+    lines = [
+        f"| setting | baseline ppl | ours ppl | fp ppl | {timing} |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        name = row["baseline_method"] + (", then rtn" if row["then_quantize"] else "")
+        ours = row["ours"][0] if row["ours"] else None
+        seconds = spread_text(row["summary"]["ours_compress_s"])
+        lines.append(
+            f"| {row['label']} | {ppl_text(row['baseline'])} ({name}) | {ppl_text(ours)} "
+            f"| {fp_ppl:.3f} | {seconds} |"
+        )
+    first = rows[0]
+    if first["bits"] == 4 and first["method"] == "gptq" and first["ours"]:
+        lines += [
+            "",
+            f"W4A16: GPTQ recovers {recovered(first['baseline'], first['ours'][0], fp_ppl)} of "
+            "RTN's perplexity loss ((ppl_rtn - ppl_gptq) / (ppl_rtn - ppl_fp)).",
+        ]
+    if any(row["baseline_method"] == "rtn" or row["then_quantize"] for row in rows):
+        lines += ["", rtn_note(figures)]
+    return "\n".join(lines)
+
+
+def side_by_side_table(figures: dict[str, Any]) -> str:
+    rows, fp_ppl = figures["rows"], figures["fp_ppl"]
+    lines = [
+        "| setting | ppl ours / theirs | recovered ours / theirs | seconds ours | seconds theirs "
+        "| ours/theirs s | MiB ours | MiB theirs | ours/theirs MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        reference = reference_runs(row, rows)
+        if not reference["theirs"]:
+            continue
+        ours, theirs = (row["ours"][0] if row["ours"] else None), reference["theirs"][0]
+        mine, other = row["summary"], reference["summary"]
+        lines.append(
+            f"| {row['label']} | {ppl_text(ours)} / {ppl_text(theirs)} "
+            f"| {recovered(row['baseline'], ours, fp_ppl)} / "
+            f"{recovered(row['baseline'], theirs, fp_ppl)} "
+            f"| {spread_text(mine['ours_compress_s'])} | {spread_text(other['theirs_oneshot_s'])} "
+            f"| {ratio_text(mine['ours_compress_s'], other['theirs_oneshot_s'])} "
+            f"| {spread_text(mine['ours_mib'], '.0f')} | {spread_text(other['theirs_mib'], '.0f')} "
+            f"| {ratio_text(mine['ours_mib'], other['theirs_mib'])} |"
+        )
+    return "\n".join(lines)
+
+
+def details_table(figures: dict[str, Any]) -> str:
+    """What the side-by-side leaves out, for the rows that ran llm-compressor themselves."""
+    lines = [
+        "| setting | ours from the first subgraph on, s | theirs during oneshot alone, +MiB "
+        "| theirs resident before oneshot, MiB | whole-process peak MiB ours / theirs "
+        "| theirs' saved weights reproduce their logits to |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in figures["rows"]:
+        if not row["theirs"]:
+            continue
+        s = row["summary"]
+        diffs = values(row["theirs"], "max_abs_logit_diff")
+        lines.append(
+            f"| {row['label']} | {spread_text(s['ours_pipeline_s'])} "
+            f"| {spread_text(s['theirs_oneshot_mib'], '.0f')} "
+            f"| {spread_text(s['theirs_before_oneshot_mib'], '.0f')} "
+            f"| {spread_text(s['ours_peak_mib'], '.0f')} / "
+            f"{spread_text(s['theirs_peak_mib'], '.0f')} "
+            f"| {f'{diffs[0]:.2e}' if diffs else '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """The README's tables from a result file: ``quality`` (every row against its data-free
+    baseline), and with llm-compressor ``side_by_side`` and ``details`` (its memory apart)."""
+    figures = result["figures"]
+    rendered = {"quality": quality_table(figures)}
+    if any(row["theirs"] for row in figures["rows"]):
+        rendered["side_by_side"] = side_by_side_table(figures)
+        rendered["details"] = details_table(figures)
+    return rendered
+
+
+def print_tables(document: dict[str, Any]) -> None:
+    rendered = tables(document)
+    titles = {
+        "side_by_side": "Side by side with llm-compressor's GPTQ (same model, same calibration "
+        "rows):",
+        "details": "Details (median (min-max) over runs):",
+    }
+    for key, table in rendered.items():
+        print(f"\n{titles[key]}\n" if key in titles else "")
+        print(table)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+def measure_rows(
+    settings: tuple[Setting, ...],
+    model_dir: Path,
+    samples: int,
+    seed: int,
+    repeat: int,
+    reference: bool,
+    environments: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every setting's baseline, ``repeat`` runs of ours and (where it runs) of theirs."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="compress_quality_") as folder:
+        calib_rows = Path(folder) / "calib_rows.npy"
+        if reference:
+            save_calibration_rows(model_dir, samples, seed, calib_rows)
+        baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for setting in settings:
+            if setting.baseline_key not in baselines:
+                run = run_ours(model_dir, setting.baseline, setting, samples, seed, evaluate=True)
+                baselines[setting.baseline_key] = without_environment(run, {}, "")
+            baseline = baselines[setting.baseline_key]
+            ours: list[dict[str, Any]] = []
+            theirs: list[dict[str, Any]] = []
+            for index in range(repeat):
+                run = run_ours(model_dir, setting.method, setting, samples, seed, index == 0)
+                ours.append(without_environment(run, environments, "llmc-trace worker"))
+                if reference and setting.has_reference:
+                    save = Path(folder) / f"theirs_{setting.bits}bit.pt" if index == 0 else None
+                    run = run_theirs(model_dir, setting, calib_rows, save)
+                    theirs.append(without_environment(run, environments, "llm-compressor worker"))
+            variant_of = None
+            if setting.is_variant:  # the same llm-compressor runs as its plain row
+                variant_of = next(
+                    (
+                        r["label"]
+                        for r in rows
+                        if (r["bits"], r["group_size"]) == (setting.bits, setting.group_size)
+                        and r["theirs"]
+                    ),
+                    None,
                 )
-        diffs = values(row.theirs, "max_abs_logit_diff")
-        if diffs:
-            print(
-                f"  {label}: theirs' saved weights reproduce their model's logits to {diffs[0]:.2e}"
-            )
+            rows.append(row_figures(setting, baseline, ours, theirs, variant_of))
+    return rows
 
 
-def versions() -> str:
-    from importlib.metadata import version
-
-    names = ("torch", "transformers", "compressed-tensors")
-    return ", ".join(f"{name} {version(name)}" for name in names)
+def ratio_notes(environments: dict[str, Any]) -> list[str]:
+    """A sentence when the two tools' measuring processes differ where a ratio needs them equal."""
+    mine = environments.get("llmc-trace worker")
+    theirs = environments.get("llm-compressor worker")
+    if not mine or not theirs:
+        return []
+    differing = [
+        f"{key} {mine[key]} vs {theirs[key]}"
+        for key in SAME_FOR_A_RATIO
+        if mine.get(key) != theirs.get(key)
+    ]
+    if not differing:
+        return []
+    return ["The two tools ran on different builds (" + "; ".join(differing) + ")."]
 
 
 def main() -> None:
@@ -448,12 +652,20 @@ def main() -> None:
         "--samples", type=int, help="calibration rows (default 128; 16 with --quick)"
     )
     parser.add_argument("--quick", action="store_true", help="W4A16 only, 16 samples by default")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per method (default 1)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per method (default 3)")
     parser.add_argument(
         "--seed", type=int, default=0, help="which calibration rows are drawn (default 0)"
     )
     parser.add_argument(
         "--only", nargs="+", metavar="TEXT", help="rows whose label contains any of these"
+    )
+    parser.add_argument(
+        "--part", choices=PARTS, help="only the rows beside llm-compressor (gptq: 4 and 3 "
+        "bits with their variants) or the others (harsh); the result is named after it",
+    )
+    parser.add_argument(
+        "--result", type=Path, help="where the result goes (default benchmarks/results/"
+        "compress_quality.json, or compress_quality-PART.json)",
     )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -464,8 +676,11 @@ def main() -> None:
         return
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    run = Run("compress_quality" + (f"-{args.part}" if args.part else ""))
     samples = args.samples or (16 if args.quick else 128)
     settings = SETTINGS[:1] if args.quick else SETTINGS
+    if args.part:
+        settings = tuple(s for s in settings if s.part == args.part)
     if args.only:
         settings = tuple(s for s in settings if any(text in s.label for text in args.only))
         if not settings:
@@ -474,53 +689,42 @@ def main() -> None:
     model_dir = args.model_dir.resolve()
 
     print(f"refmodel {model_dir}; {samples} x {SEQ_LEN} calibration tokens (seed {args.seed})")
-    print(f"{versions()}; {THREADS} torch threads per run; {args.repeat} timed run(s) per method")
+    print(f"{THREADS} torch threads per run; {args.repeat} timed run(s) per method")
     if not reference:
         print(
             f"no {REFERENCE_PYTHON}: llm-compressor is skipped (bash benchmarks/reference_env.sh)"
         )
-    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    start = time.perf_counter()
+    print(f"load average at start: {run.load_before} on {os.cpu_count()} CPUs")
     fp = run_worker("fp", {"model_dir": str(model_dir)}, "fp")
     fp_ppl = fp.get("ppl", float("nan"))
     print(f"  fp perplexity {fp_ppl:.3f}", flush=True)
 
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="compress_quality_") as folder:
-        calib_rows = Path(folder) / "calib_rows.npy"
-        if reference:
-            save_calibration_rows(model_dir, samples, args.seed, calib_rows)
-        for setting in settings:
-            baseline = run_ours(
-                model_dir, setting.baseline, setting, samples, args.seed, evaluate=True
-            )
-            ours: list[dict[str, Any]] = []
-            theirs: list[dict[str, Any]] = []
-            for index in range(args.repeat):
-                ours.append(
-                    run_ours(model_dir, setting.method, setting, samples, args.seed, index == 0)
-                )
-                if reference and setting.has_reference:
-                    save = Path(folder) / f"theirs_{setting.bits}bit.pt" if index == 0 else None
-                    theirs.append(run_theirs(model_dir, setting, calib_rows, save))
-            if setting.is_variant:  # the same llm-compressor runs as its plain row
-                theirs = next(
-                    (
-                        r.theirs
-                        for r in rows
-                        if (r.setting.bits, r.setting.group_size)
-                        == (setting.bits, setting.group_size)
-                        and r.theirs
-                    ),
-                    [],
-                )
-            rows.append(Row(setting, baseline, ours, theirs))
-
-    print_results(rows, fp_ppl, args.repeat)
-    print(
-        f"\nload average (1 min) at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
-        f"{time.perf_counter() - start:.0f} s in all"
+    environments: dict[str, Any] = {}
+    rows = measure_rows(
+        settings, model_dir, samples, args.seed, args.repeat, reference, environments
     )
+    figures = {
+        "model": "refmodel",
+        "samples": samples,
+        "seq_len": SEQ_LEN,
+        "seed": args.seed,
+        "repeat": args.repeat,
+        "part": args.part,
+        "threads": THREADS,
+        "attention": ATTENTION,
+        "eval_rows": int(np.load(model_dir / "eval.npy").shape[0]),
+        "eval_batch_size": EVAL_BATCH_SIZE,
+        "reference": reference,
+        "fp_ppl": fp_ppl,
+        "rows": rows,
+        "refmodel_rtn": refmodel_rtn(model_dir),
+    }
+    path = run.write(
+        figures, environments=environments, notes=ratio_notes(environments), path=args.result
+    )
+    document = json.loads(path.read_text())
+    print_tables(document)
+    print(f"\nload average at end: {document['load_average']['after']}; {document['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -333,6 +333,21 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
     return rendered
 
 
+def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The README's summary row per width: each tool's perplexity range over batch sizes."""
+    rows = []
+    for row in result["figures"].get("float_order") or []:
+        ours = [f for f in row["ours"] if f is not None]
+        theirs = [f for f in row["theirs"] if f is not None]
+        rows.append((
+            f"GPTQ {row['bits']}-bit g{row['group_size']} on the reference model beside "
+            "llm-compressor 0.14",
+            f"perplexity {min(ours):.3f}-{max(ours):.3f} vs {min(theirs):.3f}-{max(theirs):.3f} "
+            f"over batch sizes {', '.join(map(str, row['batch_sizes']))}",
+        ))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=128, help="calibration rows (128)")

@@ -117,11 +117,10 @@ def gpu_block() -> str:
 #: The README's summary, a row per claim: each result's script says its headline figures
 #: (``headline(result) -> [(what, figure), ...]``), and the row links the page that explains it.
 HEADLINES = (
-    ("coverage_builtins", "guides/architectures.md"),
     ("coverage_all", "guides/architectures.md#every-generative-model-type-of-transformers"),
     ("instance_tracing", "guides/llm-compressor.md"),
     ("trace_speed", "guides/benchmarks.md#tracing"),
-    ("compress_quality", "guides/benchmarks.md#quality-on-the-reference-model"),
+    ("gptq_agreement", "guides/benchmarks.md#quality-on-the-reference-model"),
     ("compress_scale", "guides/benchmarks.md#at-scale"),
     ("vlm_quality", "guides/benchmarks.md#vision-language-models"),
     ("vlm_calibration", "guides/benchmarks.md#image-calibration-side-by-side"),

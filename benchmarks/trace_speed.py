@@ -21,22 +21,29 @@ Every measurement runs in a fresh process, so its peak resident set (``ru_maxrss
 the tool's imports included) is its own; the second RSS figure is the growth during the first
 traced call. Each process traces twice: the 1st call is what one command costs, one-time costs
 included (lazy imports, first use of each meta kernel), the 2nd call is the trace alone. Runs
-of the two tools alternate, so a busy CPU slows both alike; the load average is printed before
-and after.
+of the two tools alternate, so a busy CPU slows both alike; the result file records the load
+average before and after.
 
 The second part times whole ``llmc-trace`` commands as a user runs them (fresh process, wall
 clock) on the models that used to take seconds to minutes (vision-language models, which run a
 vision tower the trace does not enter; 128-expert MoEs; a 71-head model whose twin did not
 shrink), with ``trace_s`` as ``attempt --json`` reports it, then ``llmc-trace --help`` and the
-whole ``llmc-trace coverage`` run. Targets: ``trace_s`` under 1 s for every row and every
-coverage pair, coverage under 3 minutes, Qwen2-VL with an image (``--fix``) within 2x of the same
-command with text, ``--help`` under 1 s. llm-compressor has no such commands (its tracer takes a
-loaded model and a processed sample), so these rows are ours alone.
+whole ``llmc-trace coverage`` run (each command, and coverage, ``--runs`` times). Targets:
+``trace_s`` under 1 s for every row and every coverage pair, coverage under 3 minutes, Qwen2-VL
+with an image (``--fix``) within 2x of the same command with text, ``--help`` under 1 s.
+llm-compressor has no such commands (its tracer takes a loaded model and a processed sample),
+so these rows are ours alone.
+
+Each part writes its result file: ``benchmarks/results/trace_speed.json`` (the traces: every
+process's seconds as a spread, memory, subgraph counts, the attempt's stages, the goals) and
+``benchmarks/results/trace_speed-commands.json`` (the commands and coverage), or both under
+``--results-dir``; ``tables(result)`` renders the tables printed here and in the docs from
+either.
 
     python benchmarks/trace_speed.py                  # 5 runs per measurement, both parts
     python benchmarks/trace_speed.py --runs 9
     python benchmarks/trace_speed.py --part commands  # the commands and coverage only
-    python benchmarks/trace_speed.py --quick          # Llama-3.1-8B, 1 run: a smoke test
+    python benchmarks/trace_speed.py --quick --results-dir /tmp  # Llama-3.1-8B, 1 run: a smoke test
 """
 
 from __future__ import annotations
@@ -54,10 +61,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from _rss import peak_rss_since_reset, reset_peak_rss
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _results import Run, goal, spread, spread_text  # noqa: E402
+from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
+
 REFERENCE_PYTHON = HERE / ".venv-llmc" / "bin" / "python"
 REFERENCE_WORKER = HERE / "_reference" / "trace_llmcompressor.py"
 MODELS = ["meta-llama/Llama-3.1-70B", "deepseek-ai/DeepSeek-V3"]
@@ -174,21 +185,6 @@ class ModelCase:
     num_layers: int
 
 
-@dataclass(frozen=True)
-class Summary:
-    """One measurement over several processes: its seconds, and median memory figures."""
-
-    seconds: list[float]
-    peak_rss_bytes: int
-    trace_rss_bytes: int | None
-    num_subgraphs: int
-    error: str | None = None
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.seconds)
-
-
 def prepare_case(name: str, workdir: Path) -> ModelCase:
     """Resolve ``name``, write its config folder (if it has none) and the shared sample."""
     import torch
@@ -276,121 +272,39 @@ def run_alternating(
     return ours_results, theirs_results if theirs is not None else None
 
 
-def summarize(results: list[dict] | None, key: str) -> Summary | None:
-    """The ``key`` seconds (``first_s`` or ``second_s``) of several processes' results."""
+def summarize(results: list[dict] | None, key: str) -> dict[str, Any] | None:
+    """The ``key`` seconds (``first_s`` or ``second_s``) of several processes' results, as a
+    spread, with the median memory figures, the subgraph count and the first error."""
     if results is None:
         return None
     errors = [r["error"] for r in results if "error" in r]
     good = [r for r in results if key in r]
-    if not good:
-        return Summary([], 0, None, 0, errors[0] if errors else "no result")
     deltas = [r["trace_rss_bytes"] for r in good if "trace_rss_bytes" in r]
-    return Summary(
-        seconds=[r[key] for r in good],
-        peak_rss_bytes=int(statistics.median(r["peak_rss_bytes"] for r in good)),
-        trace_rss_bytes=int(statistics.median(deltas)) if deltas else None,
-        num_subgraphs=good[0]["num_subgraphs"],
-        error=errors[0] if errors else None,
-    )
+    return {
+        "seconds": spread(r[key] for r in good) if good else None,
+        "peak_rss_mib": (
+            round(statistics.median(r["peak_rss_bytes"] for r in good) / MiB, 1) if good else None
+        ),
+        "trace_rss_mib": round(statistics.median(deltas) / MiB, 1) if deltas else None,
+        "num_subgraphs": good[0]["num_subgraphs"] if good else None,
+        "error": errors[0] if errors else (None if good else "no result"),
+    }
 
 
-# ---------------------------------------------------------------- printing
-def seconds_cell(summary: Summary | None) -> str:
-    if summary is None:
-        return "no venv"
-    if not summary.seconds:
-        return "failed"
-    low, high = min(summary.seconds), max(summary.seconds)
-    return f"{summary.median_s:6.2f} ({low:.2f}–{high:.2f})"
-
-
-def memory_cell(summary: Summary | None) -> str:
-    if summary is None or not summary.seconds:
-        return "-"
-    delta = "?" if summary.trace_rss_bytes is None else f"{summary.trace_rss_bytes / MiB:.0f}"
-    return f"{summary.peak_rss_bytes / MiB:5.0f} / {delta}"
-
-
-def ratio(ours: Summary, theirs: Summary | None) -> float | None:
-    if theirs is None or not theirs.seconds or not ours.seconds:
-        return None
-    return ours.median_s / theirs.median_s
-
-
-def print_header(runs: int, reference: bool) -> None:
-    print(f"trace speed: median of {runs} fresh processes per cell (min–max in brackets)")
-    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    if not reference:
-        print(f"no llm-compressor venv at {REFERENCE_PYTHON}: run benchmarks/reference_env.sh")
-    print()
-    print(
-        f"  {'measurement':<30}{'llmc-trace s':>20}{'llm-compressor s':>20}{'ours/theirs':>12}"
-        f"{'RSS MiB ours':>15}{'RSS MiB theirs':>16}"
-    )
-
-
-def print_row(label: str, ours: Summary, theirs: Summary | None) -> None:
-    value = ratio(ours, theirs)
-    print(
-        f"  {label:<30}{seconds_cell(ours):>20}{seconds_cell(theirs):>20}"
-        f"{'-' if value is None else f'{value:.2f}×':>12}"
-        f"{memory_cell(ours):>15}{memory_cell(theirs):>16}"
-    )
-    for tool, summary in (("llmc-trace", ours), ("llm-compressor", theirs)):
-        if summary is not None and summary.error:
-            print(f"    ! {tool}: {summary.error}")
-
-
-Row = tuple[ModelCase, str, Summary, "Summary | None"]
-
-
-def print_footer(rows: list[Row]) -> None:
-    print()
-    print("trace: llmc-trace's trace_graph + partition_trace, llm-compressor's trace_subgraphs.")
-    print("attempt: llmc-trace's attempt_trace (build, trace, partition, twin verify) against")
-    print("llm-compressor's one-core 1st-call trace_subgraphs (it has no verification step).")
-    print("RSS MiB: peak resident set of the whole process, imports included (ru_maxrss) /")
-    print("peak growth during the first timed call. 2nd call: the same trace again in the same")
-    print("process, after one-time costs (lazy imports, first use of meta kernels).")
-    for case, label, ours, theirs in rows:
-        if label.startswith("trace, 1st call, all"):
-            counts = f"{ours.num_subgraphs} subgraphs (llmc-trace)"
-            if theirs is not None and theirs.seconds:
-                counts += f", {theirs.num_subgraphs} (llm-compressor)"
-                if theirs.num_subgraphs != ours.num_subgraphs:
-                    counts += ": the tools did not trace the same partition"
-            print(f"  {case.name}: {counts}")
-    for case, label, ours, theirs in rows:
-        value = ratio(ours, theirs)
-        if label.startswith("trace") and value is not None:
-            verdict = "meets" if value <= 1.0 else "MISSES"
-            print(f"  {case.name}, {label}: {value:.2f}× {verdict} the ≤ 1.0× target")
-        if label.startswith("attempt") and ours.seconds:
-            verdict = "meets" if ours.median_s < ONE_CORE_TARGET_S else "MISSES"
-            print(
-                f"  {case.name}, attempt_trace on one core: {ours.median_s:.2f} s for "
-                f"{case.num_layers} layers {verdict} the < {ONE_CORE_TARGET_S:.0f} s target"
-            )
-    print(f"load average (1 min) at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-
-
-def stage_medians(results: list[dict]) -> str:
-    """``attempt_trace``'s own timings (median seconds per stage) over several processes."""
+def stage_spreads(results: list[dict]) -> dict[str, Any]:
+    """``attempt_trace``'s own timings (seconds per stage) over several processes."""
     stages = [r["stages_s"] for r in results if "stages_s" in r]
     if not stages:
-        return ""
-    names = list(stages[0])
-    return ", ".join(
-        f"{name.removesuffix('_s')} {statistics.median(s.get(name, 0.0) for s in stages):.2f}"
-        for name in names
-    )
+        return {}
+    return {name: spread(s.get(name, 0.0) for s in stages) for name in stages[0]}
 
 
-def measure_case(case: ModelCase, runs: int, reference: bool) -> tuple[list[Row], str]:
+def measure_case(case: ModelCase, runs: int, reference: bool) -> dict[str, Any]:
     """Every row of one model (trace on all threads and on one core, attempt on one core), and
     the attempt's stages."""
-    rows: list[Row] = []
+    rows: list[dict[str, Any]] = []
     theirs_one_core: list[dict] | None = None
+    environment = None
     for cores, one_core in (("all threads", False), ("one core", True)):
         threads = 1 if one_core else 0
         theirs_command = reference_command(case, threads) if reference else None
@@ -399,20 +313,40 @@ def measure_case(case: ModelCase, runs: int, reference: bool) -> tuple[list[Row]
         )
         for call, key in (("1st call", "first_s"), ("2nd call", "second_s")):
             label = f"trace, {call}, {cores}"
-            rows.append((case, label, summarize(ours, key), summarize(theirs, key)))
+            rows.append(
+                {"label": label, "ours": summarize(ours, key), "theirs": summarize(theirs, key)}
+            )
+            print(f"  {case.name}: {label} measured", file=sys.stderr)
         if one_core:
             theirs_one_core = theirs
+        reported = [r["environment"] for r in theirs or [] if "environment" in r]
+        environment = environment or (reported[0] if reported else None)
     # llm-compressor has no attempt (no verification): compare with its one-core first trace
     attempt, _ = run_alternating(ours_command(case, "attempt", 1), None, True, runs)
     rows.append(
-        (
-            case,
-            "attempt, 1st call, one core",
-            summarize(attempt, "first_s"),
-            summarize(theirs_one_core, "first_s"),
-        )
+        {
+            "label": "attempt, 1st call, one core",
+            "ours": summarize(attempt, "first_s"),
+            "theirs": summarize(theirs_one_core, "first_s"),
+        }
     )
-    return rows, stage_medians(attempt)
+    return {
+        "name": case.name,
+        "num_layers": case.num_layers,
+        "dtype": case.dtype,
+        "targets": case.targets,
+        "rows": rows,
+        "attempt_stages_s": stage_spreads(attempt),
+        "llmcompressor_environment": environment,
+    }
+
+
+def ratio(row: dict[str, Any]) -> float | None:
+    """llmc-trace's median over llm-compressor's, both of this row (the same run)."""
+    ours, theirs = row["ours"], row["theirs"]
+    if not theirs or not theirs["seconds"] or not ours["seconds"]:
+        return None
+    return ours["seconds"]["median"] / theirs["seconds"]["median"]
 
 
 # ---------------------------------------------------------------- whole commands
@@ -432,83 +366,312 @@ def time_command(arguments: str) -> tuple[float, float | None, str | None]:
     return wall, report["timings_s"]["trace_s"], None
 
 
-def benchmark_commands(runs: int) -> None:
-    """The slow commands of before, each ``runs`` times in fresh processes, then ``coverage``."""
-    print(f"whole commands: median of {runs} fresh processes (wall s; trace_s from --json)")
-    print(f"  {'command':<30}{'wall s':>10}{'trace_s':>10}")
-    walls: dict[str, float] = {}
-    verdicts = []
+def time_coverage() -> tuple[float, list[dict[str, Any]]]:
+    """Wall seconds of the whole ``llmc-trace coverage --json`` in a fresh process, its rows."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [str(CLI), "coverage", "--json"], capture_output=True, text=True, check=False
+    )
+    wall = time.perf_counter() - start
+    return wall, json.loads(done.stdout)["rows"] if done.stdout.strip() else []
+
+
+def benchmark_coverage(runs: int) -> dict[str, Any]:
+    """``coverage`` ``runs`` times: its wall seconds, pairs and verified, the slowest trace."""
+    walls, runs_rows = [], []
+    for index in range(runs):
+        wall, rows = time_coverage()
+        walls.append(wall)
+        runs_rows.append(rows)
+        print(f"  coverage run {index + 1}: {wall:.0f} s", file=sys.stderr)
+    rows = runs_rows[-1]
+    per_pair: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for run_rows in runs_rows:
+        for r in run_rows:
+            pair = per_pair.setdefault((r["model"], r["modality"]), {"trace_s": [], "seconds": []})
+            pair["trace_s"].append(r["trace_s"])
+            pair["seconds"].append(r["seconds"])
+    pairs = [
+        {"model": model, "modality": modality, "trace_s": spread(t["trace_s"]),
+         "seconds": spread(t["seconds"])}
+        for (model, modality), t in per_pair.items()
+    ]  # fmt: skip
+    slowest_trace = max(pairs, key=lambda p: p["trace_s"]["median"]) if pairs else None
+    return {
+        "runs": runs,
+        "wall_s": spread(walls, digits=1),
+        "pairs": len(rows),
+        "verified": [sum(r["verified"] for r in run_rows) for run_rows in runs_rows],
+        "slowest_trace": slowest_trace,
+        "trace_s_max": spread(max((r["trace_s"] for r in rr), default=0.0) for rr in runs_rows),
+        "pairs_at_or_over_target": max(
+            sum(r["trace_s"] >= TRACE_TARGET_S for r in rr) for rr in runs_rows
+        ),
+        "median_pair_s": spread(
+            statistics.median(r["seconds"] for r in rr) if rr else 0.0 for rr in runs_rows
+        ),
+        "slowest_whole": sorted(pairs, key=lambda p: -p["seconds"]["median"])[:5],
+    }
+
+
+def benchmark_commands(runs: int) -> dict[str, Any]:
+    """The slow commands of before, each ``runs`` times in fresh processes, then ``coverage``
+    ``runs`` times."""
+    commands = []
     for label, arguments in COMMANDS:
         timed = [time_command(arguments) for _ in range(runs)]
         errors = [error for _, _, error in timed if error]
-        walls[label] = statistics.median(wall for wall, _, _ in timed)
         traces = [trace for _, trace, _ in timed if trace is not None]
-        trace = statistics.median(traces) if traces else None
-        cell = "-" if trace is None else f"{trace:.3f}"
-        print(f"  {label:<30}{walls[label]:>10.2f}{cell:>10}")
-        if errors:
-            print(f"    ! {errors[0]}")
-        if trace is not None and trace >= TRACE_TARGET_S:
-            verdicts.append(
-                f"{label}: trace_s {trace:.2f} MISSES the < {TRACE_TARGET_S:.0f} s target"
-            )
-    ratio_image = walls[IMAGE_ROW] / walls[TEXT_ROW]
-    verdicts.append(
-        f"Qwen2-VL image/text wall (--fix): {ratio_image:.2f}x "
-        f"{'meets' if ratio_image <= IMAGE_OVER_TEXT_TARGET else 'MISSES'} the "
-        f"<= {IMAGE_OVER_TEXT_TARGET:.0f}x target"
-    )
-    verdicts.append(
-        f"--help: {walls['--help']:.2f} s "
-        f"{'meets' if walls['--help'] < HELP_TARGET_S else 'MISSES'} the < 1 s target"
-    )
-    start = time.perf_counter()
-    done = subprocess.run(
-        [str(CLI), "coverage", "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    coverage_s = time.perf_counter() - start
-    rows = json.loads(done.stdout)["rows"] if done.stdout.strip() else []
-    slowest = max(rows, key=lambda r: r["trace_s"]) if rows else None
-    print()
-    print(
-        f"coverage: {len(rows)} (model, modality) pairs, {sum(r['verified'] for r in rows)} "
-        f"verified, {coverage_s:.0f} s wall "
-        f"({'meets' if coverage_s < COVERAGE_TARGET_S else 'MISSES'} the < 3 min target)"
-    )
-    if slowest is not None:
-        over = [r for r in rows if r["trace_s"] >= TRACE_TARGET_S]
-        print(
-            f"  slowest trace_s: {slowest['trace_s']:.2f} s ({slowest['model']}, "
-            f"{slowest['modality']}); {len(over)} pairs at or above {TRACE_TARGET_S:.0f} s; "
-            f"median pair {statistics.median(r['seconds'] for r in rows):.2f} s whole attempt"
+        commands.append(
+            {
+                "label": label,
+                "arguments": arguments,
+                "wall_s": spread((wall for wall, _, _ in timed), digits=2),
+                "trace_s": spread(traces, digits=3) if traces else None,
+                "error": errors[0] if errors else None,
+            }
         )
-        for row in sorted(rows, key=lambda r: -r["seconds"])[:5]:
-            print(
-                f"  {row['seconds']:6.2f} s whole, trace_s {row['trace_s']:.2f}: "
-                f"{row['model']} · {row['modality']}"
+        print(f"  {label}: {commands[-1]['wall_s']['median']:.2f} s", file=sys.stderr)
+    return {"runs": runs, "commands": commands, "coverage": benchmark_coverage(runs)}
+
+
+# ---------------------------------------------------------------- goals
+def judge_trace(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each trace row at most as slow as llm-compressor's; attempt_trace on one core < 5 s."""
+    goals = []
+    for model in models:
+        for row in model["rows"]:
+            value = ratio(row)
+            if row["label"].startswith("trace") and value is not None:
+                goals.append(
+                    goal(
+                        f"{model['name']}, {row['label']}: llmc-trace / llm-compressor",
+                        "≤ 1.0×",
+                        f"{value:.2f}×",
+                        value <= 1.0,
+                    )
+                )
+            if row["label"].startswith("attempt") and row["ours"]["seconds"]:
+                seconds = row["ours"]["seconds"]["median"]
+                goals.append(
+                    goal(
+                        f"{model['name']}: attempt_trace, one core, {model['num_layers']} layers",
+                        f"< {ONE_CORE_TARGET_S:.0f} s",
+                        f"{seconds:.2f} s",
+                        seconds < ONE_CORE_TARGET_S,
+                    )
+                )
+    return goals
+
+
+def judge_commands(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """trace_s under 1 s everywhere, Qwen2-VL image within 2x of text, --help and coverage."""
+    walls = {c["label"]: c["wall_s"]["median"] for c in figures["commands"]}
+    goals = []
+    for command in figures["commands"]:
+        if command["trace_s"] is not None:
+            trace = command["trace_s"]["median"]
+            goals.append(
+                goal(
+                    f"{command['label']}: trace_s",
+                    f"< {TRACE_TARGET_S:.0f} s",
+                    f"{trace:.2f} s",
+                    trace < TRACE_TARGET_S,
+                )
             )
-    for verdict in verdicts:
-        print(f"  {verdict}")
+    image_over_text = walls[IMAGE_ROW] / walls[TEXT_ROW]
+    coverage = figures["coverage"]
+    slowest = coverage["trace_s_max"]["max"]
+    return [
+        *goals,
+        goal(
+            "Qwen2-VL-2B with an image / with text, whole command (--fix)",
+            f"≤ {IMAGE_OVER_TEXT_TARGET:.0f}×",
+            f"{image_over_text:.2f}×",
+            image_over_text <= IMAGE_OVER_TEXT_TARGET,
+        ),
+        goal("--help", f"< {HELP_TARGET_S:.0f} s", f"{walls['--help']:.2f} s",
+             walls["--help"] < HELP_TARGET_S),
+        goal("coverage, whole run", f"< {COVERAGE_TARGET_S / 60:.0f} min",
+             f"{coverage['wall_s']['median']:.0f} s",
+             coverage["wall_s"]["median"] < COVERAGE_TARGET_S),
+        goal("coverage: every pair's trace_s", f"< {TRACE_TARGET_S:.0f} s",
+             f"slowest {slowest:.2f} s", slowest < TRACE_TARGET_S),
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- tables
+def seconds_cell(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "no venv"
+    if not summary["seconds"]:
+        return "failed"
+    return spread_text(summary["seconds"], ".2f")
+
+
+def memory_cell(summary: dict[str, Any] | None) -> str:
+    if summary is None or not summary["seconds"]:
+        return "-"
+    delta = "?" if summary["trace_rss_mib"] is None else f"{summary['trace_rss_mib']:.0f}"
+    return f"{summary['peak_rss_mib']:.0f} / {delta}"
+
+
+def trace_tables(figures: dict[str, Any]) -> dict[str, str]:
+    """``trace``: every measurement of every model; ``summary``: the 2nd call on all threads
+    (the trace alone) and the whole attempt on one core, per model."""
+    trace = [
+        "| model | measurement | llmc-trace s | llm-compressor s | ours/theirs "
+        "| RSS MiB ours (peak / call) | RSS MiB theirs (peak / call) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    summary = [
+        "| model | layers | subgraphs (llmc-trace / llm-compressor) | trace s, llmc-trace "
+        "| trace s, llm-compressor | ours/theirs | attempt_trace s, one core |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model in figures["models"]:
+        rows = {row["label"]: row for row in model["rows"]}
+        for row in model["rows"]:
+            value = ratio(row)
+            trace.append(
+                f"| {model['name']} | {row['label']} | {seconds_cell(row['ours'])} "
+                f"| {seconds_cell(row['theirs'])} | {'-' if value is None else f'{value:.2f}×'} "
+                f"| {memory_cell(row['ours'])} | {memory_cell(row['theirs'])} |"
+            )
+        second = rows["trace, 2nd call, all threads"]
+        theirs_count = (second["theirs"] or {}).get("num_subgraphs")
+        value = ratio(second)
+        summary.append(
+            f"| {model['name']} | {model['num_layers']} | {second['ours']['num_subgraphs']} / "
+            f"{'-' if theirs_count is None else theirs_count} | {seconds_cell(second['ours'])} "
+            f"| {seconds_cell(second['theirs'])} | {'-' if value is None else f'{value:.2f}×'} "
+            f"| {seconds_cell(rows['attempt, 1st call, one core']['ours'])} |"
+        )
+    return {"trace": "\n".join(trace), "summary": "\n".join(summary)}
+
+
+def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The README's summary row per model: the trace alone (2nd call, all threads), ours over
+    llm-compressor's."""
+    rows = []
+    for model in result["figures"].get("models", []):
+        second = {row["label"]: row for row in model["rows"]}["trace, 2nd call, all threads"]
+        value = ratio(second)
+        rows.append((
+            f"Tracing {model['name']} on meta beside llm-compressor 0.14",
+            f"{seconds_cell(second['ours'])} s"
+            + ("" if value is None else f", {value:.2f}x its time"),
+        ))
+    return rows
+
+
+def command_tables(figures: dict[str, Any]) -> dict[str, str]:
+    """``commands``: each command's ``trace_s`` and whole wall seconds; ``coverage``: the whole
+    ``llmc-trace coverage`` run."""
+    commands = ["| command | trace s | whole command s |", "|---|---|---|"]
+    for c in figures["commands"]:
+        trace = spread_text(c["trace_s"], ".2f") if c["trace_s"] else ""
+        wall = spread_text(c["wall_s"], ".2f" if c["wall_s"]["median"] < 1 else ".1f")
+        wall = "failed" if c["error"] else wall
+        commands.append(f"| `{c['arguments']}` | {trace} | {wall} |")
+    cov = figures["coverage"]
+    slowest = cov["slowest_trace"]
+    verified = sorted(set(cov["verified"]))
+    coverage = [
+        "| (model, modality) pairs | verified | whole run s | median pair s "
+        "| slowest trace s | pairs with trace s ≥ 1 |",
+        "|---|---|---|---|---|---|",
+        f"| {cov['pairs']} | {' / '.join(map(str, verified))} "
+        f"| {spread_text(cov['wall_s'], '.0f')} "
+        f"| {spread_text(cov['median_pair_s'], '.2f')} "
+        f"| {spread_text(slowest['trace_s'], '.2f')} ({slowest['model']}, {slowest['modality']}) "
+        f"| {cov['pairs_at_or_over_target']} |",
+    ]
+    return {"commands": "\n".join(commands), "coverage": "\n".join(coverage)}
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """The tables of either part's result: ``trace`` and ``summary`` (``trace_speed.json``),
+    ``commands`` and ``coverage`` (``trace_speed-commands.json``)."""
+    figures = result["figures"]
+    if "models" in figures:
+        return trace_tables(figures)
+    return command_tables(figures)
+
+
+def print_errors(models: list[dict[str, Any]]) -> None:
+    for model in models:
+        for row in model["rows"]:
+            for tool in ("ours", "theirs"):
+                summary = row[tool]
+                if summary is not None and summary["error"]:
+                    name = "llmc-trace" if tool == "ours" else "llm-compressor"
+                    print(f"  ! {model['name']}, {row['label']}, {name}: {summary['error']}")
 
 
 # ---------------------------------------------------------------- main
-def benchmark(models: list[str], runs: int) -> None:
+def benchmark(models: list[str], runs: int, results_dir: Path | None) -> None:
+    """The trace part: every model against llm-compressor, written to ``trace_speed.json``."""
+    run = Run("trace_speed")
     reference = REFERENCE_PYTHON.exists()
-    print_header(runs, reference)
-    rows: list[Row] = []
+    print(f"trace speed: median of {runs} fresh processes per cell (min–max in brackets)")
+    if not reference:
+        print(f"no llm-compressor venv at {REFERENCE_PYTHON}: run benchmarks/reference_env.sh")
+    measured = []
     with tempfile.TemporaryDirectory(prefix="trace_speed_") as tmp:
         for name in models:
             case = prepare_case(name, Path(tmp))
             print(f"{case.name} ({case.num_layers} layers, {case.dtype}, targets {case.targets})")
-            case_rows, stages = measure_case(case, runs, reference)
-            for _, label, ours, theirs in case_rows:
-                print_row(label, ours, theirs)
-            print(f"    attempt stages, median s: {stages}")
-            rows += case_rows
-    print_footer(rows)
+            measured.append(measure_case(case, runs, reference))
+    reported = [e for e in (m.pop("llmcompressor_environment") for m in measured) if e]
+    environments = {"llm-compressor worker": reported[0]} if reported else {}
+    figures = {"runs": runs, "seq_len": SEQ_LEN, "reference": reference, "models": measured}
+    rendered = trace_tables(figures)
+    print()
+    print(rendered["trace"])
+    print()
+    print(rendered["summary"])
+    print_errors(measured)
+    goals = judge_trace(measured)
+    for g in goals:
+        print(f"  {g['goal']}: {g['figure']} {g['verdict']} the {g['target']} target")
+    run.write(
+        figures,
+        goals=goals,
+        environments=environments,
+        notes=[
+            "trace: llmc-trace's trace_graph + partition_trace, llm-compressor's "
+            "trace_subgraphs; attempt: llmc-trace's whole attempt_trace (build, trace, "
+            "partition, twin verification) against llm-compressor's one-core 1st-call "
+            "trace_subgraphs (it has no verification step).",
+            "RSS MiB: peak resident set of the whole process, imports included / peak growth "
+            "during the first timed call. 2nd call: the same trace again in the same process, "
+            "after one-time costs (lazy imports, first use of meta kernels).",
+        ],
+        path=results_dir / "trace_speed.json" if results_dir else None,
+    )
+
+
+def benchmark_whole_commands(runs: int, results_dir: Path | None) -> None:
+    """The commands part, written to ``trace_speed-commands.json``."""
+    run = Run("trace_speed-commands")
+    print(f"whole commands: median of {runs} fresh processes (wall s; trace_s from --json)")
+    figures = benchmark_commands(runs)
+    rendered = command_tables(figures)
+    print(rendered["commands"])
+    print()
+    print(rendered["coverage"])
+    for c in figures["commands"]:
+        if c["error"]:
+            print(f"  ! {c['label']}: {c['error']}")
+    goals = judge_commands(figures)
+    for g in goals:
+        print(f"  {g['goal']}: {g['figure']} {g['verdict']} the {g['target']} target")
+    run.write(
+        figures,
+        goals=goals,
+        path=results_dir / "trace_speed-commands.json" if results_dir else None,
+    )
 
 
 def main() -> None:
@@ -521,6 +684,11 @@ def main() -> None:
         choices=["all", "trace", "commands"],
         default="all",
         help="trace: full-size traces against llm-compressor; commands: whole commands, coverage",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        help="where the result files go (default: benchmarks/results/)",
     )
     # the child-process side: one measurement, printed as a RESULT line
     parser.add_argument("--measure", choices=["trace", "attempt"], help=argparse.SUPPRESS)
@@ -541,10 +709,10 @@ def main() -> None:
     models = args.models or (QUICK_MODELS if args.quick else MODELS)
     runs = 1 if args.quick else args.runs
     if args.part in ("all", "trace"):
-        benchmark(models, runs)
+        benchmark(models, runs, args.results_dir)
     if args.part in ("all", "commands") and not args.quick:
         print()
-        benchmark_commands(runs)
+        benchmark_whole_commands(runs, args.results_dir)
 
 
 if __name__ == "__main__":

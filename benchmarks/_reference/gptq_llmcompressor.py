@@ -21,7 +21,8 @@ by GPTQ) are saved with ``torch.save`` for evaluation by the caller, together wi
 of ``--check-row`` (one row of token ids) computed here by llm-compressor's model as it stands,
 so the caller can confirm that the saved weights reproduce it.
 
-Prints one line ``RESULT {json}``, or with ``error`` when oneshot fails.
+Prints one line ``RESULT {json}`` (with ``environment``: this process's versions and threads),
+or with ``error`` when oneshot fails.
 
     python gptq_llmcompressor.py MODEL_DIR CALIB_ROWS.npy --bits 4 --group-size 128 --threads 2
 
@@ -38,7 +39,8 @@ import time
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # _rss, _worker, _environment
+from _environment import describe  # noqa: E402
 from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
 from _worker import failure_text  # noqa: E402
 
@@ -82,7 +84,7 @@ def main() -> None:
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM
 
-    result: dict[str, object] = {}
+    result: dict[str, object] = {"environment": describe(["llmcompressor", "compressed-tensors"])}
     try:
         rows = np.load(args.calib_rows).astype(np.int64)  # (samples, seq_len)
         dataset = Dataset.from_dict(

@@ -5,9 +5,10 @@ nothing from llmc-trace. The input file (``torch.save``) is a list of layers, ea
 ``W`` (out, in), ``H`` (in, in), the group scales and zero points ``scale`` and ``zero_point``
 (out, groups), ``bits`` and ``group_size``; the output file is the same list with ``Q``, the
 weight as GPTQ left it (quantized and dequantized, as llm-compressor leaves it in the model),
-and ``seconds`` added. The quantization arguments are those of llm-compressor's preset W4A16 at
-``bits``: integers, symmetric, groups, static activation order; dampening and block size are
-``GPTQModifier``'s defaults.
+and ``seconds`` added; it prints one line ``RESULT {json}`` with ``environment`` (this
+process's versions and threads). The quantization arguments are those of llm-compressor's
+preset W4A16 at ``bits``: integers, symmetric, groups, static activation order; dampening and
+block size are ``GPTQModifier``'s defaults.
 
     python gptq_sweep_llmcompressor.py LAYERS_IN.pt LAYERS_OUT.pt --threads 2
 """
@@ -15,7 +16,13 @@ and ``seconds`` added. The quantization arguments are those of llm-compressor's 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_environment.py
+from _environment import describe  # noqa: E402
 
 
 def main() -> None:
@@ -59,6 +66,8 @@ def main() -> None:
         layer["rtn_fallback"] = bool(used_rtn_fallback[0])
         del layer["H"]  # the caller has it
     torch.save(layers, args.layers_out)
+    environment = describe(["llmcompressor", "compressed-tensors"])
+    print("RESULT " + json.dumps({"environment": environment}), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ sequential pipeline does before it calibrates (``pipelines/sequential/pipeline.p
   but ``disable_lm_head``, which would leave the logits on ``meta``.
 
 :func:`check_replay` compares the replay with ``model(**sample, use_cache=False)``; the
-benchmark uses the same function for llmc-trace, so both tools get one verdict rule. Prints one
-``RESULT {json}`` line per case: ``id``, ``status`` (``ok``, ``wrong``, ``failed``, or
+benchmark uses the same function for llmc-trace, so both tools get one verdict rule. Prints
+``ENVIRONMENT {json}`` first (``benchmarks/_environment.py``), then one ``RESULT {json}`` line
+per case: ``id``, ``status`` (``ok``, ``wrong``, ``failed``, or
 ``skipped`` when the model could not be loaded at all), ``handoff`` (why the pickle was used),
 ``seconds`` of the ``trace_subgraphs`` call, ``subgraphs``, ``targets`` and ``reason``, and
 ``modules_ok`` / ``modules_reason``: whether every submodule call the replay made returned
@@ -41,7 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_worker.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_worker.py, ...
+from _environment import describe  # noqa: E402
 from _worker import failure_text  # noqa: E402
 
 #: A replayed output matches when max |replay - eager| <= this x max |eager| (per tensor).
@@ -266,6 +268,8 @@ def on_alarm(signum: int, frame: Any) -> None:
 
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
+    environment = describe(["llmcompressor", "compressed-tensors"])
+    print("ENVIRONMENT " + json.dumps(environment), flush=True)
     signal.signal(signal.SIGALRM, on_alarm)
     for case in cases:
         signal.alarm(CASE_TIMEOUT_S)

@@ -9,8 +9,9 @@ llm-compressor's default (``DatasetArguments().tracing_ignore``).
 
 The trace runs twice: ``first_s`` pays one-time costs (first use of meta kernels), ``second_s``
 does not. Prints one line ``RESULT {json}`` with those, ``num_subgraphs``, ``peak_rss_bytes``
-(the process's ``ru_maxrss``) and ``trace_rss_bytes`` (the peak during the first call above
-the resident set just before it), or ``error`` when llm-compressor cannot trace the model.
+(the process's ``ru_maxrss``), ``trace_rss_bytes`` (the peak during the first call above
+the resident set just before it) and ``environment`` (``benchmarks/_environment.py``), or
+``error`` when llm-compressor cannot trace the model.
 
     python trace_llmcompressor.py CONFIG_DIR SAMPLE.pt --targets LlamaDecoderLayer --dtype bfloat16
 """
@@ -24,7 +25,8 @@ import time
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py, _worker.py, ...
+from _environment import describe  # noqa: E402
 from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
 from _worker import failure_text  # noqa: E402
 
@@ -65,7 +67,7 @@ def main() -> None:
     from llmcompressor.args.dataset_arguments import DatasetArguments
     from llmcompressor.pipelines.sequential.helpers import trace_subgraphs
 
-    result: dict[str, object] = {}
+    result: dict[str, object] = {"environment": describe(["llmcompressor", "compressed-tensors"])}
     try:
         model = build_meta_model(args.config_dir, args.dtype)
         sample = torch.load(args.sample)

@@ -92,3 +92,21 @@ def coverage_rows(
         )
     report_progress("done", len(jobs), len(jobs))
     return rows
+
+
+def coverage_markdown(rows: list[CoverageRow]) -> str:
+    """The README's supported-architectures table (``coverage --markdown``): one row per pair,
+    the reason where it did not verify."""
+    lines = [
+        "| model | architecture | modality | traced | verified | subgraphs | fix used "
+        "| trace s | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        fix = f"`{r.fix}`" if r.fix else ""
+        verdict = "yes" if r.verified else f"no: {r.problem}" if r.problem else "no"
+        lines.append(
+            f"| {r.model} | {r.model_type} | {r.modality} | {'yes' if r.traced else 'no'} "
+            f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} |"
+        )
+    return "\n".join(lines)

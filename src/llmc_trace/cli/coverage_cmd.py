@@ -81,7 +81,7 @@ def coverage(
     if every_type:
         _sweep_all(ctx, list(models) or None, not no_fix, workers, markdown, as_json)
         return
-    from llmc_trace.attempt.coverage import coverage_rows
+    from llmc_trace.attempt.coverage import coverage_markdown, coverage_rows
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
         rows = coverage_rows(
@@ -90,18 +90,7 @@ def coverage(
     if as_json:
         ctx.print_json({"rows": [vars(r) for r in rows]})
     elif markdown:
-        click.echo(
-            "| model | architecture | modality | traced | verified | subgraphs | fix used "
-            "| trace s | seconds |"
-        )
-        click.echo("|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            fix = f"`{r.fix}`" if r.fix else ""
-            verdict = "yes" if r.verified else f"no: {r.problem}" if r.problem else "no"
-            click.echo(
-                f"| {r.model} | {r.model_type} | {r.modality} | {'yes' if r.traced else 'no'} "
-                f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} |"
-            )
+        click.echo(coverage_markdown(rows))
     else:
         table = Table(
             title=f"coverage: {sum(r.verified for r in rows)}/{len(rows)} verified, "
