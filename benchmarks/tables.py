@@ -168,12 +168,17 @@ def render(key: str) -> str:
     return body.rstrip() + "\n\n" + source_line(document, name)
 
 
+def shown(page: Path) -> str:
+    """A page as the messages name it: from the repository's root where it lies inside."""
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else str(page)
+
+
 def regenerate(text: str, page: Path) -> str:
     def replace(match: re.Match[str]) -> str:
         try:
             body = render(match["key"])
         except TableError as err:
-            raise TableError(f"{page.relative_to(ROOT)}: table {match['key']}: {err}") from err
+            raise TableError(f"{shown(page)}: table {match['key']}: {err}") from err
         return f"{match['open']}{body}\n{match['close']}"
 
     return MARKER.sub(replace, text)
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             count += len(MARKER.findall(text))
             new = regenerate(text, page)
             if new != text:
-                stale.append(page.relative_to(ROOT).as_posix())
+                stale.append(shown(page))
                 if not args.check:
                     page.write_text(new)
     except TableError as err:
