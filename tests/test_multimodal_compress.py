@@ -47,6 +47,15 @@ def test_media_calibrate_through_the_sequential_pipeline_and_reload(
     assert rows_of[tower].compressed == 0 < rows_of[tower].total
     assert rows_of["attention"].compressed == rows_of["attention"].total
 
+    # the report counts the tokens calibration saw (not the --seq-len bound), media among them
+    seen = load_multimodal_calibration(rows, folder, samples=4, seq_len=512, batch_size=2)
+    settings = streamed.report.settings
+    assert settings.tokens == sum(int(b["attention_mask"].sum()) for b in seen.batches) < 4 * 512
+    media = sum(int((b["input_ids"] == seen.media_token_id).sum()) for b in seen.batches)
+    assert settings.media_tokens == media > 0
+    header = f"4 samples, {settings.tokens} tokens ({media} of them media placeholders)"
+    assert header in (out / "report.html").read_text()
+
     # the processor files travel, and the recipe says what made the checkpoint: loads as the
     # original's does (AutoProcessor where it can, else from its parts: transformers' Qwen2-VL
     # processor checks its video part against torchvision)

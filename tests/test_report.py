@@ -65,6 +65,7 @@ def test_report_json_holds_the_compressors_numbers_for_every_layer(
     assert stage["method"] == "gptq" and stage["weights"]["num_bits"] == 3
     assert stage["pipeline"] == result.pipeline == "sequential"
     assert (document["settings"]["samples"], document["settings"]["seq_len"]) == (8, 64)
+    assert (document["settings"]["tokens"], document["settings"]["media_tokens"]) == (8 * 64, 0)
 
     rows = document["layers"]
     assert [row["name"] for row in rows] == [layer.name for layer in result.layers]

@@ -29,6 +29,7 @@ THROUGH_TWINS = {
     "Qwen/Qwen2.5-VL-7B-Instruct": ("qwen2_vl.jinja", "image"),
     "llava-hf/llava-1.5-7b-hf": ("llava_1_5.jinja", "image"),
     "HuggingFaceTB/SmolVLM-Instruct": ("smolvlm.jinja", "image"),
+    "google/gemma-3-4b-it": ("gemma3.jinja", "image"),
     "Qwen/Qwen2-Audio-7B-Instruct": ("qwen2_audio.jinja", "audio"),
 }
 #: published template without a twin here -> the marker it writes per image

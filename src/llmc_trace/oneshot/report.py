@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
+from llmc_trace.data import CalibrationSet
+from llmc_trace.data.multimodal import MultimodalCalibrationSet
 from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.stage import Stage
@@ -36,10 +38,12 @@ def build_report(
     device: torch.device,
     dtype: torch.dtype,
     device_peak_bytes: int | None,
+    calibration: CalibrationSet | None = None,
 ) -> CompressionReport:
     """The report of ``stages`` (each as it ran, with its compressed layers, in order) of the
     run ``request`` asked for; ``traced`` places each layer in its subgraph;
-    ``device_peak_bytes``: the run's CUDA peak so far."""
+    ``device_peak_bytes``: the run's CUDA peak so far; ``calibration``: the samples the run
+    calibrated on (None for a data-free run), whose tokens the report counts."""
     subgraph_of = _subgraph_index(traced)
     layers = tuple(
         _row(index, stage, result, subgraph_of)
@@ -58,6 +62,8 @@ def build_report(
             seed=request.calibration.seed,
             dtype=str(dtype).removeprefix("torch."),
             stages=tuple(_stage_settings(stage) for stage, _ in stages),
+            tokens=calibration.num_tokens if calibration is not None else None,
+            media_tokens=_media_tokens(calibration),
         ),
         subgraphs=tuple(
             SubgraphRow(s.index, tuple(s.targets)) for s in (traced.subgraphs if traced else ())
@@ -69,6 +75,15 @@ def build_report(
 def report_files(report: CompressionReport) -> dict[str, str]:
     """The files of the report in a checkpoint folder, by name."""
     return {"report.json": report.dumps(), "report.html": render_report_html(report)}
+
+
+def _media_tokens(calibration: CalibrationSet | None) -> int | None:
+    """How many of the calibrated tokens were media placeholders (0 for text)."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, MultimodalCalibrationSet):
+        return sum(stats.placeholder_tokens for stats in calibration.batch_stats)
+    return 0
 
 
 def _stage_settings(stage: Stage) -> StageSettings:

@@ -92,6 +92,7 @@ class RunState:
             device=self.device,
             dtype=dtype,
             device_peak_bytes=self.device_peaks.current(self.device),
+            calibration=self.calibration,
         )
 
 

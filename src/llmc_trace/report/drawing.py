@@ -104,7 +104,7 @@ def draw_report(report: CompressionReport) -> Overview:
     baseline = next((row.baseline for row in rows if row.baseline), "the baseline")
     caption = [
         f"{report.model} · {describe_stage(stage)}",
-        f"{settings.samples} samples of {settings.seq_len} tokens · {stage.pipeline} pipeline",
+        f"{settings.calibrated_on()} · {stage.pipeline} pipeline",
         f"A cell is a layer: its loss / {baseline}'s on the same Hessian.",
         "A box's title has its worst layer's colour.",
     ]

@@ -57,7 +57,7 @@ def render_report_html(report: CompressionReport) -> str:
 def _summary_html(report: CompressionReport) -> str:
     settings = report.settings
     lines = [
-        f"{settings.samples} samples of {settings.seq_len} tokens from "
+        f"{settings.calibrated_on()} from "
         f"{settings.dataset} · {settings.dtype} checkpoint · solved on {report.device}"
     ]
     for summary, stage in zip(report.summary(), settings.stages):

@@ -8,7 +8,7 @@ Schema ``llmc-trace/compression-report``, version 1 (keys sorted, two-space inde
      "device": "cpu",                      # where the solves ran: cpu or cuda
      "device_peak_bytes": null,            # the run's CUDA peak up to writing; null on a CPU
      "settings": {"dataset": "calib.npy", "samples": 128, "seq_len": 512, "batch_size": 1,
-                  "seed": 0, "dtype": "bfloat16",
+                  "seed": 0, "dtype": "bfloat16", "tokens": 65536, "media_tokens": 0,
                   "stages": [{"method": "gptq", "scheme": "W4A16",
                               "weights": {"num_bits": 4, "group_size": 128, ...},
                               "sparsity": null, "pipeline": "sequential",
@@ -34,7 +34,9 @@ cannot be reset for one layer without disturbing other measurements). ``ignore``
 ``fallback`` says why a layer was compressed with the baseline instead of the stage's method
 (an expert too few tokens reached; ``method`` then names the baseline, and it has no loss).
 ``subgraph`` is the index of the subgraph that runs the layer (``null`` when the model was not
-traced). ``summary`` is derived from the rows, one entry per stage, and is not read back.
+traced). ``tokens`` is how many real tokens calibration saw (``seq_len`` only bounds a sample),
+``media_tokens`` how many of them were media placeholders; both ``null`` for a data-free run
+or a report written before they were kept. ``summary`` is derived from the rows, one entry per stage, and is not read back.
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ class ReportSettings:
     seed: int
     dtype: str
     stages: tuple[StageSettings, ...]
+    #: real tokens calibrated on, and how many of them were media placeholders (None: unknown)
+    tokens: int | None = None
+    media_tokens: int | None = None
+
+    def calibrated_on(self) -> str:
+        """What calibration saw, for a report's header: the tokens when known, else the
+        request's bound."""
+        if self.tokens is None:
+            return f"{self.samples} samples of at most {self.seq_len} tokens"
+        line = f"{self.samples} samples, {self.tokens} tokens"
+        if self.media_tokens:
+            line += f" ({self.media_tokens} of them media placeholders)"
+        return line
 
 
 @dataclass(frozen=True)
@@ -253,6 +268,8 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
             seed=reader.get(settings, "seed", int),
             dtype=reader.get(settings, "dtype", str),
             stages=stages,
+            tokens=reader.get(settings, "tokens", int, optional=True),
+            media_tokens=reader.get(settings, "media_tokens", int, optional=True),
         ),
         subgraphs=subgraphs,
         layers=layers,
