@@ -105,3 +105,29 @@ def test_evaluate_scores_text_given_images(twins, drawn_rows: Path) -> None:
         "evaluate", "-m", folder, "--data", str(drawn_rows), "--modality", "audio"
     )
     assert code == 2 and "audio" in output, output
+
+
+def test_evaluate_reads_the_columns_named_as_compress_does(twins, drawn_rows: Path, tmp_path):
+    """Columns named `picture` and `sentence` are scored, through --image-column and
+    --text-column, exactly as the same rows under the names found by default."""
+    shutil.copytree(drawn_rows.parent / "images", tmp_path / "images")
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_text(
+        "".join(
+            json.dumps({"picture": row["image"], "sentence": row["text"]}) + "\n"
+            for row in map(json.loads, drawn_rows.read_text().splitlines())
+        )
+    )
+    folder = str(twins(QWEN))
+
+    def scored(*args: str) -> dict:
+        result = CliRunner().invoke(cli, ["--quiet", "evaluate", "-m", folder, *args, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    named = scored("--data", str(renamed), "--image-column", "picture", "--text-column", "sentence")
+    found = scored("--data", str(drawn_rows))
+    assert named["modality"] == found["modality"] == "image"
+    assert (named["perplexity"], named["num_tokens"]) == (found["perplexity"], found["num_tokens"])
+    code, output = invoke("evaluate", "-m", folder, "--data", str(renamed))
+    assert code == 2 and "--text-column" in output, output

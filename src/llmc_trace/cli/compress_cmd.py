@@ -231,6 +231,19 @@ def _compression_summary(report: CompressionReport, worst: int = 5) -> list[Tabl
     return parts
 
 
+#: The calibration options ``evaluate`` shares with ``compress``: how rows are read.
+_COLUMN_OPTIONS = ("text_column", "image_column", "audio_column", "text_lists")
+
+
+def _column_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``evaluate``'s column options, from the calibration declarations ``compress`` reads
+    (one definition of each: its flag, help and kind)."""
+    entries = [e for e in declared(settings.CalibrationSettings) if e.name in _COLUMN_OPTIONS]
+    for entry in reversed(entries):
+        command = click.option(*_flags(entry), entry.name, **_click_settings(entry))(command)
+    return command
+
+
 @click.command()
 @click.option("--model", "-m", required=True, help="Checkpoint folder (original or compressed).")
 @click.option(
@@ -249,6 +262,7 @@ def _compression_summary(report: CompressionReport, worst: int = 5) -> list[Tabl
     help="text, image, video or audio (auto: from the data's columns); media rows are scored "
     "on their text given the media, through the model folder's processor.",
 )
+@_column_options
 @click.option(
     "--samples",
     default=None,
@@ -280,6 +294,10 @@ def evaluate(
     model: str,
     data: str,
     modality: str,
+    text_column: str | None,
+    image_column: str | None,
+    audio_column: str | None,
+    text_lists: str,
     samples: int | None,
     seq_len: int,
     batch_size: int,
@@ -291,9 +309,14 @@ def evaluate(
     from llmc_trace.evaluate import evaluate_model
 
     with handle_errors(ctx), ctx.progress("evaluate") as progress:
+        columns = settings.CalibrationSettings(
+            text_column=text_column, image_column=image_column, audio_column=audio_column,
+            text_lists=text_lists,
+        ).columns()  # fmt: skip
         result = evaluate_model(
             model,
             data,
+            columns=columns,
             samples=samples,
             seq_len=seq_len,
             batch_size=batch_size,

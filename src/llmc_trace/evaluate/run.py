@@ -13,6 +13,7 @@ from llmc_trace.data import load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration, source_modality
 from llmc_trace.data.source import resolve_source
 from llmc_trace.data.calibration import open_table
+from llmc_trace.data.columns import Columns
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
@@ -37,12 +38,15 @@ def evaluate_model(
     seq_len: int = 512,
     batch_size: int = 8,
     modality: str | None = None,
+    columns: Columns | None = None,
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
 ) -> PerplexityResult:
     """Perplexity of the checkpoint in ``folder`` on ``data``: a .npy array, a text file, or
     rows of media and text (:func:`evaluate_multimodal`, chosen from the columns as
     ``compress`` chooses; ``modality`` forces one, ``"text"`` reads a table's text alone).
+    ``columns`` names the text, image and audio columns and how text lists are read, as for
+    ``compress`` (by default the loaders' usual names).
 
     A 2-D token array is scored row by row at its own length, a 1-D stream in windows of
     ``seq_len``; ``samples`` takes the first rows (all by default; of text, every window up to
@@ -51,13 +55,14 @@ def evaluate_model(
     vocabulary) before the model is loaded, so bad data is refused in a second. ``dtype``:
     see :func:`load_for_evaluation`.
     """
-    media = source_modality(data, modality)
+    columns = columns or Columns()
+    media = source_modality(data, modality, columns)
     if media is not None:
         if samples is None:
             samples = open_table(resolve_source(data)).num_rows
         result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
-            modality=media.modality, dtype=dtype, progress=progress,
+            modality=media.modality, columns=columns, dtype=dtype, progress=progress,
         )  # fmt: skip
         return replace(result, modality=media.modality)
     source = resolve_model(str(folder))
@@ -79,6 +84,8 @@ def evaluate_model(
         batch_size=batch_size,
         vocab_size=_vocab_size(source),
         up_to=samples is None,
+        column=columns.text,
+        text_lists=columns.text_lists,
     )
     result = perplexity(
         load_for_evaluation(source, dtype), calibration, batch_size=batch_size, progress=progress
@@ -110,11 +117,12 @@ def evaluate_multimodal(
     seq_len: int = 512,
     batch_size: int = 8,
     modality: str | None = None,
+    columns: Columns | None = None,
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
 ) -> PerplexityResult:
     """Perplexity of the text of ``data`` given its images, video or audio, for the checkpoint
-    in ``folder``.
+    in ``folder`` (``columns``: as for :func:`evaluate_model`).
 
     ``data`` is read as calibration rows are (:func:`~llmc_trace.data.multimodal.
     load_multimodal_calibration`, in file order): the first ``samples`` rows that fit
@@ -129,6 +137,7 @@ def evaluate_multimodal(
         seq_len=seq_len,
         batch_size=batch_size,
         modality=modality,
+        columns=columns,
         shuffle=False,
         vocab_size=_vocab_size(source),
     )
