@@ -86,6 +86,21 @@ TOKENIZER_FILES = (
 """Files copied from `tokenizer_dir` when present: tokenizers, chat templates, processors."""
 
 
+RESUME_FOLDER = "resume"
+"""The staging folder's subfolder where a run keeps its resume point (never in the checkpoint)."""
+
+
+@dataclass(frozen=True)
+class WriterProgress:
+    """An unfinished checkpoint: its staging folder, the tensors its shards hold, and the
+    zeros counted in its pruned layers so far."""
+
+    staging: Path
+    written: list[str]
+    zeros: int = 0
+    counted: int = 0
+
+
 @dataclass(frozen=True)
 class SparsityInfo:
     """Which modules were pruned, and to what structure (0.5, or (2, 4) for 2:4)."""
@@ -187,6 +202,7 @@ class CheckpointWriter:
         pruned: Collection[str] = (),
         max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
         overwrite: bool = False,
+        resume: WriterProgress | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not overwrite:
@@ -210,16 +226,27 @@ class CheckpointWriter:
         self.ignore = ignored_modules(model, self.schemes, self.assignment)
         self.specs = planned_tensors(model, self.assignment, dtype)
         self._experts = per_expert_tensors(model)
-        remove_stale_staging(self.out_dir)
-        self.staging = self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
-        self._zeros = 0
-        self._counted = 0
+        #: keep the staging folder when the run is interrupted (it holds a resume point)
+        self.keep_on_interrupt = False
+        self.staging = (
+            resume.staging
+            if resume is not None
+            else self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
+        )
+        self._zeros = resume.zeros if resume is not None else 0
+        self._counted = resume.counted if resume is not None else 0
         try:
             self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir()
-            self._shards = ShardedSafetensors(self.staging, self.specs, max_shard_size)
+            self.staging.mkdir(exist_ok=resume is not None)
+            self._shards = ShardedSafetensors(
+                self.staging,
+                self.specs,
+                max_shard_size,
+                written=resume.written if resume is not None else (),
+            )
         except BaseException as err:  # not yet inside a ``with``: nothing else removes it
-            shutil.rmtree(self.staging, ignore_errors=True)
+            if resume is None:
+                shutil.rmtree(self.staging, ignore_errors=True)
             if isinstance(err, OSError):
                 raise OutputError.writing(self.out_dir, err) from err
             raise
@@ -234,6 +261,9 @@ class CheckpointWriter:
         traceback: TracebackType | None,
     ) -> None:
         if kind is not None:
+            if self.keep_on_interrupt and not isinstance(error, Exception):
+                self._shards.abandon()  # SIGINT, SIGTERM: the resume point stays
+                return
             self.abort()
             if isinstance(error, OSError):
                 raise OutputError.writing(self.out_dir, error) from error
@@ -285,6 +315,11 @@ class CheckpointWriter:
                 )
             self._shards.put(name, tensor)
 
+    def progress(self) -> WriterProgress:
+        """What is on disk so far, flushed: where a resumed run continues."""
+        self._shards.sync()
+        return WriterProgress(self.staging, self._shards.written(), self._zeros, self._counted)
+
     def _count_zeros(self, weight: torch.Tensor) -> None:
         self._zeros += int((weight == 0).sum().item())
         self._counted += weight.numel()
@@ -326,6 +361,7 @@ class CheckpointWriter:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
+        shutil.rmtree(folder / RESUME_FOLDER, ignore_errors=True)
         _make_readable(folder)
         _replace(self.out_dir, folder)
         return self.out_dir
@@ -493,19 +529,6 @@ def check_quantized(
             hint="quantize the weight in the dtype the model is saved in.",
             location=name,
         )
-
-
-def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the hidden ``.partial`` folders an earlier writer of ``out_dir`` left when it was
-    killed outright (SIGKILL, a lost machine: nothing could unwind), naming each in a warning;
-    every other way a write ends removes its own. Returns the folders removed."""
-    stale = (
-        sorted(out_dir.parent.glob(f".{out_dir.name}.*.partial")) if out_dir.parent.is_dir() else []
-    )
-    for folder in stale:
-        logger.warning("removing %s, left by an earlier run that was killed while writing", folder)
-        shutil.rmtree(folder, ignore_errors=True)
-    return stale
 
 
 def _replace(out_dir: Path, staging: Path) -> None:

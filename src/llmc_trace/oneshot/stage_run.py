@@ -26,6 +26,7 @@ from llmc_trace.oneshot.write import calibrate_into_checkpoint
 from llmc_trace.pipelines.calibration import Calibration
 from llmc_trace.pipelines.registry import fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import InMemory, Residency, compute_dtype
+from llmc_trace.pipelines.resume import ResumePoints
 
 
 def run_stage(
@@ -64,12 +65,15 @@ def run_stage(
     order = fallback_order(
         plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
     )
+    if run.unfinished is not None:  # its shards hold that pipeline's tensors
+        order = [run.unfinished.pipeline]
 
-    def calibrate(residency: Residency):  # type: ignore[no-untyped-def]
+    def calibrate(residency: Residency, resume: ResumePoints | None = None):  # type: ignore[no-untyped-def]
         calibration = Calibration(
             traced, run.world.shard(batches), compressor, run.device,
             propagate_error=stage.propagate, true_sequential=stage.true_sequential,
             progress=run.progress, residency=residency, twin=check.twin if check else None,
+            resume=resume,
         )  # fmt: skip
         return run_pipelines(order, calibration)
 
