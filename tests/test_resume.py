@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -250,3 +251,25 @@ def test_ctrl_c_after_a_subgraph_keeps_it_and_says_how_to_resume(
     code, output = invoke(*arguments(text, out))
     assert code == 0 and "resumed: subgraphs 1-2" in output, output
     assert digest(out) == uninterrupted
+
+
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
+def test_two_ranks_resume_to_their_uninterrupted_bytes(
+    text: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Both ranks stop after subgraph 2 and resume (tests/resume_ranks.py): rank 0's
+    checkpoint is the uninterrupted two-rank run's, byte for byte."""
+    script = Path(__file__).with_name("resume_ranks.py")
+    assert TORCHRUN is not None
+    ran = subprocess.run(
+        [TORCHRUN, "--nproc-per-node", "2", str(script), *map(str, text), str(tmp_path)],
+        capture_output=True, text=True, env=ONE_THREAD, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "skipped 2 of 2 ranks' run" in ran.stdout
+    assert digest(tmp_path / "out") == digest(tmp_path / "full")
+

@@ -6,7 +6,8 @@ the tensors are stored in), the weights (`model.safetensors`, or shards of at mo
 model has one, `recipe.yaml` when a recipe is given, and the tokenizer files of a source folder
 when one is given. It is written into a hidden temporary folder beside the target and renamed
 into place only when complete, so an interrupted write never leaves a half-written checkpoint
-under the target's name.
+under the target's name (a run keeping resume points leaves that folder for the next run to
+continue, never the target).
 
 :class:`CheckpointWriter` takes the tensors one at a time, as a pipeline finishes them: every
 output tensor is planned from the model and the schemes before the first is computed
@@ -59,7 +60,7 @@ from llmc_trace.checkpoint.layout import (
     quantization_config,
     stores_quantized,
 )
-from llmc_trace.errors import CheckpointError, NonFiniteError, OutputError
+from llmc_trace.errors import CheckpointError, LlmcTraceError, NonFiniteError, OutputError
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
@@ -188,7 +189,10 @@ class CheckpointWriter:
     out of it when its module's weight is put (as is that of a compressed module stored
     dense, which needs only its weight). Modules in `pruned` have their zeros counted
     for the config's measured sparsity. Used as a context manager, an exception removes the
-    partial folder; :meth:`commit` completes it and renames it into place.
+    partial folder (unless `keep_on_interrupt` says it holds a resume point, and the exception
+    is an interruption or a failure a rerun need not meet); :meth:`commit` completes it and
+    renames it into place. `resume` continues an interrupted run's folder, whose shards hold
+    the tensors it names (:mod:`llmc_trace.oneshot.resume`).
     """
 
     def __init__(
@@ -261,8 +265,18 @@ class CheckpointWriter:
         traceback: TracebackType | None,
     ) -> None:
         if kind is not None:
-            if self.keep_on_interrupt and not isinstance(error, Exception):
-                self._shards.abandon()  # SIGINT, SIGTERM: the resume point stays
+            if self.keep_on_interrupt and not isinstance(error, (LlmcTraceError, OSError)):
+                # interrupted (SIGINT, SIGTERM), or failed for a reason a rerun need not meet
+                # (a rank lost, out of memory): the resume point stays. The run's own answer
+                # (bad data, a non-finite value) would come again, and a full disk needs room
+                self._shards.abandon()
+                if isinstance(error, Exception):
+                    logger.warning(
+                        "keeping %s: the run failed (%s) after a resume point; the same "
+                        "command continues from it (--overwrite starts afresh)",
+                        self.staging,
+                        type(error).__name__,
+                    )
                 return
             self.abort()
             if isinstance(error, OSError):
