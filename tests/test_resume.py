@@ -10,6 +10,7 @@ folder holding a resume point when a run is interrupted)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -273,3 +274,25 @@ def test_two_ranks_resume_to_their_uninterrupted_bytes(
     assert "skipped 2 of 2 ranks' run" in ran.stdout
     assert digest(tmp_path / "out") == digest(tmp_path / "full")
 
+
+
+def test_plan_bounds_the_resume_points_a_run_keeps(
+    text: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The plan's figure for the resume points' disk holds the largest they were in a run
+    (the per-rank cache, kept twice while a point replaces the one before), within 4x."""
+    result = compress(text_request(text, tmp_path / "out"))
+    assert result.resume is not None and result.resume.saves == 5
+    planned = CliRunner().invoke(
+        cli,
+        ["--quiet", "plan", "-m", str(text[0]), "--samples", "4", "--seq-len", "32",
+         "--batch-size", "2", "--json"],
+    )  # fmt: skip
+    assert planned.exit_code == 0, planned.output
+    bound = json.loads(planned.stdout)["resume_bytes"]
+    assert result.resume.peak_bytes <= bound <= 4 * result.resume.peak_bytes, (
+        result.resume.peak_bytes,
+        bound,
+    )
+    code, output = invoke("plan", "-m", str(text[0]), "--samples", "4", "--seq-len", "32")
+    assert code == 0 and "resume points: up to" in output and "--no-resumable" in output

@@ -31,3 +31,17 @@ class ResumePoints(Protocol):
     def save(self, finished: int, state: Any) -> None:
         """Keep ``state``, the pipeline's once ``finished`` parts are done."""
         ...
+
+
+STATE_OVERHEAD = 64 << 10
+"""Bytes a rank's saved state holds besides its cache, about: the file's framing, the
+compressor's results so far and the manifest (a few hundred bytes per compressed layer, which
+only a model of many thousand layers brings near this)."""
+
+
+def resume_point_bytes(cache_bytes: int, ranks: int) -> int:
+    """Disk a run's resume points take at their largest, for a pipeline whose cache peaks at
+    ``cache_bytes`` on each of ``ranks``: every rank's state, twice (a new point is complete on
+    disk before the one it replaces is removed)."""
+    return 2 * ranks * (cache_bytes + STATE_OVERHEAD)
+
