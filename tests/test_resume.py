@@ -105,7 +105,9 @@ def text_request(text: tuple[Path, Path], out: Path, **more: object) -> Compress
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(text: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def uninterrupted(
+    text: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
     out = tmp_path_factory.mktemp("full") / "out"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -275,10 +277,7 @@ def test_two_ranks_resume_to_their_uninterrupted_bytes(
     assert digest(tmp_path / "out") == digest(tmp_path / "full")
 
 
-
-def test_plan_bounds_the_resume_points_a_run_keeps(
-    text: tuple[Path, Path], tmp_path: Path
-) -> None:
+def test_plan_bounds_the_resume_points_a_run_keeps(text: tuple[Path, Path], tmp_path: Path) -> None:
     """The plan's figure for the resume points' disk holds the largest they were in a run
     (the per-rank cache, kept twice while a point replaces the one before), within 4x."""
     result = compress(text_request(text, tmp_path / "out"))

@@ -105,9 +105,7 @@ def compress(
         if request.out_path is not None:
             out = request.out_path
             world.agree(lambda: held.enter_context(output_lock(out)) if world.is_main else None)
-            run.unfinished = settle_staging(
-                request, world, resume=resume, resumable=run.resumable
-            )
+            run.unfinished = settle_staging(request, world, resume=resume, resumable=run.resumable)
         elif resume:
             raise BadInputError(
                 "--resume continues a run writing a checkpoint, and this one has no --out.",

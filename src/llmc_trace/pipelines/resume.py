@@ -44,4 +44,3 @@ def resume_point_bytes(cache_bytes: int, ranks: int) -> int:
     ``cache_bytes`` on each of ``ranks``: every rank's state, twice (a new point is complete on
     disk before the one it replaces is removed)."""
     return 2 * ranks * (cache_bytes + STATE_OVERHEAD)
-
