@@ -17,7 +17,8 @@ from llmc_trace.models.parts import model_parts
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.coverage import parameter_coverage
-from llmc_trace.oneshot.planning import plan_stage
+from llmc_trace.core.memory_limit import memory_limit
+from llmc_trace.oneshot.planning import check_memory_limit, plan_stage
 from llmc_trace.oneshot.result import StageResult
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.oneshot.state import Pruned, RunState
@@ -61,6 +62,7 @@ def run_stage(
         traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
         compute=compute, streamed=store is not None, device=run.device,
     )  # fmt: skip
+    check_memory_limit(plan, stage.pipeline, memory_limit())
     compressor.expert_group = stage.expert_group
     order = fallback_order(
         plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
