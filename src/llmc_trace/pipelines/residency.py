@@ -3,7 +3,8 @@
 A pipeline works through *groups* of modules (a subgraph, a decoder layer, the whole model):
 it announces them all first (:meth:`Residency.prepare`), then :meth:`~Residency.enter`\\ s a
 group before running it and :meth:`~Residency.leave`\\ s it once it is compressed and no longer
-needed. What that means is the residency's business:
+needed (or :meth:`~Residency.skip`\\ s it, finished by an interrupted run
+that this one resumes). What that means is the residency's business:
 
 * :class:`InMemory`: the whole model is loaded; entering moves a group to the execution device
   (and to the compute dtype), leaving moves it back.
