@@ -295,3 +295,23 @@ def test_plan_bounds_the_resume_points_a_run_keeps(text: tuple[Path, Path], tmp_
     )
     code, output = invoke("plan", "-m", str(text[0]), "--samples", "4", "--seq-len", "32")
     assert code == 0 and "resume points: up to" in output and "--no-resumable" in output
+
+
+def test_a_dead_runs_earlier_stages_are_named_and_removed(
+    text: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of several stages killed outright leaves its earlier stages' folders beside the
+    output: the next run to that output removes them, saying so."""
+    out = tmp_path / "out"
+    left = [tmp_path / ".out.stage1.deadbeef", tmp_path / "..out.stage1.deadbeef.0badf00d.partial"]
+    for folder in left:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".other.stage1.deadbeef").mkdir()  # another output's: not ours to remove
+    code, output = invoke(*arguments(text, out, "--method", "rtn"))
+    assert code == 0, output
+    assert (
+        not any(folder.exists() for folder in left)
+        and (tmp_path / ".other.stage1.deadbeef").exists()
+    )
+    assert caplog.text.count("an earlier stage's model") == 2

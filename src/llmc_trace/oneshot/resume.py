@@ -136,6 +136,15 @@ def staging_folders(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
+def _stage_folders(out: Path) -> list[Path]:
+    """The hidden folders a run of several stages writes its earlier stages' models into
+    (``.<out>.stage<i>.<tag>``, and their own staging folders), left by a killed run."""
+    if not out.parent.is_dir():
+        return []
+    found = [*out.parent.glob(f".{out.name}.stage*"), *out.parent.glob(f"..{out.name}.stage*")]
+    return sorted(p for p in found if p.is_dir())
+
+
 def read_manifest(staging: Path) -> dict[str, Any] | None:
     """The resume manifest of ``staging``; ``None`` when it has none that can be read."""
     try:
@@ -171,6 +180,8 @@ def _settle(
 ) -> Unfinished | None:
     out = request.out_path
     assert out is not None
+    for folder in _stage_folders(out):
+        _remove(folder, "an earlier stage's model, which every run makes afresh")
     ours: dict[str, Any] | None = None
     chosen: Unfinished | None = None
     refusal: str | None = None
