@@ -261,19 +261,33 @@ TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 
 @pytest.mark.slow
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
-def test_two_ranks_resume_to_their_uninterrupted_bytes(
+def test_two_ranks_killed_after_subgraph_3_resume_to_their_uninterrupted_bytes(
     text: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Both ranks stop after subgraph 2 and resume (tests/resume_ranks.py): rank 0's
-    checkpoint is the uninterrupted two-rank run's, byte for byte."""
-    script = Path(__file__).with_name("resume_ranks.py")
+    """Both ranks SIGKILL themselves after subgraph 3; the same torchrun command resumes, and
+    rank 0's checkpoint is the uninterrupted two-rank run's, byte for byte."""
     assert TORCHRUN is not None
-    ran = subprocess.run(
-        [TORCHRUN, "--nproc-per-node", "2", str(script), *map(str, text), str(tmp_path)],
-        capture_output=True, text=True, env=ONE_THREAD, timeout=300,
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "skipped 2 of 2 ranks' run" in ran.stdout
+
+    def torchrun(out: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+        command = [TORCHRUN, "--nproc-per-node", "2", "--no-python", "llmc-trace", "--quiet"]
+        return subprocess.run(
+            [*command, *arguments(text, out, "--batch-size", "1")],
+            capture_output=True, text=True, env={**ONE_THREAD, **environment}, timeout=300,
+        )  # fmt: skip
+
+    full = torchrun(tmp_path / "full")
+    assert full.returncode == 0, full.stderr
+    killed = torchrun(tmp_path / "out", **{KILL_AFTER: "3"})
+    assert killed.returncode != 0 and not (tmp_path / "out").exists()
+    (staging,) = staging_folders(tmp_path / "out")
+    assert sorted(p.name for p in (staging / "resume").iterdir()) == [
+        "manifest.json",
+        "rank0-3.pt",
+        "rank1-3.pt",
+    ]
+    resumed = torchrun(tmp_path / "out")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed: subgraphs 1-3 were finished by the interrupted run" in resumed.stderr
     assert digest(tmp_path / "out") == digest(tmp_path / "full")
 
 
