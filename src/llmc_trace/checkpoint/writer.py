@@ -270,13 +270,12 @@ class CheckpointWriter:
                 # (a rank lost, out of memory): the resume point stays. The run's own answer
                 # (bad data, a non-finite value) would come again, and a full disk needs room
                 self._shards.abandon()
-                if isinstance(error, Exception):
-                    logger.warning(
-                        "keeping %s: the run failed (%s) after a resume point; the same "
-                        "command continues from it (--overwrite starts afresh)",
-                        self.staging,
-                        type(error).__name__,
-                    )
+                logger.warning(
+                    "keeping %s: the run stopped (%s) after a resume point; the same "
+                    "command continues from it (--overwrite starts afresh)",
+                    self.staging,
+                    type(error).__name__,
+                )
                 return
             self.abort()
             if isinstance(error, OSError):
