@@ -9,7 +9,8 @@ the first calibration batch with the fixes ``attempt --fix`` would use (proved o
 twin); the memory plan (:mod:`~llmc_trace.oneshot.planning`); the pipeline, by name from
 :mod:`llmc_trace.pipelines.registry` with its fallback rule (:mod:`~llmc_trace.oneshot.stage_run`);
 the checkpoint (:mod:`~llmc_trace.oneshot.write`), streamed into a temporary folder renamed when
-complete (an interrupted run leaves no output).
+complete (an interrupted run leaves no output under its name: at most, beside it, the resume
+point the same command continues from, :mod:`~llmc_trace.oneshot.resume`).
 
 Several stages (:class:`~llmc_trace.oneshot.stage.Stage`) run one after another, each a
 complete calibration with its own plan and pipeline on the model as the stages before left it
