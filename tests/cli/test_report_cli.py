@@ -126,6 +126,16 @@ def empty_run(document: dict[str, Any]) -> None:
             ),
             "`loss` of model.layers.0.mlp.down_proj is inf, not a finite number >= 0",
         ),
+        (
+            lambda text: edited(text, lambda d: [row.update(subgraph=99) for row in d["layers"]]),
+            "layer model.layers.0.self_attn.q_proj names subgraph 99, and it holds subgraphs 0-1",
+        ),
+        (
+            lambda text: edited(
+                text, lambda d: d["layers"][1].update(shares_hessian_with="model.layers.7.mlp")
+            ),
+            "shares a Hessian with model.layers.7.mlp, a layer it does not list",
+        ),
     ],
     ids=[
         "truncated",
@@ -138,6 +148,8 @@ def empty_run(document: dict[str, Any]) -> None:
         "no-layers",
         "nan-loss",
         "infinite-losses",
+        "absent-subgraph",
+        "absent-layer",
     ],
 )
 def test_a_bad_report_exits_2_saying_what_is_wrong(

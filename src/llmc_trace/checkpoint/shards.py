@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +48,11 @@ class ShardedSafetensors:
         folder: Path,
         specs: Mapping[str, TensorSpec],
         max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+        *,
+        written: Collection[str] = (),
     ) -> None:
+        """``written``: tensors already in the folder's shards, left by an interrupted run
+        that planned the same tensors (its shards are reopened, not emptied)."""
         groups: list[list[str]] = [[]]
         filled = 0
         for name, spec in specs.items():
@@ -79,7 +83,13 @@ class ShardedSafetensors:
             encoded = json.dumps(header, separators=(",", ":")).encode()
             encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned
             start = 8 + len(encoded)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            if written and (not path.is_file() or path.stat().st_size != start + offset):
+                raise CheckpointError(
+                    "the interrupted run's shard is missing or has another size.",
+                    hint="pass --overwrite to start the run afresh.",
+                    location=str(path),
+                )
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | (0 if written else os.O_TRUNC), 0o644)
             self._fds.append(fd)
             os.pwrite(fd, len(encoded).to_bytes(8, "little") + encoded, 0)
             os.ftruncate(fd, start + offset)
@@ -87,7 +97,17 @@ class ShardedSafetensors:
                 place_offset = start + int(header[name]["data_offsets"][0])  # type: ignore[index]
                 self._places[name] = _Place(number, place_offset, specs[name])
         self._weight_map = {name: self.files[p.shard].name for name, p in self._places.items()}
-        self._missing = set(self._places)
+        self._missing = set(self._places) - set(written)
+
+    def written(self) -> list[str]:
+        """The tensors written so far, in planned order."""
+        return [name for name in self._places if name not in self._missing]
+
+    def sync(self) -> None:
+        """Flush what was written to disk, so that a resume point naming it outlives a
+        lost machine, not only a killed process."""
+        for fd in self._fds:
+            os.fsync(fd)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """Write ``tensor`` at its place; its dtype and shape must be the planned ones."""
@@ -121,8 +141,7 @@ class ShardedSafetensors:
                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}).",
                 hint="the pipeline did not finish every module; nothing was saved.",
             )
-        for fd in self._fds:
-            os.fsync(fd)
+        self.sync()
         self.abandon()
         if len(self.files) > 1:
             total = sum(p.spec.nbytes for p in self._places.values())

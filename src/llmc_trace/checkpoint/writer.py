@@ -6,7 +6,8 @@ the tensors are stored in), the weights (`model.safetensors`, or shards of at mo
 model has one, `recipe.yaml` when a recipe is given, and the tokenizer files of a source folder
 when one is given. It is written into a hidden temporary folder beside the target and renamed
 into place only when complete, so an interrupted write never leaves a half-written checkpoint
-under the target's name.
+under the target's name (a run keeping resume points leaves that folder for the next run to
+continue, never the target).
 
 :class:`CheckpointWriter` takes the tensors one at a time, as a pipeline finishes them: every
 output tensor is planned from the model and the schemes before the first is computed
@@ -59,7 +60,7 @@ from llmc_trace.checkpoint.layout import (
     quantization_config,
     stores_quantized,
 )
-from llmc_trace.errors import CheckpointError, NonFiniteError, OutputError
+from llmc_trace.errors import CheckpointError, LlmcTraceError, NonFiniteError, OutputError
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
@@ -84,6 +85,21 @@ TOKENIZER_FILES = (
     "vocab.json",
 )
 """Files copied from `tokenizer_dir` when present: tokenizers, chat templates, processors."""
+
+
+RESUME_FOLDER = "resume"
+"""The staging folder's subfolder where a run keeps its resume point (never in the checkpoint)."""
+
+
+@dataclass(frozen=True)
+class WriterProgress:
+    """An unfinished checkpoint: its staging folder, the tensors its shards hold, and the
+    zeros counted in its pruned layers so far."""
+
+    staging: Path
+    written: list[str]
+    zeros: int = 0
+    counted: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +189,10 @@ class CheckpointWriter:
     out of it when its module's weight is put (as is that of a compressed module stored
     dense, which needs only its weight). Modules in `pruned` have their zeros counted
     for the config's measured sparsity. Used as a context manager, an exception removes the
-    partial folder; :meth:`commit` completes it and renames it into place.
+    partial folder (unless `keep_on_interrupt` says it holds a resume point, and the exception
+    is an interruption or a failure a rerun need not meet); :meth:`commit` completes it and
+    renames it into place. `resume` continues an interrupted run's folder, whose shards hold
+    the tensors it names (:mod:`llmc_trace.oneshot.resume`).
     """
 
     def __init__(
@@ -187,6 +206,7 @@ class CheckpointWriter:
         pruned: Collection[str] = (),
         max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
         overwrite: bool = False,
+        resume: WriterProgress | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not overwrite:
@@ -210,16 +230,27 @@ class CheckpointWriter:
         self.ignore = ignored_modules(model, self.schemes, self.assignment)
         self.specs = planned_tensors(model, self.assignment, dtype)
         self._experts = per_expert_tensors(model)
-        remove_stale_staging(self.out_dir)
-        self.staging = self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
-        self._zeros = 0
-        self._counted = 0
+        #: keep the staging folder when the run is interrupted (it holds a resume point)
+        self.keep_on_interrupt = False
+        self.staging = (
+            resume.staging
+            if resume is not None
+            else self.out_dir.parent / f".{self.out_dir.name}.{uuid.uuid4().hex[:8]}.partial"
+        )
+        self._zeros = resume.zeros if resume is not None else 0
+        self._counted = resume.counted if resume is not None else 0
         try:
             self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir()
-            self._shards = ShardedSafetensors(self.staging, self.specs, max_shard_size)
+            self.staging.mkdir(exist_ok=resume is not None)
+            self._shards = ShardedSafetensors(
+                self.staging,
+                self.specs,
+                max_shard_size,
+                written=resume.written if resume is not None else (),
+            )
         except BaseException as err:  # not yet inside a ``with``: nothing else removes it
-            shutil.rmtree(self.staging, ignore_errors=True)
+            if resume is None:
+                shutil.rmtree(self.staging, ignore_errors=True)
             if isinstance(err, OSError):
                 raise OutputError.writing(self.out_dir, err) from err
             raise
@@ -234,6 +265,18 @@ class CheckpointWriter:
         traceback: TracebackType | None,
     ) -> None:
         if kind is not None:
+            if self.keep_on_interrupt and not isinstance(error, (LlmcTraceError, OSError)):
+                # interrupted (SIGINT, SIGTERM), or failed for a reason a rerun need not meet
+                # (a rank lost, out of memory): the resume point stays. The run's own answer
+                # (bad data, a non-finite value) would come again, and a full disk needs room
+                self._shards.abandon()
+                logger.warning(
+                    "keeping %s: the run stopped (%s) after a resume point; the same "
+                    "command continues from it (--overwrite starts afresh)",
+                    self.staging,
+                    type(error).__name__,
+                )
+                return
             self.abort()
             if isinstance(error, OSError):
                 raise OutputError.writing(self.out_dir, error) from error
@@ -285,6 +328,11 @@ class CheckpointWriter:
                 )
             self._shards.put(name, tensor)
 
+    def progress(self) -> WriterProgress:
+        """What is on disk so far, flushed: where a resumed run continues."""
+        self._shards.sync()
+        return WriterProgress(self.staging, self._shards.written(), self._zeros, self._counted)
+
     def _count_zeros(self, weight: torch.Tensor) -> None:
         self._zeros += int((weight == 0).sum().item())
         self._counted += weight.numel()
@@ -326,6 +374,7 @@ class CheckpointWriter:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
+        shutil.rmtree(folder / RESUME_FOLDER, ignore_errors=True)
         _make_readable(folder)
         _replace(self.out_dir, folder)
         return self.out_dir
@@ -493,19 +542,6 @@ def check_quantized(
             hint="quantize the weight in the dtype the model is saved in.",
             location=name,
         )
-
-
-def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the hidden ``.partial`` folders an earlier writer of ``out_dir`` left when it was
-    killed outright (SIGKILL, a lost machine: nothing could unwind), naming each in a warning;
-    every other way a write ends removes its own. Returns the folders removed."""
-    stale = (
-        sorted(out_dir.parent.glob(f".{out_dir.name}.*.partial")) if out_dir.parent.is_dir() else []
-    )
-    for folder in stale:
-        logger.warning("removing %s, left by an earlier run that was killed while writing", folder)
-        shutil.rmtree(folder, ignore_errors=True)
-    return stale
 
 
 def _replace(out_dir: Path, staging: Path) -> None:

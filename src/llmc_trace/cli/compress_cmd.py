@@ -54,7 +54,25 @@ _RUN_OPTIONS = [
         type=click.Path(path_type=Path),
         help="Output folder (written under a temporary name, renamed when complete).",
     ),
-    click.option("--overwrite", is_flag=True, help="Replace --out if it exists (once complete)."),
+    click.option(
+        "--overwrite",
+        is_flag=True,
+        help="Replace --out if it exists (once complete); remove an interrupted run's "
+        "unfinished output instead of resuming it.",
+    ),
+    click.option(
+        "--resume",
+        is_flag=True,
+        help="Continue the interrupted run writing --out after its last finished subgraph "
+        "(the same command does so by itself; with --resume, finding none is an error).",
+    ),
+    click.option(
+        "--resumable/--no-resumable",
+        default=True,
+        **SHOW_DEFAULT,
+        help="Keep a resume point after each subgraph (the activations entering the next, on "
+        "disk beside --out: `plan` shows their size).",
+    ),
 ]
 
 
@@ -64,6 +82,8 @@ def _compress(
     recipe: Path | None,
     out_dir: Path,
     overwrite: bool,
+    resume: bool,
+    resumable: bool,
     **options: Any,
 ) -> None:
     """Calibrate MODEL on DATASET and write a compressed-tensors checkpoint to OUT.
@@ -73,8 +93,12 @@ def _compress(
     --no-python llmc-trace compress ...`` the N ranks share the calibration batches and the
     solves; rank 0 writes the checkpoint.
 
+    A run interrupted after finishing a subgraph (SIGINT, SIGTERM, SIGKILL, a lost machine)
+    leaves its finished subgraphs beside OUT; the same command continues from there and
+    writes the checkpoint an uninterrupted run would have.
+
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
-    before any heavy work.
+    before any heavy work (another run writing OUT among it).
     """
     from llmc_trace.core.world import joined_from_environment
     from llmc_trace.oneshot.request import CompressRequest
@@ -90,14 +114,21 @@ def _compress(
     # under torchrun: this rank of the group, left before the process exits however it ends
     with (
         joined_from_environment() as world,
-        interruptible(ctx, "compress"),
+        interruptible(ctx, "compress", kept=lambda: _kept(out_dir)),
         handle_errors(ctx),
         ctx.progress("compress") as progress,
     ):
         # every rank checks its request (its dataset among it); one that fails ends them all
-        result = run_compress(world.agree(request), progress=progress)
+        result = run_compress(
+            world.agree(request), progress=progress, resume=resume, resumable=resumable
+        )
     if not world.is_main:
         return
+    if result.resume is not None and result.resume.skipped:
+        ctx.err.print(
+            f"resumed: subgraphs 1-{result.resume.skipped} were finished by the interrupted "
+            "run and not run again"
+        )
     stages = " then ".join(
         f"{s.stage.method} ({s.pipeline}, {len(s.layers)} layers)" for s in result.stages
     )
@@ -114,6 +145,20 @@ def _compress(
     ctx.out.print(
         f"[dim]every layer, and the --ignore that keeps it dense: {out_dir}/report.html[/]"
     )
+
+
+def _kept(out_dir: Path) -> str | None:
+    """The resume point an interrupted run left for ``out_dir``, in words; ``None`` if none."""
+    from llmc_trace.oneshot.resume import read_manifest, staging_folders
+
+    for staging in staging_folders(out_dir):
+        manifest = read_manifest(staging)
+        if manifest is not None and manifest.get("finished"):
+            return (
+                f"its first {manifest['finished']} subgraphs are kept in {staging}; run the "
+                "same command again to resume"
+            )
+    return None
 
 
 def _declared() -> list[Declared]:

@@ -112,10 +112,13 @@ class Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def interruptible(ctx: CliContext, what: str) -> Iterator[None]:
+def interruptible(
+    ctx: CliContext, what: str, kept: Callable[[], str | None] | None = None
+) -> Iterator[None]:
     """Turn SIGINT and SIGTERM into an orderly end: the work unwinds (nothing half written
-    stays: staging folders are removed, an existing output is untouched), one sentence says
-    so, and the exit code is the shell's for the signal (130, 143)."""
+    stays: staging folders are removed, an existing output is untouched, save a resume point,
+    which ``kept`` then describes), one sentence says so, and the exit code is the shell's for
+    the signal (130, 143)."""
 
     def terminate(signum: int, frame: object) -> None:
         raise Terminated
@@ -125,9 +128,11 @@ def interruptible(ctx: CliContext, what: str) -> Iterator[None]:
         yield
     except (KeyboardInterrupt, Terminated) as err:
         name, code = ("SIGINT", 130) if isinstance(err, KeyboardInterrupt) else ("SIGTERM", 143)
+        resumable = kept() if kept is not None else None
         ctx.err.print(
-            f"[bold red]Interrupted[/] ({name}): {what} stopped; nothing was written and any "
-            "earlier output is as it was."
+            f"[bold red]Interrupted[/] ({name}): {what} stopped; "
+            + (resumable or "nothing was written")
+            + " and any earlier output is as it was."
         )
         sys.exit(code)
     finally:

@@ -153,7 +153,7 @@ def plan(
         )
     if as_json:
         documents = [
-            _plan_document(label, result)
+            {**_plan_document(label, result), "resume_bytes": _resume_bytes(result, ranks)}
             for (label, _, _), result in zip(stages, plans, strict=True)
         ]
         ctx.print_json(documents[0] if recipe is None else {"stages": documents})
@@ -166,6 +166,8 @@ def plan(
             result,
             expert_group,
         )
+    if len(plans) == 1:
+        ctx.out.print(_resume_line(plans[0], ranks))
 
 
 def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:
@@ -204,6 +206,30 @@ def _print_plan(
     ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
     if result.experts is not None:
         ctx.out.print(_experts_line(*result.experts, expert_group))
+
+
+def _resume_bytes(result: MemoryPlan, ranks: int) -> int | None:
+    """Disk the chosen pipeline's resume points take at most; ``None`` where it keeps none."""
+    from llmc_trace.core.names import LAYER_SEQUENTIAL, SEQUENTIAL
+    from llmc_trace.pipelines.resume import resume_point_bytes
+
+    if result.chosen not in (SEQUENTIAL, LAYER_SEQUENTIAL):
+        return None
+    return resume_point_bytes(result.estimate(result.chosen).cache_bytes, ranks)
+
+
+def _resume_line(result: MemoryPlan, ranks: int) -> str:
+    """What a run keeps on disk to resume after an interruption (a single-stage run)."""
+    from llmc_trace.core.sizes import human_bytes
+
+    size = _resume_bytes(result, ranks)
+    if size is None:
+        return f"resume points: none ({result.chosen} keeps none; an interrupted run restarts)"
+    return (
+        f"resume points: up to {human_bytes(size)} of disk beside --out, besides the "
+        "checkpoint (the activations entering the next subgraph, on every rank; "
+        "--no-resumable keeps none)"
+    )
 
 
 def _experts_line(layers: int, experts: ExpertHessians, group: int | None) -> str:

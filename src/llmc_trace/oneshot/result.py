@@ -36,6 +36,19 @@ class StageResult:
 
 
 @dataclass(frozen=True)
+class ResumeStats:
+    """The run's resume points (:mod:`~llmc_trace.oneshot.resume`): the subgraphs an
+    interrupted run had finished (skipped here), and what keeping the points cost."""
+
+    skipped: int
+    saves: int
+    bytes_written: int
+    seconds: float
+    #: the largest the resume state was on disk
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
 class CompressionResult:
     """What ``compress`` did and where the checkpoint is. ``pipeline`` is the one that ran, or
     ``independent`` for several stages (each stage's is in ``stages``); ``plan``, ``stats``
@@ -54,6 +67,8 @@ class CompressionResult:
     #: how the calibration data was read, one sentence each (a column of caption lists, rows
     #: dropped, the tokens calibrated on); the command line prints them
     data_notes: tuple[str, ...] = ()
+    #: the resume points of a streamed run that kept them; ``None`` otherwise
+    resume: ResumeStats | None = None
 
     @property
     def pipeline(self) -> str:

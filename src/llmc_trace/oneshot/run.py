@@ -9,7 +9,8 @@ the first calibration batch with the fixes ``attempt --fix`` would use (proved o
 twin); the memory plan (:mod:`~llmc_trace.oneshot.planning`); the pipeline, by name from
 :mod:`llmc_trace.pipelines.registry` with its fallback rule (:mod:`~llmc_trace.oneshot.stage_run`);
 the checkpoint (:mod:`~llmc_trace.oneshot.write`), streamed into a temporary folder renamed when
-complete (an interrupted run leaves no output).
+complete (an interrupted run leaves no output under its name: at most, beside it, the resume
+point the same command continues from, :mod:`~llmc_trace.oneshot.resume`).
 
 Several stages (:class:`~llmc_trace.oneshot.stage.Stage`) run one after another, each a
 complete calibration with its own plan and pipeline on the model as the stages before left it
@@ -33,11 +34,13 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 
+from llmc_trace.checkpoint.lock import output_lock
+from llmc_trace.errors import BadInputError
 from llmc_trace.moe import observe_experts
 from llmc_trace.core.device import resolve
 from llmc_trace.core.host_memory import map_large_blocks
@@ -49,6 +52,7 @@ from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.load import load_model, refuse_quantized, refuse_weight_changing
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import CompressionResult
+from llmc_trace.oneshot.resume import settle_staging
 from llmc_trace.oneshot.settle import RunTrace
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.oneshot.stage_run import run_stage
@@ -60,6 +64,8 @@ def compress(
     *,
     device: torch.device | None = None,
     progress: Progress | None = None,
+    resume: bool = False,
+    resumable: bool = True,
 ) -> CompressionResult:
     """Compress as ``request`` says (see :class:`CompressRequest`) and write the checkpoint.
 
@@ -67,6 +73,12 @@ def compress(
     the run completes: the checkpoint goes to a temporary folder renamed at the end. With an
     ``out_dir`` the weights stream from the source checkpoint to the new one and
     ``CompressionResult.model`` is left a skeleton; without, the model is compressed in memory.
+
+    A run with an ``out_dir`` holds its lock for its whole length (a second run writing there
+    is bad input naming this one's pid). A single-stage one keeps a resume point after each
+    subgraph (unless not ``resumable``), and continues an interrupted run of the same request
+    that it finds beside ``out_dir`` (:mod:`~llmc_trace.oneshot.resume`); ``resume`` demands
+    one.
 
     >>> request = CompressRequest("tiny-llama/", dataset="calib.npy", out_dir="out/")  # doctest: +SKIP
     >>> compress(request).pipeline                                                    # doctest: +SKIP
@@ -89,16 +101,19 @@ def compress(
     )
     stages = request.stages
     model: torch.nn.Module | None = None
-    with _intermediate_folders(request.out_path, len(stages) - 1, world) as folders:
-        source = request.source
-        if request.out_path is None:
-            model = _load(run, source, None)
-        for index, stage in enumerate(stages):
-            last = index == len(stages) - 1
-            out = request.out_path if last or not folders else folders[index]
-            model = _stage(run, stage, source, None if out is not None else model, out, last)
-            if not last and out is not None:
-                source = resolve_model(str(out))
+    run.resumable = resumable and len(stages) == 1 and request.out_path is not None
+    with ExitStack() as held:
+        if request.out_path is not None:
+            out = request.out_path
+            world.agree(lambda: held.enter_context(output_lock(out)) if world.is_main else None)
+            run.unfinished = settle_staging(request, world, resume=resume, resumable=run.resumable)
+        elif resume:
+            raise BadInputError(
+                "--resume continues a run writing a checkpoint, and this one has no --out.",
+                hint="Give the interrupted run's --out.",
+                param="resume",
+            )
+        model = _stages(run, stages)
     assert model is not None and run.trace.traced is not None
     report = run.written_report or run.report(
         [(result.stage, result.layers) for result in run.results], parameter_dtype(model)
@@ -112,7 +127,27 @@ def compress(
         run.trace.traced,
         report,
         run.calibration.notes if run.calibration is not None else (),
+        run.resume,
     )
+
+
+def _stages(run: RunState, stages: tuple[Stage, ...]) -> torch.nn.Module:
+    """Run every stage, each but the last into a hidden folder the next reads; the model
+    the last leaves."""
+    request, world = run.request, run.world
+    model: torch.nn.Module | None = None
+    with _intermediate_folders(request.out_path, len(stages) - 1, world) as folders:
+        source = request.source
+        if request.out_path is None:
+            model = _load(run, source, None)
+        for index, stage in enumerate(stages):
+            last = index == len(stages) - 1
+            out = request.out_path if last or not folders else folders[index]
+            model = _stage(run, stage, source, None if out is not None else model, out, last)
+            if not last and out is not None:
+                source = resolve_model(str(out))
+    assert model is not None
+    return model
 
 
 def _stage(

@@ -17,7 +17,8 @@ from llmc_trace.models.parts import model_parts
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.coverage import parameter_coverage
-from llmc_trace.oneshot.planning import plan_stage
+from llmc_trace.core.memory_limit import memory_limit
+from llmc_trace.oneshot.planning import check_memory_limit, plan_stage
 from llmc_trace.oneshot.result import StageResult
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.oneshot.state import Pruned, RunState
@@ -26,6 +27,7 @@ from llmc_trace.oneshot.write import calibrate_into_checkpoint
 from llmc_trace.pipelines.calibration import Calibration
 from llmc_trace.pipelines.registry import fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import InMemory, Residency, compute_dtype
+from llmc_trace.pipelines.resume import ResumePoints
 
 
 def run_stage(
@@ -60,16 +62,20 @@ def run_stage(
         traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
         compute=compute, streamed=store is not None, device=run.device,
     )  # fmt: skip
+    check_memory_limit(plan, stage.pipeline, memory_limit())
     compressor.expert_group = stage.expert_group
     order = fallback_order(
         plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
     )
+    if run.unfinished is not None:  # its shards hold that pipeline's tensors
+        order = [run.unfinished.pipeline]
 
-    def calibrate(residency: Residency):  # type: ignore[no-untyped-def]
+    def calibrate(residency: Residency, resume: ResumePoints | None = None):  # type: ignore[no-untyped-def]
         calibration = Calibration(
             traced, run.world.shard(batches), compressor, run.device,
             propagate_error=stage.propagate, true_sequential=stage.true_sequential,
             progress=run.progress, residency=residency, twin=check.twin if check else None,
+            resume=resume,
         )  # fmt: skip
         return run_pipelines(order, calibration)
 

@@ -17,7 +17,8 @@ from llmc_trace.models.source import ModelSource
 from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.report import build_report
 from llmc_trace.oneshot.request import CompressRequest
-from llmc_trace.oneshot.result import StageResult
+from llmc_trace.oneshot.result import ResumeStats, StageResult
+from llmc_trace.oneshot.resume import Unfinished
 from llmc_trace.oneshot.settle import RunTrace
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.report.schema import CompressionReport
@@ -36,7 +37,8 @@ class Pruned:
 class RunState:
     """The request, where it runs, and what its stages leave for the ones after them: the
     calibration rows (loaded once), the settled trace, the pruning mask, each stage's result
-    and, once the checkpoint is written, the report written into it."""
+    and, once the checkpoint is written, the report written into it; whether the run keeps
+    resume points, the interrupted run it continues, and what its points cost."""
 
     request: CompressRequest
     device: torch.device
@@ -48,6 +50,10 @@ class RunState:
     results: list[StageResult] = field(default_factory=list)
     device_peaks: DevicePeaks = field(default_factory=DevicePeaks)
     written_report: CompressionReport | None = None
+    #: keep resume points (a streamed single-stage run), and the interrupted run to continue
+    resumable: bool = False
+    unfinished: Unfinished | None = None
+    resume: ResumeStats | None = None
 
     def calibration_set(self, model: torch.nn.Module) -> CalibrationSet:
         """The calibration rows, loaded once for every stage: media rows through the model's

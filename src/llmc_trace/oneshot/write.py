@@ -1,5 +1,6 @@
 """The checkpoint of a stage: calibrated through a writer that streams each finished tensor to
-its place in a staging folder, renamed into place with its recipe and report when complete."""
+its place in a staging folder (with a resume point after each subgraph), renamed into place
+with its recipe and report when complete."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.recipe import render_recipe
 from llmc_trace.oneshot.report import report_files
+from llmc_trace.oneshot.resume import RunResume, fingerprint
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.oneshot.state import RunState
 from llmc_trace.pipelines.registry import PipelineOutcome
 from llmc_trace.pipelines.residency import Residency, Streamed
+from llmc_trace.pipelines.resume import ResumePoints
 
-Calibrate = Callable[[Residency], PipelineOutcome]
+Calibrate = Callable[[Residency, ResumePoints | None], PipelineOutcome]
 
 
 def calibrate_into_checkpoint(
@@ -40,9 +43,18 @@ def calibrate_into_checkpoint(
     """Run ``calibrate`` with the weights streaming from ``store`` into a checkpoint at
     ``out`` (rank 0; the other ranks drop what they finish). The last stage's checkpoint is
     quantized as its scheme says and carries the run's ``recipe.yaml`` and report; an earlier
-    stage's is the dense model the next stage reads."""
+    stage's is the dense model the next stage reads. A resumable run keeps a resume point
+    after each subgraph, and continues ``run.unfinished`` when there is one
+    (:mod:`~llmc_trace.oneshot.resume`)."""
+    resumable = run.resumable and last
     if not run.world.is_main:
-        return calibrate(Streamed(model, store, _drop, compute))
+        points = None
+        if resumable:
+            staging = run.world.broadcast_object(None, src=0)
+            points = RunResume(staging, {}, run.world, compressor, None, run.unfinished)
+        outcome = calibrate(Streamed(model, store, _drop, compute), points)
+        run.resume = points.stats() if points is not None else None
+        return outcome
     schemes = [stage.scheme] if stage.scheme is not None and last else []
     pruned = run.pruned if last else None
     with CheckpointWriter(
@@ -54,9 +66,16 @@ def calibrate_into_checkpoint(
         pruned=pruned.layers if pruned else (),
         max_shard_size=run.request.checkpoint.max_shard_size,
         overwrite=run.request.overwrite or not last,
+        resume=run.unfinished.writer_progress() if run.unfinished is not None else None,
     ) as writer:
+        points = None
+        if resumable:
+            run.world.broadcast_object(writer.staging, src=0)
+            known = fingerprint(run.request, run.world)
+            points = RunResume(writer.staging, known, run.world, compressor, writer, run.unfinished)
         residency = Streamed(model, store, writer.put, compute)
-        outcome = calibrate(residency)
+        outcome = calibrate(residency, points)
+        run.resume = points.stats() if points is not None else None
         residency.finish()
         run.progress("write", 0, 1)
         recipe, files = None, {}

@@ -19,6 +19,7 @@ from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.pipelines.callbacks import Callbacks
 from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate
 from llmc_trace.pipelines.residency import Residency
+from llmc_trace.pipelines.resume import ResumePoints
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.trace import concrete_arguments
 
@@ -40,7 +41,9 @@ class Calibration:
     whose weights change); the leaf plan names the sequential targets even when tracing failed.
     ``residency`` says where the weights are (:mod:`~llmc_trace.pipelines.residency`; default:
     in memory); ``twin``, the tiny twin of the same trace, is where checks that need a whole
-    forward pass run (layer_sequential's exactness), never on the full-size model.
+    forward pass run (layer_sequential's exactness), never on the full-size model; ``resume``,
+    where a sequential pipeline keeps its state after each part and finds an interrupted
+    run's (:mod:`~llmc_trace.pipelines.resume`).
     """
 
     traced: TracedModel
@@ -52,6 +55,7 @@ class Calibration:
     progress: Progress = field(default=no_progress)
     residency: Residency | None = None
     twin: TracedModel | None = None
+    resume: ResumePoints | None = None
 
     @property
     def model(self) -> torch.nn.Module:

@@ -24,6 +24,7 @@ from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStat
 from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
 from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, scaled_bytes
 from llmc_trace.pipelines.residency import InMemory, Residency
+from llmc_trace.pipelines.resume import ResumePoints
 from llmc_trace.tracing.trace import concrete_arguments
 
 
@@ -120,13 +121,16 @@ def run_layer_sequential(
     progress: Progress | None = None,
     forward_kwargs: dict[str, Any] | None = None,
     residency: Residency | None = None,
+    resume: ResumePoints | None = None,
 ) -> PipelineStats:
     """Run each target over every batch's captured call, feeding outputs forward.
 
     Only one target and one batch's call sit on ``device`` at a time, besides the modules
     outside every target (embeddings, final norm, head), which come in first to capture the
     calls; the calls then wait on ``offload_device``, with the arguments every batch shares
-    (mask, rotary tables) stored once.
+    (mask, rotary tables) stored once. ``resume`` receives the calls after each target, and
+    gives back an interrupted run's, whose finished targets are then skipped
+    (:mod:`~llmc_trace.pipelines.resume`).
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
@@ -136,12 +140,19 @@ def run_layer_sequential(
     outside = modules_outside(model, targets)
     residency.prepare([outside, *(list(target.modules()) for target in targets)])
     residency.enter(outside, device)
+    finished = resume.start(LAYER_SEQUENTIAL) if resume is not None else 0
     calls: list[TargetCall] = []
-    for batch in batches:
+    stats = PipelineStats()
+    if finished:
+        calls, stats = resume.restore()  # type: ignore[union-attr]
+        for target in targets[:finished]:
+            residency.skip(list(target.modules()))
+    for batch in batches if not finished else []:
         call = capture_first_inputs(model, targets[0], move(batch, device), kwargs)
         calls.append(share_with(move_call(call, offload), calls[0] if calls else None))
-    stats = PipelineStats()
     for position, target in enumerate(targets):
+        if position < finished:
+            continue
         label = f"target {position + 1}/{len(targets)}"
         named = named_submodules(model, list(target.modules()))
         residency.enter(list(target.modules()), device)
@@ -170,6 +181,8 @@ def run_layer_sequential(
         stats.passes.append(len(pieces) + (1 if will_propagate else 0))
         residency.leave(list(target.modules()))
         release_free_memory()
+        if resume is not None:
+            resume.save(position + 1, (calls, stats))
     residency.leave(outside)
     return stats
 
@@ -245,6 +258,7 @@ def _calibrate(run: Calibration) -> PipelineStats:
         progress=run.progress,
         forward_kwargs=forward_kwargs,
         residency=run.residency,
+        resume=run.resume,
     )
 
 

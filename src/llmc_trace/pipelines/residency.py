@@ -3,7 +3,8 @@
 A pipeline works through *groups* of modules (a subgraph, a decoder layer, the whole model):
 it announces them all first (:meth:`Residency.prepare`), then :meth:`~Residency.enter`\\ s a
 group before running it and :meth:`~Residency.leave`\\ s it once it is compressed and no longer
-needed. What that means is the residency's business:
+needed (or :meth:`~Residency.skip`\\ s it, finished by an interrupted run
+that this one resumes). What that means is the residency's business:
 
 * :class:`InMemory`: the whole model is loaded; entering moves a group to the execution device
   (and to the compute dtype), leaving moves it back.
@@ -78,6 +79,11 @@ class Residency(Protocol):
 
     def leave(self, modules: Modules) -> None: ...
 
+    def skip(self, modules: Modules) -> None:
+        """A group an interrupted run already finished (and, streamed, wrote): it is not
+        entered, and counts as having left."""
+        ...
+
     def finish(self) -> None: ...
 
 
@@ -114,6 +120,9 @@ class InMemory:
             for param in module.parameters(recurse=False):
                 param.data = place(param.data, self.offload, self._stored.pop(id(param), None))
         _move_buffers(modules, self.offload)
+
+    def skip(self, modules: Modules) -> None:
+        self.left_any = True
 
     def finish(self) -> None:
         return None
@@ -187,6 +196,15 @@ class Streamed:
                 self._export(key, self._param(key).detach())
                 self._release(key)
         _move_buffers(modules, HOST)
+
+    def skip(self, modules: Modules) -> None:
+        """As :meth:`leave`, without the weights: the ones whose last group this was are in
+        the checkpoint already."""
+        self.left_any = True
+        for key in self._keys(modules):
+            self._users[key] = self._users.get(key, 1) - 1
+            if self._users[key] <= 0:
+                self._exported.add(key)
 
     def finish(self) -> None:
         """Export every tensor no group left (read from disk one at a time), then the

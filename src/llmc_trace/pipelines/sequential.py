@@ -38,6 +38,7 @@ from llmc_trace.pipelines.estimate import (
     transient_bytes,
 )
 from llmc_trace.pipelines.residency import InMemory, Residency
+from llmc_trace.pipelines.resume import ResumePoints
 from llmc_trace.pipelines.stages import StageComplete, StopWhenSeen, dependency_stages
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.tracing.guards import check_guards, input_signature
@@ -56,12 +57,16 @@ def run_sequential(
     true_sequential: bool = False,
     progress: Progress | None = None,
     residency: Residency | None = None,
+    resume: ResumePoints | None = None,
 ) -> PipelineStats:
     """Run ``subgraphs`` over ``batches`` (see the module docstring); returns statistics.
 
     With ``true_sequential`` (and error propagation), a subgraph's layers are calibrated in
     dependency stages (:mod:`~llmc_trace.pipelines.stages`). ``residency`` says where the
     weights are (default: in memory, moved between ``offload_device`` and ``device``).
+    ``resume`` receives the cache after each subgraph that runs, and gives back an
+    interrupted run's, whose finished subgraphs are then skipped
+    (:mod:`~llmc_trace.pipelines.resume`).
     """
     device = device or torch.device("cpu")
     offload = offload_device or torch.device("cpu")
@@ -80,7 +85,14 @@ def run_sequential(
         modules_of[last] = last_part.submodules(model)
         named_of[last] = named_submodules(model, modules_of[last])
     residency.prepare(modules_of[: last + 1])
+    finished = resume.start(SEQUENTIAL) if resume is not None else 0
+    if finished:
+        cache, stats = resume.restore()  # type: ignore[union-attr]
+        for modules in modules_of[:finished]:
+            residency.skip(modules)
     for position, subgraph in enumerate(subgraphs[: last + 1]):
+        if position < finished:
+            continue
         label = f"subgraph {position + 1}/{last + 1}"
         if subgraph.targets:
             label += f" · {subgraph.targets[0]}"
@@ -122,6 +134,8 @@ def run_sequential(
         stats.passes.append(passes)
         residency.leave(modules)
         release_free_memory()
+        if resume is not None:
+            resume.save(position + 1, (cache, stats))
     stats.passes.extend([0] * (len(subgraphs) - last - 1))
     stats.shared_names = sorted(cache.shared_names)
     return stats
@@ -268,6 +282,7 @@ def _calibrate(run: Calibration) -> PipelineStats:
         true_sequential=run.true_sequential,
         progress=run.progress,
         residency=run.residency,
+        resume=run.resume,
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import psutil
 import torch
 
+from llmc_trace.core.memory_limit import memory_limit
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.models.samples import SampleOptions
@@ -26,7 +27,15 @@ def available_device_memory(device_is_host: bool) -> int:
     if not device_is_host and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
         return int(free)
-    return int(psutil.virtual_memory().available)
+    return available_host_memory()
+
+
+def available_host_memory() -> int:
+    """The host memory this process can count on: the machine's available memory, or less
+    where a limit on the process (a cgroup, ``ulimit -v``) leaves less."""
+    machine = int(psutil.virtual_memory().available)
+    limit = memory_limit()
+    return machine if limit is None else min(machine, limit.available_bytes)
 
 
 def plan_memory(
@@ -63,7 +72,7 @@ def plan_memory(
         device_memory
         if device_memory is not None
         else available_device_memory(settings.device_is_host),
-        host_memory if host_memory is not None else int(psutil.virtual_memory().available),
+        host_memory if host_memory is not None else available_host_memory(),
         needs_data=settings.needs_data,
         excluded=excluded,
     )

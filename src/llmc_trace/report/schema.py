@@ -256,6 +256,7 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
     layers = tuple(_layer(reader, item, len(stages)) for item in reader.items(top, "layers"))
     if not layers:
         raise _not_a_report(where, "it lists no layers; every run compresses at least one")
+    _check_references(where, subgraphs, layers)
     return CompressionReport(
         model=reader.get(top, "model", str),
         device=reader.get(top, "device", str),
@@ -295,6 +296,27 @@ def _layer(reader: _Reader, item: Mapping[str, Any], stages: int) -> LayerRow:
     if not 0 <= row.stage < stages:
         raise _not_a_report(reader.where, f"layer {row.name} names stage {row.stage}")
     return row
+
+
+def _check_references(
+    where: str, subgraphs: Sequence[SubgraphRow], layers: Sequence[LayerRow]
+) -> None:
+    """Every subgraph a layer names, and every layer it shares a Hessian with, must be in the
+    report: a drawing of a layer in no subgraph the report holds would place it nowhere."""
+    indices = {subgraph.index for subgraph in subgraphs}
+    names = {layer.name for layer in layers}
+    for layer in layers:
+        if layer.subgraph is not None and layer.subgraph not in indices:
+            held = f"subgraphs {min(indices)}-{max(indices)}" if indices else "no subgraphs"
+            raise _not_a_report(
+                where, f"layer {layer.name} names subgraph {layer.subgraph}, and it holds {held}"
+            )
+        if layer.shares_hessian_with is not None and layer.shares_hessian_with not in names:
+            raise _not_a_report(
+                where,
+                f"layer {layer.name} shares a Hessian with {layer.shares_hessian_with}, "
+                "a layer it does not list",
+            )
 
 
 class _Reader:
