@@ -142,14 +142,29 @@ def _branchings_of(node: ast.AST, lines: list[str]) -> list[Branching]:
     if isinstance(node, (ast.For, ast.AsyncFor)):
         body, orelse = _stmts_span(node.body), _stmts_span(node.orelse)
         header: Span = (node.lineno, node.end_lineno, node.col_offset, node.end_col_offset)  # type: ignore[assignment]
-        return [Branching("for", node.lineno, header, node.iter, _lines(body), _lines(orelse), body, orelse)]
+        return [
+            Branching(
+                "for", node.lineno, header, node.iter, _lines(body), _lines(orelse), body, orelse
+            )
+        ]
     if isinstance(node, ast.IfExp):
         body, orelse = _span(node.body), _span(node.orelse)
         return [
-            Branching("ternary", node.lineno, _span(node), node.test, _lines(body), _lines(orelse), body, orelse)
+            Branching(
+                "ternary",
+                node.lineno,
+                _span(node),
+                node.test,
+                _lines(body),
+                _lines(orelse),
+                body,
+                orelse,
+            )
         ]
     if isinstance(node, ast.Assert):
-        return [Branching("assert", node.lineno, _span(node.test), node.test, None, None, None, None)]
+        return [
+            Branching("assert", node.lineno, _span(node.test), node.test, None, None, None, None)
+        ]
     if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
         span = _span(node)
         return [

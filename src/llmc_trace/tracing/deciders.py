@@ -195,7 +195,11 @@ def _fact(
             config_name = ".".join(["config", *chain[index:]])
             final = _resolve(value, chain[index:])
             return Fact("config", config_name, _short(final))
-        if isinstance(value, torch.nn.Module) and attribute == "training" and index == len(chain) - 1:
+        if (
+            isinstance(value, torch.nn.Module)
+            and attribute == "training"
+            and index == len(chain) - 1
+        ):
             return Fact("training", name, _short(value.training))
         value = _static_attribute(value, attribute)
         if value is _MISSING:
@@ -214,7 +218,13 @@ def _fact(
         return Fact("tensor", name, f"tensor{list(value.shape)}")
     if local and len(chain) == 1 and root in fixed:
         return Fact("fixed", name, _short(value))
-    if local and len(chain) == 1 and root in model_inputs and value is None and _is_parameter(frame, root):
+    if (
+        local
+        and len(chain) == 1
+        and root in model_inputs
+        and value is None
+        and _is_parameter(frame, root)
+    ):
         return Fact("absent", name, "None")
     if local and len(chain) == 1 and depth > 0 and root not in followed:
         assigned = _last_assignment(frame, root)
@@ -227,7 +237,11 @@ def _fact(
                 return decisive[-1]
     if value is _MISSING:
         return Fact("unknown", name, "?")
-    if not local or len(chain) > 1 or isinstance(value, (types.FunctionType, type, types.BuiltinFunctionType)):
+    if (
+        not local
+        or len(chain) > 1
+        or isinstance(value, (types.FunctionType, type, types.BuiltinFunctionType))
+    ):
         return Fact("constant", name, _short(value))
     if isinstance(value, _PLAIN) and not _is_parameter(frame, root):
         return Fact("unknown", name, _short(value))
@@ -402,14 +416,14 @@ def _judge_facts(by_kind: dict[str, list[Fact]], source: str) -> Verdict:
         )
     if "fixed" in by_kind:
         named = ", ".join(f"{f.name} = {f.value}" for f in by_kind["fixed"])
-        return Verdict("constant", source, f"{named} (set by the trace)", "none: every run passes the same")
+        return Verdict(
+            "constant", source, f"{named} (set by the trace)", "none: every run passes the same"
+        )
     if "unknown" in by_kind:
         named = ", ".join(f"{f.name} = {f.value}" for f in by_kind["unknown"])
         return Verdict("unknown", source, f"{named}, whose origin was not found", "not known")
     named = ", ".join(f"{f.name} = {f.value}" for f in by_kind.get("constant", []))
-    return Verdict(
-        "constant", source, named or "literals", "none: a constant of the model's code"
-    )
+    return Verdict("constant", source, named or "literals", "none: a constant of the model's code")
 
 
 def _sample_verdict(kind: str, facts: list[Fact], source: str) -> Verdict:

@@ -91,7 +91,9 @@ class Decision:
 
     def outcome(self) -> str:
         """The branches taken, as a person reads them (``then``, ``iterate x3, exit``)."""
-        return ", ".join(f"{name} x{count}" if count > 1 else name for name, count in self.taken.items())
+        return ", ".join(
+            f"{name} x{count}" if count > 1 else name for name, count in self.taken.items()
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -205,7 +207,9 @@ class DecisionRecorder:
     def _guard_count(self) -> int:
         return len(self._tracer.state.guards)
 
-    def _stopped(self, frame: types.FrameType, question: DataDependentQuestion, owner: str | None) -> None:
+    def _stopped(
+        self, frame: types.FrameType, question: DataDependentQuestion, owner: str | None
+    ) -> None:
         if id(question) in self._stopped_by:
             return  # outer frames see the same exception go by
         self._stopped_by.add(id(question))
@@ -291,7 +295,9 @@ class _FrameWatch:
             self.mark = count
             return
         branch = branch_taken(
-            site.branching, positions(self.code)[destination // 2], destination == self.pending_to  # type: ignore[arg-type]
+            site.branching,
+            positions(self.code)[destination // 2],
+            destination == self.pending_to,  # type: ignore[arg-type]
         )
         if branch is None:
             return  # still inside the condition: its guards belong to the final step
@@ -299,7 +305,11 @@ class _FrameWatch:
             lines = range(site.branching.span[0], site.branching.span[1] + 1)
             for guard in recorder._guards_since(self.mark):
                 where = guard.location
-                if where is not None and where.abs_file == self.code.co_filename and where.line in lines:
+                if (
+                    where is not None
+                    and where.abs_file == self.code.co_filename
+                    and where.line in lines
+                ):
                     if guard not in site.guards:
                         site.guards.append(guard)
         self.mark = count

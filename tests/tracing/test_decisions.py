@@ -1,0 +1,171 @@
+"""The decisions a trace records: the branch each ``if``/loop/ternary of model code took, at the
+line ``inspect.getsourcelines`` gives, with what decided it; changing what a decision names takes
+the other branch in a new trace."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers.masking_utils as masking
+from transformers import Qwen3MoeConfig
+from transformers.models.gemma3 import modeling_gemma3
+from transformers.models.mistral import modeling_mistral
+from transformers.models.qwen2_vl import modeling_qwen2_vl
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+from click.testing import CliRunner
+
+from llmc_trace.cli.main import cli
+from llmc_trace.models.source import resolve_model
+from llmc_trace.traced.model import trace_source
+from llmc_trace.tracing.decisions import Decision
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.trace import trace_graph
+from llmc_trace.errors import TraceStopped
+
+
+def _line_of(function: object, starts_with: str) -> int:
+    """The file line of the first line of ``function`` that starts with ``starts_with``,
+    counted from ``inspect.getsourcelines`` (the independent reference)."""
+    lines, first = inspect.getsourcelines(inspect.unwrap(function))  # type: ignore[arg-type]
+    for offset, text in enumerate(lines):
+        if text.strip().startswith(starts_with):
+            return first + offset
+    raise AssertionError(f"{starts_with!r} not in {function}")
+
+
+def _at(decisions: list[Decision], function: object, starts_with: str) -> Decision:
+    line = _line_of(function, starts_with)
+    path = inspect.getsourcefile(inspect.unwrap(function))  # type: ignore[arg-type]
+    found = [d for d in decisions if d.abs_file == path and d.line == line]
+    assert found, f"no decision at {path}:{line}; recorded: {[(d.file, d.line) for d in decisions]}"
+    return found[0]
+
+
+def test_llama_records_the_causal_mask_construction_inside_its_opaque_call() -> None:
+    traced = trace_source("meta-llama/Llama-3.1-8B-Instruct", record_decisions=True)
+    assert traced.traced
+    early_exit = _at(traced.decisions, masking.create_causal_mask, "if early_exit:")
+    # the mask builder is one graph call: its decision on the mask data is taken per batch
+    assert early_exit.owner == "create_causal_mask" and early_exit.status == "value"
+    assert early_exit.taken == {"else": 1} and "every batch" in early_exit.flips
+    layers = _at(traced.decisions, type(traced.model.model).forward, "for decoder_layer in")
+    assert layers.status == "config" and "config.num_hidden_layers = 32" in layers.decided_by
+    assert layers.taken == {"iterate": 32, "exit": 1}
+
+
+def test_mistral_sliding_window_is_a_config_decision_and_flips_with_the_config(
+    tmp_path: Path,
+) -> None:
+    traced = trace_source("mistralai/Mistral-7B-v0.1", record_decisions=True)
+    window = _at(traced.decisions, modeling_mistral.MistralModel.forward, "mask_function =")
+    assert (window.status, window.kind, window.taken) == ("config", "ternary", {"else": 1})
+    assert window.decided_by == "config.sliding_window = 4096"
+    assert "config.sliding_window is not 4096" in window.flips
+    built = [n for n in traced.partitioned.trace.graph.nodes if n.op == "call_function"]
+    assert any(n.target.__name__ == "create_sliding_window_causal_mask" for n in built)
+
+    # what flips it: the same model without a window takes the other branch in a new trace
+    config = dict(resolve_model("mistralai/Mistral-7B-v0.1").config().to_dict())
+    config["sliding_window"] = None
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flipped = trace_source(str(tmp_path), record_decisions=True)
+    other = _at(flipped.decisions, modeling_mistral.MistralModel.forward, "mask_function =")
+    assert other.taken == {"then": 1} and other.decided_by == "config.sliding_window = None"
+    rebuilt = [n for n in flipped.partitioned.trace.graph.nodes if n.op == "call_function"]
+    assert any(n.target.__name__ == "create_causal_mask" for n in rebuilt)
+    assert not any(n.target.__name__ == "create_sliding_window_causal_mask" for n in rebuilt)
+
+
+def test_gemma3_builds_its_masks_and_loops_over_its_sliding_window_layer_types() -> None:
+    traced = trace_source("google/gemma-3-4b-it", record_decisions=True)
+    construction = _at(
+        traced.decisions,
+        modeling_gemma3.Gemma3Model.forward,
+        "if not isinstance(causal_mask_mapping",
+    )
+    assert construction.status == "shape" and construction.taken == {"then": 1}
+    layer_types = _at(
+        traced.decisions, modeling_gemma3.Gemma3TextModel.forward, "for layer_type in set("
+    )
+    assert layer_types.status == "config" and "sliding_attention" in layer_types.decided_by
+    assert layer_types.taken == {"iterate": 2, "exit": 1}  # sliding and full attention
+
+
+def test_qwen2_vl_image_features_are_inserted_and_the_rope_index_stopped_the_trace() -> None:
+    as_written = trace_source("Qwen/Qwen2-VL-2B-Instruct", modality="image", record_decisions=True)
+    assert not as_written.traced
+    stopped = [d for d in as_written.decisions if "stopped" in d.taken]
+    assert len(stopped) == 1 and stopped[0].unguarded and stopped[0].status == "value"
+    assert stopped[0].function == "Qwen2VLModel.get_rope_index" and stopped[0].kind == "for"
+    assert as_written.failure is not None and as_written.failure.location.line == stopped[0].line
+
+    fixed = trace_source(
+        "Qwen/Qwen2-VL-2B-Instruct",
+        modality="image",
+        ignore=["Qwen2VLModel.get_rope_index"],
+        record_decisions=True,
+    )
+    assert fixed.traced
+    forward = modeling_qwen2_vl.Qwen2VLModel.forward
+    images = _at(fixed.decisions, forward, 'if mm_encoder_outputs.get("image") is not None')
+    assert images.status == "shape" and images.taken == {"then": 1}
+    videos = _at(fixed.decisions, forward, 'if mm_encoder_outputs.get("video") is not None')
+    assert videos.taken == {"else": 1} and videos.untaken
+    # the data-dependent loop now belongs to the opaque call: nothing unguarded is left
+    rope = [d for d in fixed.decisions if d.function == "Qwen2VLModel.get_rope_index"]
+    assert rope and all(d.owner == "Qwen2VLModel.get_rope_index" for d in rope)
+    assert not [d for d in fixed.decisions if d.unguarded]
+
+
+def test_moe_expert_routing_loop_is_data_dependent() -> None:
+    config = Qwen3MoeConfig(
+        hidden_size=16, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2
+    )
+    experts = Qwen3MoeExperts(config)
+    sample = {
+        "hidden_states": torch.randn(5, 16),
+        "top_k_index": torch.tensor([[0, 1], [1, 2], [0, 3], [2, 3], [0, 2]]),
+        "top_k_weights": torch.full((5, 2), 0.5),
+    }
+    options = TracingOptions(sequential_targets=("re:^act_fn$",), record_decisions=True)
+    with pytest.raises(TraceStopped) as stopped:
+        trace_graph(experts, sample, options)
+    forward = inspect.unwrap(Qwen3MoeExperts.forward)
+    loop = _at(stopped.value.decisions, forward, "for expert_idx in expert_hit:")
+    assert loop.status == "value" and loop.unguarded and loop.taken == {"stopped": 1}
+    assert "depends on tensor data" in loop.decided_by
+
+
+def test_recording_is_off_unless_asked() -> None:
+    traced = trace_source("meta-llama/Llama-3.1-8B-Instruct")
+    assert traced.traced and traced.decisions == []
+
+
+def test_attempt_decisions_json_lists_each_decision_sample_dependent_first() -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--quiet",
+            "attempt",
+            "--model",
+            "mistralai/Mistral-7B-v0.1",
+            "--no-verify",
+            "--decisions",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    decisions = json.loads(result.stdout)["decisions"]
+    assert decisions and all(
+        {"status", "file", "line", "source", "decided_by", "flips"} <= set(d) for d in decisions
+    )
+    order = ["value", "shape", "config", "constant", "unknown"]
+    ranks = [order.index(d["status"]) for d in decisions]
+    assert ranks == sorted(ranks) and ranks[0] <= 1
+    window = [d for d in decisions if d["source"] == "self.config.sliding_window is None"]
+    assert window and window[0]["status"] == "config" and window[0]["taken"] == {"else": 1}
