@@ -209,7 +209,7 @@ def attempt_trace(
     real_weights: bool = False,
     fix: bool = False,
     seed: int = 0,
-    decisions: bool = False,
+    decisions: bool = True,
     progress: Progress | None = None,
 ) -> TraceReport:
     """Trace, partition and verify ``model``; never raises for an untraceable model.
@@ -219,8 +219,8 @@ def attempt_trace(
     report with ``failure`` set. ``real_weights`` verifies on the folder's weights instead of
     the twin (the folder must hold safetensors). ``fix`` searches for fixes when tracing
     fails (see :mod:`~llmc_trace.diagnose.search`); the report lists every fix tried and
-    ``applied_fix`` holds the working configuration. ``decisions`` records every branch the
-    trace took (``report.decisions``, :mod:`~llmc_trace.tracing.decisions`).
+    ``applied_fix`` holds the working configuration. ``decisions`` (on unless turned off) records
+    every branch the trace took (``report.decisions``, :mod:`~llmc_trace.tracing.decisions`).
     ``report.traced_model`` is the traced model itself, for drawing or planning without
     tracing again.
 

@@ -44,7 +44,7 @@ def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
 @click.option(
     "--decisions",
     is_flag=True,
-    help="Record and list every branch of model code the trace took, sample-dependent first.",
+    help="List every branch of model code the trace took, sample-dependent first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout only.")
 @pass_cli
@@ -83,7 +83,6 @@ def attempt(
             verify=not no_verify,
             real_weights=real_weights,
             fix=fix,
-            decisions=decisions,
             progress=progress,
         )
     if as_json:

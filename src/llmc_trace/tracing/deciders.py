@@ -16,6 +16,8 @@ import ast
 import builtins
 import functools
 import inspect
+import linecache
+import textwrap
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +26,6 @@ import torch
 from torch import fx
 from transformers import PretrainedConfig
 
-from llmc_trace.tracing.branches import Branching, syntax_tree
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.proxy import DataDependentQuestion
 
@@ -289,8 +290,23 @@ def _resolve(value: Any, chain: list[str], missing: Any = "?") -> Any:
 
 
 def _short(value: Any) -> str:
+    """A short text of ``value``, never the ``repr`` of a module or a long container (a
+    ModuleList of 48 layers of 128 experts prints for half a second)."""
     if isinstance(value, (types.FunctionType, type)):
         return value.__qualname__
+    if isinstance(value, torch.nn.Module):
+        return type(value).__name__
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 8:
+        described = f"{type(value).__name__} of {len(value)}"
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) for v in value):
+            counts: dict[Any, int] = {}
+            for item in value:
+                counts[item] = counts.get(item, 0) + 1
+            if len(counts) <= 4:  # config.layer_types: which kinds, how many of each
+                described += ": " + ", ".join(f"{k} x{n}" for k, n in counts.items())
+        return described
+    if not isinstance(value, (*_PLAIN, list, tuple, dict, set, frozenset)):
+        return type(value).__name__
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -303,52 +319,57 @@ def _is_parameter(frame: types.FrameType, name: str) -> bool:
 
 def _last_assignment(frame: types.FrameType, name: str) -> ast.expr | None:
     """The expression last assigned to local ``name`` before the current line of ``frame``."""
-    function = _function_node(frame.f_code)
-    if function is None:
-        return None
     line = frame.f_lineno
-    latest: tuple[int, ast.expr] | None = None
-    for node in ast.walk(function):
-        value = None
-        if isinstance(node, ast.Assign) and any(_binds(t, name) for t in node.targets):
-            value = node.value
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and _binds(node.target, name):
-            value = node.value
-        elif isinstance(node, ast.NamedExpr) and node.target.id == name:
-            value = node.value
-        if value is not None and node.lineno < line and (latest is None or node.lineno > latest[0]):
-            latest = (node.lineno, value)
-    return latest[1] if latest else None
-
-
-def _binds(target: ast.expr, name: str) -> bool:
-    if isinstance(target, ast.Name):
-        return target.id == name
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return any(_binds(t, name) for t in target.elts)
-    return False
+    earlier = [value for at, value in _assignments(frame.f_code).get(name, ()) if at < line]
+    return earlier[-1] if earlier else None
 
 
 @functools.lru_cache(maxsize=4096)
-def _function_node(code: types.CodeType) -> ast.AST | None:
-    tree = syntax_tree(code.co_filename)
-    if tree is None:
+def _assignments(code: types.CodeType) -> dict[str, list[tuple[int, ast.expr]]]:
+    """Each local name of ``code``'s function -> its assignments (file line, value), in order."""
+    found = _function_node(code)
+    if found is None:
+        return {}
+    function, offset = found
+    assigned: dict[str, list[tuple[int, ast.expr]]] = {}
+    for node in ast.walk(function):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value:
+            targets = [node.target]
+        for target in targets:
+            for name in _bound_names(target):
+                assigned.setdefault(name, []).append((node.lineno + offset, node.value))  # type: ignore[attr-defined]
+    for entries in assigned.values():
+        entries.sort(key=lambda entry: entry[0])
+    return assigned
+
+
+def _bound_names(target: ast.expr) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for item in target.elts for name in _bound_names(item)]
+    return []
+
+
+@functools.lru_cache(maxsize=4096)
+def _function_node(code: types.CodeType) -> tuple[ast.AST, int] | None:
+    """The syntax tree of ``code``'s function alone (a whole modeling file takes tens of
+    milliseconds to parse), with the line offset of its first line."""
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
         return None
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == code.co_name
-            and min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            <= code.co_firstlineno
-            <= node.end_lineno  # type: ignore[operator]
-        ):
-            return node
-    return None
+    block = inspect.getblock(lines[code.co_firstlineno - 1 :])
+    try:
+        return ast.parse(textwrap.dedent("".join(block))), code.co_firstlineno - 1
+    except SyntaxError:
+        return None
 
 
 # --------------------------------------------------------------------- the verdict
 def judge(
-    branching: Branching,
     evidence: Evidence,
     guards: list[Guard],
     stopped: DataDependentQuestion | None,

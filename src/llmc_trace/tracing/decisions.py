@@ -3,17 +3,15 @@
 A trace is one run of ``forward``; the graph keeps only the branches that run took. Guards
 (:mod:`~llmc_trace.tracing.guards`) cover the questions asked of proxies; branches decided by
 plain Python values (``self.config.sliding_window is None``, ``self.training``, whether the
-sample has ``pixel_values``) leave no trace at all. :class:`DecisionRecorder` watches the trace
-with :func:`sys.settrace`: every new frame costs one dictionary look-up, and only frames of model
-code (transformers' modeling files, the model's own files, autowrapped statements, the
-definitions of ``tracing_models/``) are followed instruction by instruction, to see each
-conditional jump and where execution went on. Each jump is mapped to its construct and branch
-(:mod:`~llmc_trace.tracing.branches`) and what decided it is judged
-(:mod:`~llmc_trace.tracing.deciders`) from the frame, the guards asked while it was decided, and
-the question that stopped the trace.
+sample has ``pixel_values``) leave no trace at all. :class:`DecisionRecorder` runs the model's
+files instrumented (:mod:`~llmc_trace.tracing.instrument`): each condition and loop of model
+code (transformers' modeling files, the model's own files, the definitions of
+``tracing_models/``) reports its outcome, and what decided it is judged
+(:mod:`~llmc_trace.tracing.deciders`) from the frame, the guards the condition asked of proxies
+and the question that stopped the trace.
 
-While the tracer computes example values (a leaf's ``forward`` on ``meta``), model frames are
-left alone: a leaf decides again on every batch. The frames of an opaque call's example are
+While the tracer computes example values (a leaf's ``forward`` on ``meta``), model code is not
+recorded: a leaf decides again on every batch. The branches of an opaque call's example are
 recorded with the call as their owner: they show the decisions that call takes per batch.
 """
 
@@ -24,20 +22,17 @@ import sys
 import sysconfig
 import types
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 import transformers
 
-from llmc_trace.tracing.branches import (
-    Branching,
-    branch_taken,
-    branching_at,
-    deciding_offsets,
-    positions,
-)
+from llmc_trace.tracing.branches import Branching
 from llmc_trace.tracing.deciders import Evidence, gather_evidence, judge
 from llmc_trace.tracing.guards import Guard
+from llmc_trace.tracing.instrument import InstrumentedFile, instrumented
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.source import display_path, is_library_frame
 
@@ -112,11 +107,22 @@ class Decision:
         }
 
 
+#: What each kind of construct calls its two outcomes (true, false).
+_OUTCOMES = {
+    "if": ("then", "else"),
+    "elif": ("then", "else"),
+    "ternary": ("then", "else"),
+    "while": ("iterate", "exit"),
+    "assert": ("held", "failed"),
+}
+
+
 @dataclass
 class _Site:
-    """One deciding jump of one code object, over every time the trace ran it."""
+    """One construct of one file, over every time the trace ran it."""
 
-    code: types.CodeType
+    filename: str
+    function: str
     branching: Branching
     owner: str | None
     evidence: Evidence
@@ -126,194 +132,198 @@ class _Site:
 
 
 class DecisionRecorder:
-    """Context manager recording the decisions of model code while ``tracer`` traces.
+    """Context manager recording the decisions of ``model``'s code while ``tracer`` traces it.
 
-    ``inputs`` are the sample's tensor names (graph inputs), ``concrete`` the arguments the
-    trace fixes (``use_cache=False``); both tell an input from a constant. Recording is off
-    when not ``enabled`` and when another trace function is installed (a debugger, coverage):
-    that one is never replaced.
+    ``is_leaf`` tells a leaf by its module path (its code is never traced); ``inputs`` are the names the model's ``forward`` accepts and the sample's tensors,
+    ``concrete`` the arguments the trace fixes (``use_cache=False``); both tell an input from
+    a constant. Nothing is recorded, and no code is swapped, unless ``enabled``.
     """
 
     def __init__(
         self,
         tracer: LlmcTracer,
+        model: torch.nn.Module,
+        is_leaf: Callable[[str], bool],
         inputs: list[str],
         concrete: dict[str, Any],
         *,
         enabled: bool = True,
     ) -> None:
-        self._enabled = enabled
         self._tracer = tracer
+        self._model = model
+        self._is_leaf = is_leaf
         self._inputs = frozenset(inputs)
         self._concrete = dict(concrete)
-        self._watched: dict[types.CodeType, bool] = {}
-        self._sites: dict[tuple[types.CodeType, int], _Site] = {}
-        self._stopped_by: set[int] = set()
-        self.active = False
+        self._enabled = enabled
+        self._files: dict[str, InstrumentedFile] = {}
+        self._sites: dict[tuple[str, int], _Site] = {}
+        self._installed: Any = None
 
     def __enter__(self) -> DecisionRecorder:
-        if self._enabled and sys.gettrace() is None:
-            self.active = True
-            sys.settrace(self._on_call)
+        if self._enabled:
+            self._installed = instrumented(model_modules(self._model, self._is_leaf), self)
+            self._files = self._installed.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.active:
-            sys.settrace(None)
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed is not None:
+            self._installed.__exit__(*exc)
+            self._installed = None
 
-    # ----------------------------------------------------------------- while tracing
-    def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+    # ----------------------------------------------------------------- called by model code
+    def mark(self) -> int:
+        """How many guards the trace holds: those after it were asked by the condition."""
+        return len(self._tracer.state.guards)
+
+    def decide(self, index: int, mark: int, value: Any) -> bool:
+        """The truth of a condition, as the statement would take it, recorded."""
+        frame = sys._getframe(1)
+        try:
+            result = bool(value)
+        except DataDependentQuestion as question:
+            self._stop(frame, index, question)
+            raise
+        site = self._site(frame, index, mark)
+        if site is not None:
+            site.taken[_OUTCOMES[site.branching.kind][0 if result else 1]] += 1
+        return result
+
+    def loop(self, index: int, mark: int, iterable: Iterable[Any]) -> Iterator[Any]:
+        """The loop's iterator, counting its steps (and the exit, unless it breaks)."""
+        frame = sys._getframe(1)
+        try:
+            iterator = iter(iterable)
+        except DataDependentQuestion as question:
+            self._stop(frame, index, question)
+            raise
+        site = self._site(frame, index, mark)
+        return iterator if site is None else _counted(site, iterator)
+
+    def _stop(self, frame: types.FrameType, index: int, question: DataDependentQuestion) -> None:
+        site = self._site(frame, index, self.mark())
+        if site is not None:
+            site.stopped = question
+
+    def stopped_by(self, error: BaseException) -> None:
+        """Record the construct whose condition raised ``error``, a data-dependent question
+        asked while evaluating it (``for x in enumerate(t.tolist())`` asks before the loop
+        starts, so no hook saw it): the innermost model frame of its traceback is there."""
+        if not isinstance(error, DataDependentQuestion):
+            return
+        if any(site.stopped is error for site in self._sites.values()):
+            return
+        innermost = None
+        tb = error.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename in self._files:
+                innermost = tb
+            tb = tb.tb_next
+        if innermost is None:
+            return
+        frame, line = innermost.tb_frame, innermost.tb_lineno
+        sites = self._files[frame.f_code.co_filename].sites
+        holding = [
+            index
+            for index, branching in enumerate(sites)
+            if branching.condition_lines[0] <= line <= branching.condition_lines[1]
+        ]
+        if holding:
+            index = max(holding, key=lambda i: sites[i].condition_lines[0])
+            self._stop(frame, index, error)
+
+    def _site(self, frame: types.FrameType, index: int, mark: int) -> _Site | None:
+        """The record of construct ``index`` of ``frame``'s file, ``None`` when the frame is
+        not recorded (a leaf's own code, a mask builder's helpers)."""
         code = frame.f_code
-        watched = self._watched.get(code)
-        if watched is None:
-            filename = code.co_filename
-            watched = self._watched[code] = (
-                _is_model_file(filename) or filename == _MASKING
-            ) and bool(deciding_offsets(code))
-        if not watched:
-            return None
+        filename = code.co_filename
         owner = None
         if self._tracer._computing:
             entry = _opaque_entry(frame)
-            if entry is None:
-                return None  # a leaf's own code: it decides again on every batch
-            if entry is not frame and not _is_model_file(code.co_filename):
-                return None  # a mask builder's helpers: the builder's own branches suffice
+            if entry is None or (entry is not frame and not _is_model_file(filename)):
+                return None
             owner = entry.f_code.co_qualname
-        elif not _is_model_file(code.co_filename):
+        elif not _is_model_file(filename):
             return None
-        frame.f_trace_lines = False
-        frame.f_trace_opcodes = True
-        return _FrameWatch(self, code, owner)
-
-    def _site(self, frame: types.FrameType, offset: int, owner: str | None) -> _Site | None:
-        code = frame.f_code
-        key = (code, offset)
+        key = (filename, index)
         site = self._sites.get(key)
         if site is None:
-            span = positions(code)[offset // 2]
-            branching = branching_at(code.co_filename, span)  # type: ignore[arg-type]
-            if branching is None:
-                return None
+            branching = self._files[filename].sites[index]
             # an opaque call's arguments are its own, never the sample's inputs
             inputs = self._inputs if owner is None else frozenset()
-            evidence = gather_evidence(branching.condition, frame, inputs, self._concrete)
-            site = self._sites[key] = _Site(code, branching, owner, evidence)
+            evidence = gather_evidence(branching.condition_tree(), frame, inputs, self._concrete)
+            site = _Site(filename, code.co_qualname, branching, owner, evidence)
+            self._sites[key] = site
+        for guard in self._tracer.state.guards[mark:]:
+            where = guard.location
+            if where is not None and where.abs_file == filename and guard not in site.guards:
+                if where.function == code.co_qualname:
+                    site.guards.append(guard)
         return site
-
-    def _guards_since(self, mark: int) -> list[Guard]:
-        return self._tracer.state.guards[mark:]
-
-    def _guard_count(self) -> int:
-        return len(self._tracer.state.guards)
-
-    def _stopped(
-        self, frame: types.FrameType, question: DataDependentQuestion, owner: str | None
-    ) -> None:
-        if id(question) in self._stopped_by:
-            return  # outer frames see the same exception go by
-        self._stopped_by.add(id(question))
-        site = self._site(frame, frame.f_lasti, owner)
-        if site is not None:
-            site.stopped = question
 
     # ----------------------------------------------------------------- afterwards
     def decisions(self) -> list[Decision]:
         """Every construct the trace decided, sample-dependent first, then by file and line."""
-        merged: dict[tuple[str, int, int], list[_Site]] = {}
-        for site in self._sites.values():
-            if not site.taken and site.stopped is None:
-                continue  # an ``and`` step that never decided its construct
-            key = (site.code.co_filename, site.branching.span[0], site.branching.span[2])
-            merged.setdefault(key, []).append(site)
-        decisions = [self._decision(sites) for sites in merged.values()]
+        decisions = [self._decision(site) for site in self._sites.values()]
         decisions.sort(key=lambda d: (STATUSES.index(d.status), d.file, d.line))
         return decisions
 
-    def _decision(self, sites: list[_Site]) -> Decision:
-        first = sites[0]
-        branching = first.branching
-        taken: Counter[str] = Counter()
-        guards: list[Guard] = []
-        stopped = None
-        for site in sites:
-            taken.update(site.taken)
-            guards.extend(g for g in site.guards if g not in guards)
-            stopped = stopped or site.stopped
-        if stopped is not None:
+    def _decision(self, site: _Site) -> Decision:
+        branching = site.branching
+        taken = Counter(site.taken)
+        if site.stopped is not None:
             taken["stopped"] += 1
-        verdict = judge(branching, first.evidence, guards, stopped, first.owner)
+        verdict = judge(site.evidence, site.guards, site.stopped, site.owner)
         return Decision(
             status=verdict.status,
             kind=branching.kind,
-            file=display_path(first.code.co_filename),
-            abs_file=first.code.co_filename,
-            function=first.code.co_qualname,
+            file=display_path(site.filename),
+            abs_file=site.filename,
+            function=site.function,
             line=branching.line,
             source=verdict.source,
             taken=dict(taken),
             untaken=_untaken(branching, taken),
             decided_by=verdict.decided_by,
             flips=verdict.flips,
-            owner=first.owner,
-            guards=[g.describe() for g in guards],
+            owner=site.owner,
+            guards=[g.describe() for g in site.guards],
         )
 
 
-class _FrameWatch:
-    """The local trace function of one model frame: sees each instruction before it runs."""
+def _counted(site: _Site, iterator: Iterator[Any]) -> Iterator[Any]:
+    for item in iterator:
+        site.taken["iterate"] += 1
+        yield item
+    site.taken["exit"] += 1
 
-    __slots__ = ("recorder", "jumps", "owner", "pending", "pending_to", "mark", "code")
 
-    def __init__(self, recorder: DecisionRecorder, code: types.CodeType, owner: str | None) -> None:
-        self.recorder = recorder
-        self.code = code
-        self.jumps = deciding_offsets(code)
-        self.owner = owner
-        self.pending: int | None = None
-        self.pending_to = 0
-        self.mark = recorder._guard_count()
-
-    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode":
-            offset = frame.f_lasti
-            if self.pending is not None:
-                self._resolve(frame, self.pending, offset)
-                self.pending = None
-            if offset in self.jumps:
-                self.pending = offset
-                self.pending_to = self.jumps[offset]
-        elif event == "exception" and isinstance(arg[1], DataDependentQuestion):
-            self.recorder._stopped(frame, arg[1], self.owner)
-        return self
-
-    def _resolve(self, frame: types.FrameType, offset: int, destination: int) -> None:
-        recorder = self.recorder
-        site = recorder._site(frame, offset, self.owner)
-        count = recorder._guard_count()
-        if site is None:
-            self.mark = count
-            return
-        branch = branch_taken(
-            site.branching,
-            positions(self.code)[destination // 2],
-            destination == self.pending_to,  # type: ignore[arg-type]
+def model_modules(model: torch.nn.Module, is_leaf: Callable[[str], bool]) -> list[types.ModuleType]:
+    """The modules whose code a trace of ``model`` runs: those defining the classes (and their
+    bases) of the modules it traces through and of its leaves, when they are model code, and
+    transformers' mask builders. A leaf's children are never reached (a model of thousands of
+    experts is walked in its few traced modules)."""
+    classes: set[type] = set()
+    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    while stack:
+        path, module = stack.pop()
+        classes.add(type(module))
+        if path and is_leaf(path):
+            continue
+        prefix = f"{path}." if path else ""
+        stack.extend(
+            (prefix + name, child) for name, child in module._modules.items() if child is not None
         )
-        if branch is None:
-            return  # still inside the condition: its guards belong to the final step
-        if count > self.mark:
-            lines = range(site.branching.span[0], site.branching.span[1] + 1)
-            for guard in recorder._guards_since(self.mark):
-                where = guard.location
-                if (
-                    where is not None
-                    and where.abs_file == self.code.co_filename
-                    and where.line in lines
-                ):
-                    if guard not in site.guards:
-                        site.guards.append(guard)
-        self.mark = count
-        site.taken[branch] += 1
+    names: dict[str, None] = {}
+    for cls in classes:
+        for base in cls.__mro__:
+            names.setdefault(base.__module__, None)
+    modules = []
+    for name in [*names, "transformers.masking_utils"]:
+        module = sys.modules.get(name)
+        filename = getattr(module, "__file__", None)
+        if module is not None and filename and (_is_model_file(filename) or filename == _MASKING):
+            modules.append(module)
+    return modules
 
 
 def _is_model_file(filename: str) -> bool:
@@ -349,8 +359,6 @@ def _opaque_entry(frame: types.FrameType) -> types.FrameType | None:
 def _untaken(branching: Branching, taken: Counter[str]) -> list[tuple[int, int]]:
     """Line ranges of the branches the trace never ran (for the source view)."""
     spans: list[tuple[int, int]] = []
-    if branching.kind == "ternary" and branching.body == branching.orelse == (branching.line,) * 2:
-        return spans  # both branches on the construct's own line: nothing to grey
     ran_body = bool({"then", "iterate"} & set(taken))
     ran_else = bool({"else", "exit"} & set(taken))
     if branching.body is not None and not ran_body:

@@ -155,15 +155,20 @@ def _trace_once(
     )
     accepted = inspect.signature(type(model).forward).parameters
     recorder = DecisionRecorder(
-        tracer, [*tensors, *accepted], concrete, enabled=options.record_decisions
+        tracer,
+        model,
+        lambda path: leaves.leaf_reason(path) is not None,
+        [*tensors, *accepted],
+        concrete,
+        enabled=options.record_decisions,
     )
     try:
         # definitions first: a statement of a definition's method can be autowrapped too
         with (
             torch.no_grad(),
             use_definitions(model, list(options.definitions)) as replaced,
+            recorder,  # before autowraps: they swap in their rewrite of the original source
             install_autowraps(model, list(options.autowraps), tracer.opaque_call) as rewrites,
-            recorder,
         ):
             graph = tracer.trace_model(model, tensors, concrete)
     except LlmcTraceError:
@@ -172,6 +177,7 @@ def _trace_once(
         raised = tracer.state.raised
         stack = raised[1] if raised is not None and raised[0] is err else []
         stopped = TraceStopped(err, stack, getattr(tracer, "graph", None), leaves)
+        recorder.stopped_by(err)
         stopped.decisions = recorder.decisions()
         raise stopped from err
     return tracer, graph, replaced, rewrites, recorder.decisions()
