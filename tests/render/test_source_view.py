@@ -1,0 +1,64 @@
+"""The source view: model code as the trace ran it, in headless Chromium (no console error, no
+request) with a node -> line -> node round trip by real clicks, and refused as a picture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmc_trace.errors import BadInputError
+from llmc_trace.render import render_trace
+from llmc_trace.traced.model import TracedModel, trace_source
+from tests.render.cdp import Page, find_chromium, open_page
+
+CHROMIUM = find_chromium()
+
+
+@pytest.fixture(scope="module")
+def recorded_trace(llama_dir: Path) -> TracedModel:
+    return trace_source(str(llama_dir), record_decisions=True)
+
+
+def click(page: Page, selector: str) -> None:
+    """A real mouse click on the element ``selector`` finds, scrolled into view first."""
+    x, y = page.evaluate(
+        f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+        " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+        " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+    )
+    page.click(x, y)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_source_page_links_a_node_to_its_line_and_back(
+    recorded_trace: TracedModel, tmp_path: Path
+) -> None:
+    path = render_trace(recorded_trace, tmp_path / "source.html", view="source").path
+    node = next(
+        n for n in recorded_trace.trace.graph.nodes if n.name.startswith("create_causal_mask")
+    )
+    where = node.meta["source"]
+    with open_page(CHROMIUM, path.as_uri()) as page:  # type: ignore[arg-type]
+        # the layers loop is coloured as a config decision; its line holds the loop's source
+        loops = page.evaluate(
+            "[...document.querySelectorAll('tr.st-config td.src')].map(td => td.textContent)"
+        )
+        assert any("for decoder_layer in self.layers" in text for text in loops)
+
+        click(page, f"#node-{node.name} a.line")
+        line = page.evaluate("location.hash")
+        assert line.startswith("#L-") and line.endswith(f"-{where.line}")
+        assert where.code in page.evaluate(f"document.querySelector('{line} td.src').textContent")
+        click(page, f"{line} a.node[href='#node-{node.name}']")
+        assert page.evaluate("location.hash") == f"#node-{node.name}"
+        assert page.evaluate("document.querySelector(':target').id") == f"node-{node.name}"
+        assert page.console_errors() == []
+        assert page.requested_urls() == [path.as_uri()]
+
+
+def test_source_view_is_a_page_not_a_picture(recorded_trace: TracedModel, tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="not \\*.html"):
+        render_trace(recorded_trace, tmp_path / "source.svg", view="source")
