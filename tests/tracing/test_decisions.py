@@ -21,11 +21,14 @@ from click.testing import CliRunner
 
 from llmc_trace.cli.main import cli
 from llmc_trace.models.source import resolve_model
-from llmc_trace.traced.model import trace_source
+from llmc_trace.errors import LlmcTraceError
+from llmc_trace.pipelines.sequential import check_batches_fit
+from llmc_trace.traced.model import trace_model, trace_source
 from llmc_trace.tracing.decisions import Decision
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from llmc_trace.errors import TraceStopped
+from tests.patterns.untraceable import ShapeBranch, Wrapper
 
 
 def _line_of(function: object, starts_with: str) -> int:
@@ -169,3 +172,22 @@ def test_attempt_decisions_json_lists_each_decision_sample_dependent_first() -> 
     assert ranks == sorted(ranks) and ranks[0] <= 1
     window = [d for d in decisions if d["source"] == "self.config.sliding_window is None"]
     assert window and window[0]["status"] == "config" and window[0]["taken"] == {"else": 1}
+
+
+def test_a_shape_guard_is_a_shape_decision_and_calibration_names_it_when_a_batch_flips_it() -> None:
+    """ShapeBranch's ``if x.shape[1] > 4`` (a sliding-window test in small): the decision holds
+    the guard; a batch of 3 positions would take the other branch, and calibration refuses it
+    naming the statement."""
+    model = Wrapper(ShapeBranch()).eval()
+
+    def batch(seq: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(1, seq, 8), "grid": torch.tensor([[1, 2, 2]])}
+
+    options = TracingOptions(sequential_targets=("Block",), record_decisions=True)
+    traced = trace_model(model, batch(6), options, name="shape-branch")
+    branch = _at(traced.decisions, ShapeBranch.prepare, "if x.shape[1] > 4:")
+    assert (branch.status, branch.taken) == ("shape", {"then": 1})
+    assert branch.guards and "calibration refuses it" in branch.flips
+    with pytest.raises(LlmcTraceError, match=r"batch 1 breaks .*`if x.shape\[1\] > 4:`"):
+        check_batches_fit(traced, [batch(6), batch(3)])
+    check_batches_fit(traced, [batch(6), batch(9)])  # the same branch: accepted

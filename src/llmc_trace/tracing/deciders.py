@@ -393,7 +393,8 @@ def judge(
             source,
             "; ".join(f"{g.question}({g.node}) == {g.expected!r}" for g in guards),
             f"a batch for which {asked} is not {guard.expected!r} takes the other branch: "
-            "re-traced (the guard is checked on every batch)",
+            "calibration refuses it before any weight changes (the guard is checked on every "
+            "batch)",
         )
     by_kind: dict[str, list[Fact]] = {}
     for fact in evidence.facts:
@@ -454,20 +455,21 @@ def _sample_verdict(kind: str, facts: list[Fact], source: str) -> Verdict:
             "shape",
             source,
             f"the sample gives {names}",
-            f"a batch without {names} takes the other branch: re-traced (the trace is keyed on "
-            "its input names)",
+            f"a batch without {names} takes the other branch: this graph does not fit it (trace "
+            "on such a batch)",
         )
     if kind == "absent":
         return Verdict(
             "shape",
             source,
             f"the sample has no {names}",
-            f"a batch with {names} takes the other branch: re-traced (the trace is keyed on its "
-            "input names)",
+            f"a batch with {names} takes the other branch: this graph does not fit it (trace on "
+            "such a batch)",
         )
     return Verdict(
         "shape",
         source,
         f"{names} is a traced value (its type or presence, not its data)",
-        f"a batch giving {names} another type or leaving it out takes the other branch: re-traced",
+        f"a batch giving {names} another type or leaving it out takes the other branch: this "
+        "graph does not fit it (trace on such a batch)",
     )

@@ -53,7 +53,8 @@ class Decision:
     """One branching construct of model code as the trace ran it.
 
     ``status`` says what decided it: ``shape`` (the sample's input signature: a guard on a
-    shape, or which inputs it has; another batch re-traces), ``value`` (tensor data: the trace
+    shape, or which inputs it has; a batch that differs there does not fit the graph),
+    ``value`` (tensor data: the trace
     stopped there, or an opaque call owns it and decides per batch), ``config`` (a config
     attribute, named in ``decided_by``), ``constant`` (a Python constant of the trace, such as
     ``self.training``) or ``unknown``. ``taken`` counts the branches taken (``then``,
