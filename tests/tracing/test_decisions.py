@@ -191,3 +191,41 @@ def test_a_shape_guard_is_a_shape_decision_and_calibration_names_it_when_a_batch
     with pytest.raises(LlmcTraceError, match=r"batch 1 breaks .*`if x.shape\[1\] > 4:`"):
         check_batches_fit(traced, [batch(6), batch(3)])
     check_batches_fit(traced, [batch(6), batch(9)])  # the same branch: accepted
+
+
+def test_coverage_all_counts_decisions_by_kind_and_status_and_lists_the_unguarded() -> None:
+    from llmc_trace.attempt.sweep_report import summarize, sweep_table
+    from llmc_trace.attempt.sweep_type import DEFAULT, SweepRow
+
+    rows = [
+        SweepRow("a", "A", DEFAULT, "text", "verified", "", "", 2, 0.1, {"for config": 1}),
+        SweepRow(
+            "b",
+            "B",
+            DEFAULT,
+            "image",
+            "not_traceable",
+            "",
+            "",
+            0,
+            0.1,
+            {"for value": 1, "if shape": 2},
+            ["modeling_b.py:12"],
+        ),
+    ]
+    summary = summarize(rows)
+    assert summary["decisions"] == {"for": {"config": 1, "value": 1}, "if": {"shape": 2}}
+    assert summary["unguarded"] == [
+        {"model_type": "b", "modality": "image", "where": "modeling_b.py:12"}
+    ]
+    document = {
+        "transformers": "x",
+        "torch": "y",
+        "elapsed_s": 1.0,
+        "cpu_s": 1.0,
+        "workers": 1,
+        "summary": summary,
+        "rows": [vars(r) for r in rows],
+    }
+    table = sweep_table(document)
+    assert "| for | 1 | 0 | 1 |" in table and "- b (image): modeling_b.py:12" in table
