@@ -4,8 +4,8 @@ Lines are coloured by the status of the decision taken there (see
 :mod:`~llmc_trace.tracing.decisions`), the branches the trace never took are greyed, and each
 line lists the graph nodes it recorded, linked to the node list (name, operation, subgraph),
 whose entries link back to their line. The links are plain anchors, so the page needs no
-script: a node's ``#node-<name>`` and a line's ``#L-<function>-<line>`` address them from
-anywhere. A trace that stopped marks the line it stopped at.
+script: a node's ``#node-<name>`` and a line's ``#L-<function>-<line>``
+(``#L-Qwen2VLModel.forward-1160``) address them from anywhere. A trace that stopped marks the line it stopped at.
 """
 
 from __future__ import annotations
@@ -80,14 +80,15 @@ def source_page(trace: TracedModel) -> str:
         _function_index(ordered, ids),
         *(_function_html(f, ids[id(f)], subgraph_of, stopped) for f in ordered),
         "</div>",
-        _node_list(located, ids, subgraph_of),
+        _node_list(located, subgraph_of),
         "</main>\n</body>\n</html>\n",
     ]
     return page_start(f"{trace.name}: source", _css()) + "\n".join(body)
 
 
-def line_id(function_index: int, line: int) -> str:
-    return f"L-{function_index}-{line}"
+def line_id(function: str, line: int) -> str:
+    """A line's anchor, stable from run to run: ``L-Qwen2VLModel.forward-1160``."""
+    return safe_id("L-", f"{function}-{line}")
 
 
 def node_id(name: str) -> str:
@@ -168,7 +169,7 @@ def _function_html(
             classes.append("untaken")
         if stopped is not None and stopped.abs_file == function.abs_file and stopped.line == line:
             classes.append("stopped")
-        anchor = line_id(index, line)
+        anchor = line_id(function.qualname, line)
         links = "".join(
             f'<a class="node" href="#{node_id(name)}" title="subgraph '
             f'{subgraph_of.get(name, "-")}">{html.escape(name)}</a>'
@@ -200,9 +201,7 @@ def _decision_note(decision: Decision) -> str:
     return f'<span class="decision st-{decision.status}">{html.escape(text)}</span>'
 
 
-def _node_list(
-    located: list[tuple[fx.Node, _Function, int]], ids: dict[int, int], subgraph_of: dict[str, int]
-) -> str:
+def _node_list(located: list[tuple[fx.Node, _Function, int]], subgraph_of: dict[str, int]) -> str:
     rows = []
     for node, function, line in located:
         target = (
@@ -210,7 +209,7 @@ def _node_list(
         )
         subgraph = subgraph_of.get(node.name)
         rows.append(
-            f'<tr id="{node_id(node.name)}"><td><a class="line" href="#{line_id(ids[id(function)], line)}">'
+            f'<tr id="{node_id(node.name)}"><td><a class="line" href="#{line_id(function.qualname, line)}">'
             f"{html.escape(node.name)}</a></td><td>{html.escape(str(target))}</td>"
             f"<td>{'' if subgraph is None else f'subgraph #{subgraph}'}</td></tr>"
         )

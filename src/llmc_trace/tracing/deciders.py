@@ -213,7 +213,8 @@ def _fact(
     if isinstance(value, fx.Proxy) or (
         isinstance(value, (dict, list, tuple)) and _holds_proxy(value)
     ):
-        kind = "input" if len(chain) == 1 and root in model_inputs else "traced"
+        given = isinstance(value, fx.Proxy) and value.node.op == "placeholder"
+        kind = "input" if given and len(chain) == 1 and root in model_inputs else "traced"
         return Fact(kind, name, "traced")
     if isinstance(value, torch.Tensor):
         return Fact("tensor", name, f"tensor{list(value.shape)}")
