@@ -229,3 +229,39 @@ def test_coverage_all_counts_decisions_by_kind_and_status_and_lists_the_unguarde
     }
     table = sweep_table(document)
     assert "| for | 1 | 0 | 1 |" in table and "- b (image): modeling_b.py:12" in table
+
+
+def test_instrumented_code_runs_as_written_after_the_trace() -> None:
+    """A closure made while traced keeps its instrumented code: after the trace it decides as
+    the original would, and the functions themselves have their own code back."""
+    import sys
+
+    from llmc_trace.tracing.instrument import instrumented
+
+    module = sys.modules[__name__]
+    original = _make_window.__code__
+    with instrumented([module], hook=_Recorded()) as files:
+        assert __file__ in files and _make_window.__code__ is not original
+        inside = _make_window(2)
+    assert _make_window.__code__ is original
+    assert [inside(d) for d in (0, 1, 3)] == [True, True, False]
+
+
+class _Recorded:
+    def mark(self) -> int:
+        return 0
+
+    def decide(self, site: int, mark: int, value: object) -> bool:
+        return bool(value)
+
+    def loop(self, site: int, mark: int, iterable: object) -> object:
+        return iter(iterable)  # type: ignore[call-overload]
+
+
+def _make_window(size: int):  # type: ignore[no-untyped-def]
+    def inside(distance: int) -> bool:
+        if distance < size:
+            return True
+        return False
+
+    return inside

@@ -52,12 +52,11 @@ STATUSES = ("value", "shape", "config", "constant", "unknown")
 class Decision:
     """One branching construct of model code as the trace ran it.
 
-    ``status`` says what decided it: ``shape`` (the sample's input signature: a guard on a
-    shape, or which inputs it has; a batch that differs there does not fit the graph),
-    ``value`` (tensor data: the trace
-    stopped there, or an opaque call owns it and decides per batch), ``config`` (a config
-    attribute, named in ``decided_by``), ``constant`` (a Python constant of the trace, such as
-    ``self.training``) or ``unknown``. ``taken`` counts the branches taken (``then``,
+    ``status`` says what decided it: ``value`` (tensor data: the trace stopped there, or an
+    opaque call, ``owner``, decides it per batch), ``shape`` (the sample's input signature: a
+    guard on a shape, or which inputs it has; a batch that differs there does not fit the
+    graph), ``config`` (a config attribute, named in ``decided_by``), ``constant`` (a Python
+    constant of the trace, such as ``self.training``) or ``unknown``. ``taken`` counts the branches taken (``then``,
     ``else``, ``iterate``, ``exit``, ...); ``untaken`` holds the line ranges of branches never
     run. ``line`` is where the construct starts, ``source`` its condition.
     """
@@ -75,10 +74,6 @@ class Decision:
     flips: str
     owner: str | None = None
     guards: list[str] = field(default_factory=list)
-
-    @property
-    def sample_dependent(self) -> bool:
-        return self.status in ("shape", "value")
 
     @property
     def unguarded(self) -> bool:
@@ -135,9 +130,10 @@ class _Site:
 class DecisionRecorder:
     """Context manager recording the decisions of ``model``'s code while ``tracer`` traces it.
 
-    ``is_leaf`` tells a leaf by its module path (its code is never traced); ``inputs`` are the names the model's ``forward`` accepts and the sample's tensors,
-    ``concrete`` the arguments the trace fixes (``use_cache=False``); both tell an input from
-    a constant. Nothing is recorded, and no code is swapped, unless ``enabled``.
+    ``is_leaf`` tells a leaf by its module path (its code is never traced); ``inputs`` are the
+    names the model's ``forward`` accepts and the sample's tensors, ``concrete`` the arguments
+    the trace fixes (``use_cache=False``); both tell an input from a constant. Nothing is
+    recorded, and no code is swapped, unless ``enabled``.
     """
 
     def __init__(
@@ -238,7 +234,7 @@ class DecisionRecorder:
         code = frame.f_code
         filename = code.co_filename
         owner = None
-        if self._tracer._computing:
+        if self._tracer.computing:
             entry = _opaque_entry(frame)
             if entry is None or (entry is not frame and not _is_model_file(filename)):
                 return None

@@ -8,8 +8,10 @@ and each loop's iterable as ``__llmc_decision__.loop(site, mark, iterable)``; ``
 the guards asked so far, so the recorder knows which the condition asked. Compiled under the
 file's own name, its line numbers are the file's. While a trace runs, :func:`instrumented`
 swaps each function's ``__code__`` for its instrumented twin (as autowrap swaps one function,
-see :mod:`~llmc_trace.tracing.autowrap`) and puts the recorder in the module's globals; both
-are undone afterwards, so eager calls run the original code.
+see :mod:`~llmc_trace.tracing.autowrap`) and puts the recorder in the module's globals.
+Afterwards the functions get their code back and the recorder gives way to
+:data:`PASS_THROUGH`: a closure the model made while traced (a mask function the graph keeps)
+carries instrumented code, and must still run, as it would have, after the trace.
 
 Compiling costs tens of milliseconds a file, more than a small model's whole trace, so the
 compiled code is kept on disk (``$XDG_CACHE_HOME/llmc-trace/decisions``, like ``__pycache__``),
@@ -37,6 +39,25 @@ from typing import Any
 from llmc_trace.tracing.branches import Branching, branching_of
 
 HOOK = "__llmc_decision__"
+
+
+class _PassThrough:
+    """The hook outside a trace: each condition and loop behaves exactly as uninstrumented."""
+
+    @staticmethod
+    def mark() -> int:
+        return 0
+
+    @staticmethod
+    def decide(site: int, mark: int, value: Any) -> bool:
+        return bool(value)
+
+    @staticmethod
+    def loop(site: int, mark: int, iterable: Any) -> Any:
+        return iter(iterable)
+
+
+PASS_THROUGH = _PassThrough()
 #: Changes whenever the rewrite does: cached files of another version are never read.
 _FORMAT = 2
 
@@ -226,4 +247,4 @@ def instrumented(
         for function, original in reversed(swapped):
             function.__code__ = original
         for module in injected:
-            module.__dict__.pop(HOOK, None)
+            module.__dict__[HOOK] = PASS_THROUGH
