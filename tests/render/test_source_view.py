@@ -63,3 +63,16 @@ def test_source_page_links_a_node_to_its_line_and_back(
 def test_source_view_is_a_page_not_a_picture(recorded_trace: TracedModel, tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="not \\*.html"):
         render_trace(recorded_trace, tmp_path / "source.svg", view="source")
+
+
+def test_the_failure_box_points_at_its_line_in_the_source_view(tmp_path: Path) -> None:
+    """Qwen2-VL with an image stops in get_rope_index: the failure view's box names the source
+    view's anchor of that line, and the source page marks that very line as where it stopped."""
+    from llmc_trace.render.failure import FAILURE_ID, draw_failure
+
+    failed = trace_source("Qwen/Qwen2-VL-2B-Instruct", modality="image", record_decisions=True)
+    fields = dict(draw_failure(failed).nodes[FAILURE_ID].fields)
+    anchor = fields["source view"].split("(at #")[1].rstrip(")")
+    page = render_trace(failed, tmp_path / "source.html", view="source").path.read_text()
+    assert f'<tr id="{anchor}" class="st-value stopped">' in page
+    assert "tracing stopped here" in page
