@@ -173,6 +173,23 @@ def test_attempt_decisions_json_lists_each_decision_sample_dependent_first() -> 
     window = [d for d in decisions if d["source"] == "self.config.sliding_window is None"]
     assert window and window[0]["status"] == "config" and window[0]["taken"] == {"else": 1}
 
+    shown = CliRunner().invoke(
+        cli,
+        [
+            "--quiet",
+            "attempt",
+            "--model",
+            "mistralai/Mistral-7B-v0.1",
+            "--no-verify",
+            "--decisions",
+        ],
+        env={"COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "decisions the trace baked in" in shown.output
+    assert "config.sliding_window = 4096" in shown.output
+    assert shown.output.index(" value ") < shown.output.index(" config ")
+
 
 def test_a_shape_guard_is_a_shape_decision_and_calibration_names_it_when_a_batch_flips_it() -> None:
     """ShapeBranch's ``if x.shape[1] > 4`` (a sliding-window test in small): the decision holds
