@@ -76,3 +76,19 @@ def test_the_failure_box_points_at_its_line_in_the_source_view(tmp_path: Path) -
     page = render_trace(failed, tmp_path / "source.html", view="source").path.read_text()
     assert f'<tr id="{anchor}" class="st-value stopped">' in page
     assert "tracing stopped here" in page
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_overview_page_lists_the_decisions_in_its_panel(
+    recorded_trace: TracedModel, tmp_path: Path
+) -> None:
+    path = render_trace(recorded_trace, tmp_path / "overview.html").path
+    with open_page(CHROMIUM, path.as_uri()) as page:  # type: ignore[arg-type]
+        click(page, "#decisions")
+        panel = page.evaluate("document.getElementById('panel').innerText")
+        assert f"Decisions ({len(recorded_trace.decisions)})" in panel
+        assert "config.num_hidden_layers = 3" in panel
+        shown = page.evaluate("[...document.querySelectorAll('#panel .decision')].length")
+        assert shown == len(recorded_trace.decisions) > 0
+        assert page.console_errors() == []

@@ -166,7 +166,7 @@ def render_page(trace: TracedModel, *, expand: bool = False, overlay: Overlay | 
         return render_html(draw_failure(trace))
     if overlay is not None:
         overlay.check_paths(path for path, _ in trace.model.named_modules())
-    return render_unfolding_html(unfolding_page(trace, expand), overlay)
+    return render_unfolding_html(unfolding_page(trace, expand), overlay, trace.decisions)
 
 
 def render(
@@ -211,7 +211,9 @@ def render(
         ignore=ignore,
         targets_per_subgraph=targets_per_subgraph,
         sample_options=SampleOptions(seq_len=seq_len, image_size=image_size),
-        record_decisions=view == "source",
+        # the source view shows them, the overview's page lists them; a picture has no place
+        record_decisions=view == "source"
+        or (view == "overview" and Path(out).suffix.lower() == ".html"),
     )
     report("draw", 1, 2)
     result = render_trace(
