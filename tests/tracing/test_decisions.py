@@ -208,6 +208,9 @@ def test_a_shape_guard_is_a_shape_decision_and_calibration_names_it_when_a_batch
     with pytest.raises(LlmcTraceError, match=r"batch 1 breaks .*`if x.shape\[1\] > 4:`"):
         check_batches_fit(traced, [batch(6), batch(3)])
     check_batches_fit(traced, [batch(6), batch(9)])  # the same branch: accepted
+    # traced on such a batch, the other branch is taken
+    shorter = trace_model(model, batch(3), options, name="shape-branch")
+    assert _at(shorter.decisions, ShapeBranch.prepare, "if x.shape[1] > 4:").taken == {"else": 1}
 
 
 def test_coverage_all_counts_decisions_by_kind_and_status_and_lists_the_unguarded() -> None:
