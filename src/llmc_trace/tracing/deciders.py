@@ -19,6 +19,7 @@ import inspect
 import linecache
 import textwrap
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ from llmc_trace.tracing.proxy import DataDependentQuestion
 
 _MISSING = object()
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+#: Statuses, sample-dependent ones first: the order decisions are listed in.
+STATUSES = ("value", "shape", "config", "constant", "unknown")
 #: How deep a local variable's assignments are followed back.
 _DEPTH = 3
 
@@ -202,6 +205,9 @@ def _fact(
             and index == len(chain) - 1
         ):
             return Fact("training", name, _short(value.training))
+        if isinstance(value, fx.Proxy):  # `x.ndim`, `x.dtype`: answered from the example
+            given = value.node.op == "placeholder" and index == 1 and root in model_inputs
+            return Fact("input" if given else "traced", ".".join(chain[:index]), "traced")
         value = _static_attribute(value, attribute)
         if value is _MISSING:
             return Fact("unknown", name, "?")
@@ -210,6 +216,11 @@ def _fact(
     if len(chain) > 1 and callable(value) and not isinstance(value, (torch.nn.Module, type)):
         # `outputs.get(...)`: the method says nothing; the object it is called on does
         return _fact(chain[:-1], frame, model_inputs, fixed, facts, depth, followed)
+    if local and len(chain) == 1 and isinstance(value, (dict, list)):
+        # outputs gathered under `if pixel_values is not None:`: that `if` filled it
+        setting = _setting_lines(frame, root)
+        if setting:
+            return Fact("branch", name, setting)
     if isinstance(value, fx.Proxy) or (
         isinstance(value, (dict, list, tuple)) and _holds_proxy(value)
     ):
@@ -237,6 +248,12 @@ def _fact(
             if decisive:
                 facts.extend(decisive[:-1])
                 return decisive[-1]
+    if local and len(chain) == 1:
+        # `image_mask = None`, then set only under `if pixel_values is not None:`: that `if`
+        # decided what the name holds now
+        setting = _setting_lines(frame, root)
+        if setting:
+            return Fact("branch", name, setting)
     if value is _MISSING:
         return Fact("unknown", name, "?")
     if (
@@ -347,6 +364,47 @@ def _assignments(code: types.CodeType) -> dict[str, list[tuple[int, ast.expr]]]:
     return assigned
 
 
+def _setting_lines(frame: types.FrameType, name: str) -> str:
+    """The ``if`` statements before the current line whose branches set ``name``, each as
+    ``line:branch`` (``"537:then,535:then"``), innermost first: an inner ``if`` the trace
+    never reached says nothing, nor one that took the other branch."""
+    found = {
+        (at, branch)
+        for at, branch in _branch_assignments(frame.f_code).get(name, ())
+        if at < frame.f_lineno
+    }
+    return ",".join(f"{at}:{branch}" for at, branch in sorted(found, reverse=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _branch_assignments(code: types.CodeType) -> dict[str, list[tuple[int, str]]]:
+    """Each name ``code``'s function assigns (or assigns an item or attribute of) inside the
+    branches of an ``if`` -> the file line of each such ``if`` and the branch (``then`` or
+    ``else``) that assigns it."""
+    found = _function_node(code)
+    if found is None:
+        return {}
+    function, offset = found
+    assigned: dict[str, list[tuple[int, str]]] = {}
+    for node in ast.walk(function):
+        if not isinstance(node, ast.If):
+            continue
+        for branch, statements in (("then", node.body), ("else", node.orelse)):
+            for statement in statements:
+                for inner in ast.walk(statement):
+                    targets: list[ast.expr] = []
+                    if isinstance(inner, ast.Assign):
+                        targets = inner.targets
+                    elif isinstance(inner, (ast.AnnAssign, ast.AugAssign)):
+                        targets = [inner.target]
+                    for target in targets:
+                        while isinstance(target, (ast.Subscript, ast.Attribute)):
+                            target = target.value
+                        for name in _bound_names(target):
+                            assigned.setdefault(name, []).append((node.lineno + offset, branch))
+    return assigned
+
+
 def _bound_names(target: ast.expr) -> list[str]:
     if isinstance(target, ast.Name):
         return [target.id]
@@ -375,8 +433,11 @@ def judge(
     guards: list[Guard],
     stopped: DataDependentQuestion | None,
     owner: str | None,
+    earlier: Callable[[int, str], Verdict | None] = lambda line, branch: None,
 ) -> Verdict:
-    """The status of a decision, what decided it and what would take the other branch."""
+    """The status of a decision, what decided it and what would take the other branch;
+    ``earlier`` gives the verdict of the decision at another line of the same file when the
+    trace took the given branch there (a name set in that branch was decided there)."""
     source = evidence.source
     if stopped is not None:
         return Verdict(
@@ -401,7 +462,7 @@ def judge(
     for fact in evidence.facts:
         by_kind.setdefault(fact.kind, []).append(fact)
     if owner is not None:
-        verdict = _judge_facts(by_kind, source)
+        verdict = _judge_facts(by_kind, source, earlier)
         if "tensor" in by_kind:
             names = ", ".join(f.name for f in by_kind["tensor"])
             verdict = Verdict("value", source, f"the data of {names}", "")
@@ -411,11 +472,37 @@ def judge(
             f"{verdict.decided_by}, inside the opaque call {owner}",
             f"decided again on every batch by the opaque call {owner}: nothing is baked in",
         )
-    return _judge_facts(by_kind, source)
+    return _judge_facts(by_kind, source, earlier)
 
 
-def _judge_facts(by_kind: dict[str, list[Fact]], source: str) -> Verdict:
-    """The verdict of a condition no guard and no stopping question decided."""
+def _judge_facts(
+    by_kind: dict[str, list[Fact]], source: str, earlier: Callable[[int, str], Verdict | None]
+) -> Verdict:
+    """The verdict of a condition no guard and no stopping question decided: from its own
+    facts, or from the earlier decision that set a name it reads where that one says more
+    (a status nearer the sample)."""
+    own = _own_verdict(by_kind, source)
+    for fact in by_kind.get("branch", []):
+        found = [
+            (int(at), earlier(int(at), branch))
+            for at, branch in (entry.split(":") for entry in fact.value.split(","))
+        ]
+        line, before = next(((at, v) for at, v in found if v is not None), (0, None))
+        if before is not None and STATUSES.index(before.status) < STATUSES.index(own.status):
+            chained = before.decided_by.startswith(f"{fact.name}, set ")
+            return Verdict(
+                before.status,
+                source,
+                before.decided_by
+                if chained  # the same name, set further up: that decision explains it
+                else f"{fact.name}, set by the branch the `if` at line {line} took: "
+                f"{before.decided_by}",
+                before.flips,
+            )
+    return own
+
+
+def _own_verdict(by_kind: dict[str, list[Fact]], source: str) -> Verdict:
     for kind in ("input", "absent", "traced"):
         if kind in by_kind:
             return _sample_verdict(kind, by_kind[kind], source)
@@ -442,8 +529,14 @@ def _judge_facts(by_kind: dict[str, list[Fact]], source: str) -> Verdict:
         return Verdict(
             "constant", source, f"{named} (set by the trace)", "none: every run passes the same"
         )
-    if "unknown" in by_kind:
-        named = ", ".join(f"{f.name} = {f.value}" for f in by_kind["unknown"])
+    if "unknown" in by_kind or "branch" in by_kind:
+        named = ", ".join(
+            [f"{f.name} = {f.value}" for f in by_kind.get("unknown", [])]
+            + [
+                f"{f.name} (set under the `if` at line {f.value})"
+                for f in by_kind.get("branch", [])
+            ]
+        )
         return Verdict("unknown", source, f"{named}, whose origin was not found", "not known")
     named = ", ".join(f"{f.name} = {f.value}" for f in by_kind.get("constant", []))
     return Verdict("constant", source, named or "literals", "none: a constant of the model's code")

@@ -30,7 +30,7 @@ import torch
 import transformers
 
 from llmc_trace.tracing.branches import Branching
-from llmc_trace.tracing.deciders import Evidence, gather_evidence, judge
+from llmc_trace.tracing.deciders import STATUSES, Evidence, Verdict, gather_evidence, judge
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.instrument import InstrumentedFile, instrumented
 from llmc_trace.tracing.proxy import DataDependentQuestion
@@ -44,8 +44,6 @@ _MODELS = os.path.join(_TRANSFORMERS, "models") + os.sep
 _MASKING = os.path.join(_TRANSFORMERS, "masking_utils.py")
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _VALUES = os.path.join(os.path.dirname(__file__), "values.py")
-#: Statuses, sample-dependent ones first: the order ``attempt --decisions`` lists them in.
-STATUSES = ("value", "shape", "config", "constant", "unknown")
 
 
 @dataclass(frozen=True)
@@ -155,6 +153,7 @@ class DecisionRecorder:
         self._files: dict[str, InstrumentedFile] = {}
         self._sites: dict[tuple[str, int], _Site] = {}
         self._installed: Any = None
+        self._by_line: dict[tuple[str, int], _Site] = {}
 
     def __enter__(self) -> DecisionRecorder:
         if self._enabled:
@@ -260,6 +259,7 @@ class DecisionRecorder:
     # ----------------------------------------------------------------- afterwards
     def decisions(self) -> list[Decision]:
         """Every construct the trace decided, sample-dependent first, then by file and line."""
+        self._by_line = {(s.filename, s.branching.line): s for s in self._sites.values()}
         decisions = [self._decision(site) for site in self._sites.values()]
         decisions.sort(key=lambda d: (STATUSES.index(d.status), d.file, d.line))
         return decisions
@@ -269,7 +269,7 @@ class DecisionRecorder:
         taken = Counter(site.taken)
         if site.stopped is not None:
             taken["stopped"] += 1
-        verdict = judge(site.evidence, site.guards, site.stopped, site.owner)
+        verdict = self._verdict(site, frozenset())
         return Decision(
             status=verdict.status,
             kind=branching.kind,
@@ -285,6 +285,20 @@ class DecisionRecorder:
             owner=site.owner,
             guards=[g.describe() for g in site.guards],
         )
+
+    def _verdict(self, site: _Site, resolving: frozenset[int]) -> Verdict:
+        """``site``'s verdict, reading through the earlier decisions that set its names
+        (``resolving``: the sites being judged already, so a loop of them ends)."""
+
+        def earlier(line: int, branch: str) -> Verdict | None:
+            other = self._by_line.get((site.filename, line))
+            if other is None or id(other) in resolving or other is site:
+                return None
+            if branch not in other.taken:
+                return None  # that branch never ran: it set nothing
+            return self._verdict(other, resolving | {id(site)})
+
+        return judge(site.evidence, site.guards, site.stopped, site.owner, earlier)
 
 
 def _counted(site: _Site, iterator: Iterator[Any]) -> Iterator[Any]:
