@@ -285,3 +285,35 @@ def _make_window(size: int):  # type: ignore[no-untyped-def]
         return False
 
     return inside
+
+
+class _Gated(torch.nn.Module):
+    """A name set only under an earlier ``if`` (as Qwen3-VL's ``image_mask``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        scale = None
+        if mask is not None:
+            scale = mask
+        if scale is not None:
+            x = x * scale
+        return self.block(x)
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_name_set_under_an_earlier_if_is_decided_by_that_if(given: bool) -> None:
+    sample = {"x": torch.randn(2, 4), **({"mask": torch.ones(2, 4)} if given else {})}
+    options = TracingOptions(sequential_targets=("Linear",), record_decisions=True)
+    traced = trace_model(_Gated(), sample, options, name="gated")
+    first = _at(traced.decisions, _Gated.forward, "if mask is not None:")
+    second = _at(traced.decisions, _Gated.forward, "if scale is not None:")
+    assert first.status == second.status == "shape"
+    assert second.taken == {"then" if given else "else": 1}
+    if given:  # the `then` branch ran and set scale: that `if` decided
+        assert f"set by the branch the `if` at line {first.line} took" in second.decided_by
+        assert "the sample gives mask" in second.decided_by
+    else:  # scale is None because mask is: the parameter's own absence decides the first if
+        assert "the sample has no mask" in first.decided_by

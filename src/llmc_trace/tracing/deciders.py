@@ -226,6 +226,12 @@ def _fact(
     ):
         given = isinstance(value, fx.Proxy) and value.node.op == "placeholder"
         kind = "input" if given and len(chain) == 1 and root in model_inputs else "traced"
+        setting = (
+            _setting_lines(frame, root) if local and kind == "traced" and len(chain) == 1 else ""
+        )
+        if setting:  # a traced value set only under an earlier `if`: that `if` says more
+            facts.append(Fact(kind, name, "traced"))
+            return Fact("branch", name, setting)
         return Fact(kind, name, "traced")
     if isinstance(value, torch.Tensor):
         return Fact("tensor", name, f"tensor{list(value.shape)}")
@@ -482,13 +488,16 @@ def _judge_facts(
     facts, or from the earlier decision that set a name it reads where that one says more
     (a status nearer the sample)."""
     own = _own_verdict(by_kind, source)
+    # "a traced value" says less than the earlier decision that made it: that one wins a tie
+    weak = set(by_kind) <= {"traced", "branch", "constant", "unknown"}
     for fact in by_kind.get("branch", []):
         found = [
             (int(at), earlier(int(at), branch))
             for at, branch in (entry.split(":") for entry in fact.value.split(","))
         ]
         line, before = next(((at, v) for at, v in found if v is not None), (0, None))
-        if before is not None and STATUSES.index(before.status) < STATUSES.index(own.status):
+        rank, own_rank = STATUSES.index(before.status) if before else 99, STATUSES.index(own.status)
+        if before is not None and (rank < own_rank or (weak and rank == own_rank)):
             chained = before.decided_by.startswith(f"{fact.name}, set ")
             return Verdict(
                 before.status,
