@@ -31,6 +31,16 @@ render --model Qwen/Qwen2-VL-2B-Instruct --modality image --view modules \
 render --model Qwen/Qwen2-VL-2B-Instruct --modality image \
     --tracing-ignore Qwen2VLModel.get_rope_index --out assets/qwen2-vl-overview.svg
 
+# The same model's decisions with an image, as the source view shows them (guides/decisions.md):
+# the page opened at Qwen2VLModel.forward's multimodal branches, captured by headless Chromium
+# (a PNG: the view is a page of text, not a graph).
+page="$(mktemp -d)/qwen2-vl-source.html"
+render --model Qwen/Qwen2-VL-2B-Instruct --modality image \
+    --tracing-ignore Qwen2VLModel.get_rope_index --view source --out "$page"
+chromium --headless --disable-gpu --no-sandbox --hide-scrollbars --window-size=1400,860 \
+    --screenshot=assets/qwen2-vl-decisions.png "file://$page#L-Qwen2VLModel.forward-1141" 2>/dev/null
+rm -r "$(dirname "$page")"
+
 # A deep model's page, which opens folded: saved with the last layer unfolded into its
 # operations and its call into the layer's modules, down to the attention's projections.
 page="$(mktemp -d)/llama-3.1-70b.html"

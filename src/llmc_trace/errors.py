@@ -171,7 +171,8 @@ class TraceStopped(Exception):
     ``cause`` is what the model code raised; ``module_stack`` the ``(path, class)`` of every
     module being traced when it was raised, outermost first; ``partial_graph`` the graph
     recorded up to that point (a ``torch.fx.Graph``, for the failure view), when there is one;
-    ``leaves`` the trace's leaf plan (a ``LeafPlan``), which the views draw a failure with.
+    ``leaves`` the trace's leaf plan (a ``LeafPlan``), which the views draw a failure with;
+    ``decisions`` the branches model code took up to there (``Decision`` objects).
     """
 
     def __init__(
@@ -186,3 +187,4 @@ class TraceStopped(Exception):
         self.module_stack = module_stack
         self.partial_graph = partial_graph
         self.leaves = leaves
+        self.decisions: list[Any] = []

@@ -14,6 +14,7 @@ from llmc_trace.graph.verify import Verification
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.traced.summary import SubgraphSummary
 from llmc_trace.traced.twin import TwinCheck
+from llmc_trace.tracing.decisions import Decision
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class TraceReport:
     fixes: list[FixAttempt] = field(default_factory=list)
     applied_fix: FixAttempt | None = None
     requested_targets: list[str] = field(default_factory=list)  # as the user wrote them
+    decisions: list[Decision] = field(default_factory=list)  # when recorded, see attempt_trace
     #: the traced model itself (not part of the JSON), to draw or plan without tracing again
     traced_model: TracedModel | None = field(default=None, repr=False, compare=False)
 
@@ -80,6 +82,7 @@ class TraceReport:
             opaque_functions=list(trace.opaque_recorded) if trace else [],
             leaves=dict(sorted(leaves.items())),
             requested_targets=list(requested_targets or []),
+            decisions=list(traced.decisions),
             traced_model=traced,
         )
 
@@ -149,4 +152,5 @@ class TraceReport:
             "leaves": self.leaves,
             "fixes": [f.to_json() for f in self.fixes],
             "applied_fix": None if self.applied_fix is None else self.applied_fix.to_json(),
+            "decisions": [d.to_json() for d in self.decisions],
         }

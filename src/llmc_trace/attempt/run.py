@@ -209,6 +209,7 @@ def attempt_trace(
     real_weights: bool = False,
     fix: bool = False,
     seed: int = 0,
+    decisions: bool = True,
     progress: Progress | None = None,
 ) -> TraceReport:
     """Trace, partition and verify ``model``; never raises for an untraceable model.
@@ -218,8 +219,10 @@ def attempt_trace(
     report with ``failure`` set. ``real_weights`` verifies on the folder's weights instead of
     the twin (the folder must hold safetensors). ``fix`` searches for fixes when tracing
     fails (see :mod:`~llmc_trace.diagnose.search`); the report lists every fix tried and
-    ``applied_fix`` holds the working configuration. ``report.traced_model`` is the traced
-    model itself, for drawing or planning without tracing again.
+    ``applied_fix`` holds the working configuration. ``decisions`` (on unless turned off) records
+    every branch the trace took (``report.decisions``, :mod:`~llmc_trace.tracing.decisions`).
+    ``report.traced_model`` is the traced model itself, for drawing or planning without
+    tracing again.
 
     >>> report = attempt_trace("meta-llama/Llama-3.1-8B-Instruct")   # doctest: +SKIP
     >>> report.ok, len(report.subgraphs)                              # doctest: +SKIP
@@ -244,6 +247,7 @@ def attempt_trace(
         ignore=ignore,
         targets_per_subgraph=targets_per_subgraph,
         sample_options=options,
+        record_decisions=decisions,
     )
 
     def check(candidate: TracedModel) -> TwinCheck:

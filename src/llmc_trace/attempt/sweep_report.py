@@ -36,7 +36,8 @@ def sweep_document(
 def summarize(rows: list[SweepRow]) -> dict[str, Any]:
     """Types counted (some modality transformers can run), verified (every counted modality
     verified), and the share; the types swept from a built-in config; the types transformers
-    cannot run, apart."""
+    cannot run, apart; the decisions of the settled traces by kind and status, and the
+    data-dependent ones no opaque call owns (the risk list)."""
     by_type: dict[str, list[SweepRow]] = {}
     for row in rows:
         by_type.setdefault(row.model_type, []).append(row)
@@ -51,7 +52,24 @@ def summarize(rows: list[SweepRow]) -> dict[str, Any]:
         "failed": sorted(set(counted) - set(verified)),
         "from_builtin": sorted({r.model_type for r in rows if r.counted and r.config != DEFAULT}),
         "transformers_cannot_run": sorted(set(by_type) - set(counted)),
+        "decisions": decision_counts(rows),
+        "unguarded": [
+            {"model_type": r.model_type, "modality": r.modality, "where": where}
+            for r in rows
+            for where in r.unguarded
+        ],
     }
+
+
+def decision_counts(rows: list[SweepRow]) -> dict[str, dict[str, int]]:
+    """The decisions of every row's settled trace, counted by kind, then status."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        for key, count in row.decisions.items():
+            kind, status = key.split(" ", 1)
+            by_status = counts.setdefault(kind, {})
+            by_status[status] = by_status.get(status, 0) + count
+    return {kind: dict(sorted(by_status.items())) for kind, by_status in sorted(counts.items())}
 
 
 def sweep_table(document: dict[str, Any]) -> str:
@@ -97,7 +115,29 @@ def sweep_table(document: dict[str, Any]) -> str:
         "|---|---|---|",
         *apart,
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _decisions_lines(summary))
+
+
+def _decisions_lines(summary: dict[str, Any]) -> list[str]:
+    """The decisions table and the risk list, when the document counted decisions."""
+    counts = summary.get("decisions")
+    if not counts:
+        return []
+    statuses = sorted({status for by_status in counts.values() for status in by_status})
+    lines = [
+        "",
+        "Decisions of the settled traces (each `if`, loop and ternary of model code), by kind "
+        "and what decided them:",
+        "",
+        "| kind | " + " | ".join(statuses) + " |",
+        "|---|" + "---|" * len(statuses),
+    ]
+    for kind, by_status in counts.items():
+        lines.append(f"| {kind} | " + " | ".join(str(by_status.get(s, 0)) for s in statuses) + " |")
+    risks = summary.get("unguarded", [])
+    lines += ["", f"Data-dependent decisions no opaque call owns: {len(risks)}."]
+    lines += [f"- {r['model_type']} ({r['modality']}): {r['where']}" for r in risks]
+    return lines
 
 
 def _cell(text: str) -> str:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -69,7 +70,9 @@ TYPE_TIMEOUT_S = 60
 @dataclass(frozen=True)
 class SweepRow:
     """One model type and modality, the config it was built from (:data:`DEFAULT` or a
-    built-in's name), and what became of it (see the module docstring)."""
+    built-in's name), and what became of it (see the module docstring). ``decisions`` counts
+    the decisions of the trace it settled on by ``"<kind> <status>"``; ``unguarded`` lists
+    where a data-dependent one was left to no opaque call (``file:line``)."""
 
     model_type: str
     model_class: str
@@ -80,6 +83,8 @@ class SweepRow:
     problem: str
     subgraphs: int
     seconds: float
+    decisions: dict[str, int] = field(default_factory=dict)
+    unguarded: list[str] = field(default_factory=list)
 
     @property
     def verified(self) -> bool:
@@ -237,19 +242,27 @@ def _sweep_modality(
             return row(modality, "sample", f"the probed sample runs at neither size: {_said(full)}")
         return row(modality, "transformers", _said(full))
     options = TracingOptions.parse(twin, [], None)
+    options = dataclasses.replace(options, record_decisions=True)
     traced = trace_model(twin, sample, options, name=type(twin).__name__)
     settled = settle(traced, verify_on_sample, fix=fix)
     attempt = settled.attempt
     fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
     if attempt.ok:
-        return row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
-    failure = attempt.failure
-    if failure is not None:
+        made = row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
+    elif attempt.failure is not None:
+        failure = attempt.failure
         where = f" at {failure.location}" if failure.location else ""
         inside = f" in {failure.module_path} ({failure.module_class})"
-        return row(modality, "not_traceable", f"{failure.kind}{where}{inside}")
-    problems = attempt.check.verification.problems if attempt.check else []
-    return row(modality, "mismatch", "; ".join(problems)[:300], fix_used)
+        made = row(modality, "not_traceable", f"{failure.kind}{where}{inside}")
+    else:
+        problems = attempt.check.verification.problems if attempt.check else []
+        made = row(modality, "mismatch", "; ".join(problems)[:300], fix_used)
+    counts: dict[str, int] = {}
+    for decision in attempt.traced.decisions:
+        key = f"{decision.kind} {decision.status}"
+        counts[key] = counts.get(key, 0) + 1
+    unguarded = [f"{d.file}:{d.line}" for d in attempt.traced.decisions if d.unguarded]
+    return dataclasses.replace(made, decisions=dict(sorted(counts.items())), unguarded=unguarded)
 
 
 def _required_inputs(model: torch.nn.Module, sample: dict[str, Any]) -> list[str]:

@@ -41,6 +41,11 @@ def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     is_flag=True,
     help="When tracing fails, search for fixes (ignore, opaque calls) and verify them.",
 )
+@click.option(
+    "--decisions",
+    is_flag=True,
+    help="List every branch of model code the trace took, sample-dependent first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout only.")
 @pass_cli
 def attempt(
@@ -56,6 +61,7 @@ def attempt(
     no_verify: bool,
     real_weights: bool,
     fix: bool,
+    decisions: bool,
     as_json: bool,
 ) -> None:
     """Trace MODEL from its config, cut it into subgraphs, and prove replay equals the model.
@@ -83,6 +89,10 @@ def attempt(
         ctx.print_json(report.to_json())
     else:
         show_report(ctx.out, report)
+        if decisions:
+            from llmc_trace.cli.decisions_display import show_decisions
+
+            show_decisions(ctx.out, report.decisions)
         if report.failure is not None and ctx.debug:
             ctx.err.print(report.failure.raw_traceback)
     sys.exit(0 if (report.ok or (no_verify and report.traced)) else 1)

@@ -72,7 +72,8 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     **SHOW_DEFAULT,
     help="overview: subgraphs and the values between them; detail: operations of "
     "chosen subgraphs; modules: module tree by tracing role; failure: the graph up "
-    "to the point where tracing stopped.",
+    "to the point where tracing stopped; source: the model code the trace ran, each "
+    "branch coloured by what decided it, lines linked to their graph nodes (*.html).",
 )
 @click.option(
     "--subgraphs",

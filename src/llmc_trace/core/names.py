@@ -55,7 +55,7 @@ MODALITIES = ("text", "image", "video", "audio")
 TEXT_LISTS = ("first", "each", "joined")
 
 #: The views ``render`` draws.
-VIEWS = ("overview", "detail", "modules", "failure")
+VIEWS = ("overview", "detail", "modules", "failure", "source")
 
 
 def regex_matches(pattern: str, path: str) -> bool:

@@ -254,9 +254,11 @@ def check_batches_fit(traced: TracedModel, batches: list[dict[str, Any]]) -> Non
         tensors = {k: v for k, v in batch.items() if k in trace.input_names}
         violations = check_guards(trace.graph, traced.model, trace.guards, tensors)
         if violations:
+            guard = violations[0].guard
+            statement = f" (`{guard.location.code}`)" if guard.location is not None else ""
             raise LlmcTraceError(
-                f"calibration batch {index} breaks a decision the trace took from batch 0: "
-                f"{violations[0].guard.describe()}, got {violations[0].actual!r}.",
+                f"calibration batch {index} breaks a decision the trace took from batch 0"
+                f"{statement}: {guard.describe()}, got {violations[0].actual!r}.",
                 hint="Use batches of equal shape (packed windows, --batch-size 1 with equal "
                 "lengths), or --pipeline basic.",
             )

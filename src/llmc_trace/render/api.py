@@ -26,6 +26,7 @@ from llmc_trace.render.modules import draw_modules
 from llmc_trace.render.overview import draw_overview
 from llmc_trace.render.overlay import Overlay
 from llmc_trace.render.page import iframe, render_html, render_unfolding_html
+from llmc_trace.render.source import source_page
 from llmc_trace.render.svg import inline_svg, render_svg
 from llmc_trace.render.unfold import unfolding_page
 from llmc_trace.traced.model import TracedModel, trace_source
@@ -68,6 +69,12 @@ def check_request(
             f"Choosing subgraphs applies to the detail view, not to {view!r}.",
             hint="Add --view detail, or leave out --subgraphs.",
             param="subgraphs",
+        )
+    if view == "source" and path.suffix.lower() != ".html":
+        raise BadInputError(
+            f"The source view is a page of model code, not a picture: {path.name!r} is not *.html.",
+            hint="Name the output file *.html.",
+            param="out",
         )
     if overlay is not None and (view != "overview" or path.suffix.lower() != ".html"):
         raise BadInputError(
@@ -125,6 +132,10 @@ def render_trace(
     ``overlay`` colours); the other views' pages show their picture.
     """
     path = check_request(out, view, subgraphs, overlay)
+    if view == "source":
+        write_atomically(path, source_page(trace))
+        graph = trace.trace.graph if trace.trace is not None else trace.partial_graph
+        return RenderResult(path, view, len(graph.nodes) if graph else 0, trace.failure is None)
     page = path.suffix.lower() == ".html" and view == "overview"
     drawing = draw(trace, view, subgraphs, expand)
     if page:
@@ -155,7 +166,7 @@ def render_page(trace: TracedModel, *, expand: bool = False, overlay: Overlay | 
         return render_html(draw_failure(trace))
     if overlay is not None:
         overlay.check_paths(path for path, _ in trace.model.named_modules())
-    return render_unfolding_html(unfolding_page(trace, expand), overlay)
+    return render_unfolding_html(unfolding_page(trace, expand), overlay, trace.decisions)
 
 
 def render(
@@ -177,8 +188,9 @@ def render(
     """Trace ``model`` (built-in, hub id or folder) and draw one view of it into ``out``.
 
     Views: ``overview`` (subgraphs and the values between them), ``detail`` (the operations
-    of ``subgraphs``, default all), ``modules`` (the module tree by tracing role) and
-    ``failure`` (the graph up to the failure). On a deep model the views draw each run of
+    of ``subgraphs``, default all), ``modules`` (the module tree by tracing role),
+    ``failure`` (the graph up to the failure) and ``source`` (the model code the trace ran,
+    its decisions and nodes: :mod:`~llmc_trace.render.source`, a page only). On a deep model the views draw each run of
     identical layers (or numbered sibling modules) once; ``expand`` draws every member. The
     overview's ``.html`` is the page that unfolds in place (:func:`render_page`), coloured by
     ``overlay``. Bad input raises :class:`~llmc_trace.errors.BadInputError` before tracing;
@@ -199,6 +211,9 @@ def render(
         ignore=ignore,
         targets_per_subgraph=targets_per_subgraph,
         sample_options=SampleOptions(seq_len=seq_len, image_size=image_size),
+        # the source view shows them, the overview's page lists them; a picture has no place
+        record_decisions=view == "source"
+        or (view == "overview" and Path(out).suffix.lower() == ".html"),
     )
     report("draw", 1, 2)
     result = render_trace(

@@ -21,6 +21,7 @@ from llmc_trace.render.drawing import (
     new_digraph,
 )
 from llmc_trace.render.labels import shorten, stable_text
+from llmc_trace.render.source import line_id
 from llmc_trace.render.nodes import default_style, draw_clustered, draw_edges, fx_node_id
 from llmc_trace.traced.model import TracedModel
 
@@ -181,4 +182,10 @@ def _failure_fields(failure: TraceFailure) -> list[tuple[str, str]]:
         ("module class", failure.module_class),
         ("origin", " → ".join(failure.origin)),
         ("exception", shorten(stable_text(failure.exception), 300)),
+        (
+            "source view",
+            "`llmc-trace render --view source` shows the code the trace ran, each branch it "
+            "took, and this line marked"
+            + (f" (at #{line_id(location.function, location.line)})" if location else ""),
+        ),
     ]

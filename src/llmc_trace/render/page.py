@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from importlib import resources
+from collections.abc import Sequence
 from typing import Any
 
 from llmc_trace.core.markup import json_island, page_start
@@ -18,6 +19,7 @@ from llmc_trace.render.drawing import Drawing
 from llmc_trace.render.overlay import Overlay
 from llmc_trace.render.svg import lay_out
 from llmc_trace.render.unfold import ROOT, PageContent
+from llmc_trace.tracing.decisions import Decision
 
 
 def asset(name: str) -> str:
@@ -37,8 +39,13 @@ def render_html(drawing: Drawing) -> str:
     return page_document(drawing.title, document, HINT)
 
 
-def render_unfolding_html(content: PageContent, overlay: Overlay | None = None) -> str:
-    """The page that opens on the overview and unfolds in place (see :mod:`.unfold`)."""
+def render_unfolding_html(
+    content: PageContent,
+    overlay: Overlay | None = None,
+    decisions: Sequence[Decision] = (),
+) -> str:
+    """The page that opens on the overview and unfolds in place (see :mod:`.unfold`);
+    ``decisions`` (those the trace recorded) are listed in the panel by its Decisions button."""
     document = {
         **_empty_page(content.title),
         "fragments": {key: f.to_json() for key, f in content.fragments.items()},
@@ -49,6 +56,7 @@ def render_unfolding_html(content: PageContent, overlay: Overlay | None = None) 
         "subgraphs": {str(i): info.to_json() for i, info in content.subgraphs.items()},
         "initial": content.initial,
         "overlay": None if overlay is None else overlay.to_json(content.stands_for),
+        "decisions": [decision.to_json() for decision in decisions],
     }
     return page_document(content.title, document, UNFOLDING_HINT + " " + HINT)
 
@@ -62,6 +70,7 @@ def _empty_page(title: str) -> dict[str, Any]:
         "parents": {},
         "initial": [],
         "overlay": None,
+        "decisions": [],
     }
 
 
@@ -87,6 +96,7 @@ def page_document(title: str, document: dict[str, Any], hint: str = HINT) -> str
 <span id="search-count"></span>
 <button id="fit" title="Show the whole graph">Fit</button>
 <button id="fold-all" title="Fold every unfolded box">Fold all</button>
+<button id="decisions" title="The branches of model code the trace took, sample-dependent first">Decisions</button>
 <span id="legend"></span>
 </div>
 </header>

@@ -549,6 +549,25 @@
   }
   if (!Object.keys(data.unfolds).length) document.getElementById("fold-all").hidden = true;
 
+  // ------------------------------------------------------------------ decisions
+  // Every branch of model code the trace took, as `attempt --decisions` lists them.
+  const decisionsButton = document.getElementById("decisions");
+  decisionsButton.hidden = !data.decisions.length;
+  decisionsButton.addEventListener("click", function () {
+    panel.textContent = "";
+    delete panel.dataset.node;
+    add(panel, "h3", "Decisions (" + data.decisions.length + ")");
+    data.decisions.forEach(function (d) {
+      const item = add(panel, "div");
+      item.className = "decision st-" + d.status;
+      add(item, "div", d.status + " · " + d.kind + " · " + d.file + ":" + d.line).className = "where";
+      add(item, "code", d.source);
+      const taken = Object.keys(d.taken).map(function (k) { return k + " ×" + d.taken[k]; });
+      add(item, "div", "took " + taken.join(", ") + "; " + d.decided_by);
+      add(item, "div", "flips: " + d.flips).className = "flips";
+    });
+  });
+
   // "#unfold=<id>,<id>" opens the page with those nodes unfolded, and what hides them: a
   // link to one layer's operations, or a picture saved from `chromium --dump-dom`.
   const wanted = /unfold=([^&]*)/.exec(location.hash);

@@ -29,6 +29,7 @@ from llmc_trace.models.samples import SampleOptions, make_sample, supported_moda
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.traced.probe import sample_for
 from llmc_trace.traced.summary import SubgraphSummary, summarize
+from llmc_trace.tracing.decisions import Decision
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.targets import LeafPlan
@@ -43,7 +44,8 @@ class TracedModel:
     ``partial_graph`` is the graph recorded up to the failure and ``failing_node`` the node
     whose value model code asked about, when the failure has one. ``source`` is where the
     model came from (``None`` for a module built by the caller); ``timings_s`` holds
-    ``trace_s`` and ``partition_s``.
+    ``trace_s`` and ``partition_s``; ``decisions`` the branches model code took (up to the
+    failure, when it stopped).
     """
 
     name: str
@@ -57,6 +59,7 @@ class TracedModel:
     failing_node: str | None = None
     source: ModelSource | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list, repr=False)
 
     @property
     def traced(self) -> bool:
@@ -111,6 +114,7 @@ def trace_model(
             partial_graph=_partial_graph(stopped),
             failing_node=question.node.name if question is not None else None,
             timings_s={"trace_s": time.perf_counter() - start},
+            decisions=stopped.decisions,
         )
     traced_s = time.perf_counter() - start
     partitioned = partition_trace(trace, options.targets_per_subgraph)
@@ -120,6 +124,7 @@ def trace_model(
         partitioned=partitioned,
         failure=None,
         timings_s={"trace_s": traced_s, "partition_s": partitioned_s},
+        decisions=trace.decisions,
     )
 
 
@@ -131,9 +136,11 @@ def trace_source(
     ignore: list[str] | None = None,
     targets_per_subgraph: int = 1,
     sample_options: SampleOptions | None = None,
+    record_decisions: bool = False,
 ) -> TracedModel:
     """Build ``model`` at full size on ``meta`` (no memory, no initialisation), make a sample
-    of ``modality`` from its config, and trace it once.
+    of ``modality`` from its config, and trace it once (recording the branches its code
+    takes with ``record_decisions``, see :mod:`~llmc_trace.tracing.decisions`).
 
     Bad input (unknown model or modality, targets or ignore entries that match nothing) raises
     :class:`~llmc_trace.errors.BadInputError` before tracing.
@@ -151,6 +158,7 @@ def trace_source(
     full = build_meta_model(source)
     built_s = time.perf_counter() - start
     tracing = TracingOptions.parse(full, ignore or [], sequential_targets, targets_per_subgraph)
+    tracing = dataclasses.replace(tracing, record_decisions=record_decisions)
     sample = sample_for(full, modality, options)
     traced = trace_model(full, sample, tracing, name=display_name(source), source=source)
     return dataclasses.replace(traced, timings_s={"build_s": built_s, **traced.timings_s})

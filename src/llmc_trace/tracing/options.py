@@ -19,6 +19,7 @@ person, are refused instead (:meth:`TracingOptions.parse`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import logging
@@ -49,6 +50,9 @@ class TracingOptions:
     as one graph call. ``autowraps``: ``autowrap:<function>@<line>`` statements moved into a
     recorded call. ``definitions``: ``tracing_models:<Class>`` classes traced through their
     registered definition. ``targets_per_subgraph``: how many targets one subgraph holds.
+    ``record_decisions``: record the branches model code takes
+    (:mod:`~llmc_trace.tracing.decisions`); off unless asked, since following model code
+    slows Python 3.11's interpreter down for the whole trace.
     """
 
     sequential_targets: tuple[str, ...] | None = None
@@ -57,6 +61,7 @@ class TracingOptions:
     autowraps: tuple[str, ...] = ()
     definitions: tuple[str, ...] = ()
     targets_per_subgraph: int = 1
+    record_decisions: bool = False
 
     def __post_init__(self) -> None:
         if self.targets_per_subgraph < 1:
@@ -110,12 +115,13 @@ class TracingOptions:
 
     def with_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
         """These options with ``entries`` added to ``ignore`` (a fix being tried)."""
-        return TracingOptions.parse(
+        parsed = TracingOptions.parse(
             model,
             [*self.ignore_list(), *entries],
             self.sequential_targets,
             self.targets_per_subgraph,
         )
+        return dataclasses.replace(parsed, record_decisions=self.record_decisions)
 
 
 def known_ignore(model: torch.nn.Module, ignore: str | Sequence[str]) -> list[str]:

@@ -12,6 +12,7 @@ from torch import fx
 
 from llmc_trace.errors import BadInputError, LlmcTraceError, TraceStopped
 from llmc_trace.tracing.autowrap import StatementRewrite, install_autowraps
+from llmc_trace.tracing.decisions import Decision, DecisionRecorder
 from llmc_trace.tracing.guards import Guard
 from llmc_trace.tracing.opaque import default_opaque_functions, skipped_mask_reaches_traced_code
 from llmc_trace.tracing.options import TracingOptions
@@ -41,6 +42,7 @@ class TraceResult:
     elapsed_s: float
     rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrapped statements
     definitions: list[str] = field(default_factory=list)  # module paths traced by a definition
+    decisions: list[Decision] = field(default_factory=list)  # branches the trace baked in
 
 
 def concrete_arguments(model: torch.nn.Module, sample: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def trace_graph(
         module.training = False
     try:
         try:
-            tracer, graph, replaced, rewrites = _trace_once(
+            tracer, graph, replaced, rewrites, decisions = _trace_once(
                 model, tensors, concrete, options, leaves, opaque, explicit_masks=False
             )
             redo = skipped_mask_reaches_traced_code(graph)
@@ -98,7 +100,7 @@ def trace_graph(
                 raise
             redo = True
         if redo:
-            tracer, graph, replaced, rewrites = _trace_once(
+            tracer, graph, replaced, rewrites, decisions = _trace_once(
                 model, tensors, concrete, options, leaves, opaque, explicit_masks=True
             )
     finally:
@@ -131,6 +133,7 @@ def trace_graph(
         elapsed_s=time.perf_counter() - start,
         rewrites=rewrites,
         definitions=replaced,
+        decisions=decisions,
     )
 
 
@@ -143,17 +146,28 @@ def _trace_once(
     opaque: list[str],
     *,
     explicit_masks: bool,
-) -> tuple[LlmcTracer, fx.Graph, list[str], list[StatementRewrite]]:
-    """One tracer run with the definitions and autowraps installed for it; a failure in the
-    model's code becomes :class:`~llmc_trace.errors.TraceStopped`."""
+) -> tuple[LlmcTracer, fx.Graph, list[str], list[StatementRewrite], list[Decision]]:
+    """One tracer run with the definitions and autowraps installed for it, its decisions
+    recorded; a failure in the model's code becomes :class:`~llmc_trace.errors.TraceStopped`
+    (with the decisions up to it as ``decisions``)."""
     tracer = LlmcTracer(
         lambda path, module: leaves.leaf_reason(path), opaque, explicit_masks=explicit_masks
+    )
+    accepted = inspect.signature(type(model).forward).parameters
+    recorder = DecisionRecorder(
+        tracer,
+        model,
+        lambda path: leaves.leaf_reason(path) is not None,
+        [*tensors, *accepted],
+        concrete,
+        enabled=options.record_decisions,
     )
     try:
         # definitions first: a statement of a definition's method can be autowrapped too
         with (
             torch.no_grad(),
             use_definitions(model, list(options.definitions)) as replaced,
+            recorder,  # before autowraps: they swap in their rewrite of the original source
             install_autowraps(model, list(options.autowraps), tracer.opaque_call) as rewrites,
         ):
             graph = tracer.trace_model(model, tensors, concrete)
@@ -162,5 +176,8 @@ def _trace_once(
     except Exception as err:  # everything else is a finding about the model's code
         raised = tracer.state.raised
         stack = raised[1] if raised is not None and raised[0] is err else []
-        raise TraceStopped(err, stack, getattr(tracer, "graph", None), leaves) from err
-    return tracer, graph, replaced, rewrites
+        stopped = TraceStopped(err, stack, getattr(tracer, "graph", None), leaves)
+        recorder.stopped_by(err)
+        stopped.decisions = recorder.decisions()
+        raise stopped from err
+    return tracer, graph, replaced, rewrites, recorder.decisions()

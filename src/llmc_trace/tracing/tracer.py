@@ -490,6 +490,12 @@ class LlmcTracer(fx.Tracer):
         finally:
             self._computing = previous
 
+    @property
+    def computing(self) -> bool:
+        """Whether the tracer is computing an example value (a leaf's or an opaque call's
+        code runs for real, recording nothing in the graph)."""
+        return self._computing
+
     # ----------------------------------------------------------------- questions on proxies
     def answer(self, proxy: fx.Proxy, question: str, *extra: Any) -> Any:
         """Answer ``bool``/``len``/``int``/... of a proxy from its example, recording a guard."""
