@@ -70,7 +70,12 @@ def llava_onevision() -> LlavaOnevisionConfig:
     resolution up to a 2 x 2 grid (the default: 384 pixels, a 6 x 6 grid)."""
     return LlavaOnevisionConfig(
         text_config={"model_type": "qwen2", **TEXT},
-        vision_config={"model_type": "siglip_vision_model", "image_size": 8, "patch_size": 4, **VISION},
+        vision_config={
+            "model_type": "siglip_vision_model",
+            "image_size": 8,
+            "patch_size": 4,
+            **VISION,
+        },
         image_token_index=3,
         video_token_index=4,
         image_grid_pinpoints=[[8, 16], [16, 8], [16, 16]],
@@ -83,7 +88,11 @@ def llava_onevision() -> LlavaOnevisionConfig:
 
 FAMILIES = {
     "llava_next": (llava_next, LlavaNextForConditionalGeneration, "LlavaNextModel"),
-    "llava_onevision": (llava_onevision, LlavaOnevisionForConditionalGeneration, "LlavaOnevisionModel"),
+    "llava_onevision": (
+        llava_onevision,
+        LlavaOnevisionForConditionalGeneration,
+        "LlavaOnevisionModel",
+    ),
 }
 #: What the search finds for both: the per-image tile count and the packing of tiles into
 #: rows, both sized by the image sizes, each recorded as one call.

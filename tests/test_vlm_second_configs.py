@@ -108,4 +108,4 @@ def test_a_second_config_traces_and_replays_as_the_model(model_type: str) -> Non
         with torch.no_grad():
             expected = model(**batch, **concrete_arguments(model, {})).logits
             actual = replay(model, subgraphs, batch).logits
-        torch.testing.assert_close(actual, expected, msg=lambda m: f"{modality}: {m}")
+        torch.testing.assert_close(actual, expected, msg=lambda m, media=modality: f"{media}: {m}")

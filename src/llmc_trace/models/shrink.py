@@ -494,8 +494,12 @@ def _within(index: int, depth: int) -> int:
 
 def _derive_again(config: PretrainedConfig) -> None:
     """Fields a config class derives from widths when it is made, derived again from the
-    twin's: Zamba2's ``mamba_headdim`` is its SSM's width over its SSM heads."""
+    twin's: Zamba2's ``mamba_headdim`` and Falcon-H1's ``mamba_d_head`` are their SSM's width
+    (a set ``mamba_d_ssm``, else the expanded hidden size) over their SSM heads."""
     attrs = vars(config)
     heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
     if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
         config.mamba_headdim = expand * hidden // heads
+    heads, width = attrs.get("mamba_n_heads"), attrs.get("mamba_d_ssm")
+    if _is_count(attrs.get("mamba_d_head")) and _is_count(heads) and _is_count(expand):
+        config.mamba_d_head = (width if _is_count(width) else expand * hidden) // heads
