@@ -336,6 +336,11 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
             if all(part.denominator == 1 for part in parts):
                 setattr(config, key, type(value)(int(part) for part in parts))
             continue
+        if _is_channels_into_width(key, value, renamed):
+            # convolutions stepping up to a width shrunk elsewhere (Unlimited OCR's SAM neck
+            # into its CLIP encoder): each step that is a renamed width follows it
+            setattr(config, key, type(value)(renamed.get(v, v) for v in value))
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
             continue
         # a depthwise convolution's groups equal its channels (Mimi's upsample_groups)
@@ -364,6 +369,16 @@ def _follow_merged_widths(config: PretrainedConfig, renamed: dict[int, int]) -> 
         ]
         if merged:
             setattr(config, key, merged[0])
+
+
+def _is_channels_into_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
+    return (
+        key.endswith("_channels")
+        and isinstance(value, (list, tuple))
+        and bool(value)
+        and all(_is_count(v) for v in value)
+        and value[-1] in renamed
+    )
 
 
 def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
