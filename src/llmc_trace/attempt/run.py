@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
 from llmc_trace.diagnose.fixes import Fix
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
@@ -126,7 +126,10 @@ class Attempt:
 
     @property
     def failure(self) -> TraceFailure | None:
-        return self.traced.failure
+        """Where tracing stopped, else where the replay failed (the search fixes either)."""
+        if self.traced.failure is not None or self.check is None:
+            return self.traced.failure
+        return failure_from_replay(self.check.verification)
 
 
 @dataclass(frozen=True)

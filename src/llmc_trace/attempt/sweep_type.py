@@ -243,7 +243,7 @@ def _sweep_modality(
     fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
     if attempt.ok:
         return row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
-    failure = attempt.failure
+    failure = attempt.traced.failure  # a replay's failure the search could not fix: mismatch
     if failure is not None:
         where = f" at {failure.location}" if failure.location else ""
         inside = f" in {failure.module_path} ({failure.module_class})"

@@ -69,9 +69,9 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
     sample has the caller's batch size and sequence length, since code that loops over the
     batch traces one branch per row. A model without a transformers config (or whose config
     cannot shrink, or whose modality has no sample builder) is replayed on ``traced.sample``,
-    which needs its real weights; so is one whose twin traces another structure (its sample
-    took another path through the model than the caller's did), since the twin then proves a
-    different graph.
+    which needs its real weights; so is one whose twin traces another structure or none (its
+    sample, laid out by the type's processor, say, took another path through the model than
+    the caller's did), since the twin then proves a different graph.
     """
     model, modality = traced.model, sample_modality(traced.sample)
     config = getattr(model, "config", None)
@@ -93,8 +93,7 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
         if twin is not None:
             timings = {"twin_s": time.perf_counter() - start}
             check = _check(traced, twin, sample, "tiny twin", timings)
-            another_path = check.structure is not None and not check.structure.matches
-            if not (another_path and _has_weights(model)):
+            if check.ok or not _has_weights(model) or not _another_path(check):
                 return check
     return verify_on_sample(traced)
 
@@ -115,6 +114,12 @@ def verify_on_sample(traced: TracedModel) -> TwinCheck:
     )
     timings = {"verify_s": time.perf_counter() - start}
     return TwinCheck(verification, None, "the sample", None, timings)
+
+
+def _another_path(check: TwinCheck) -> bool:
+    """The twin's sample did not take the caller's path: the twin traced another structure,
+    or did not trace at all where the caller's model did."""
+    return check.twin is None or (check.structure is not None and not check.structure.matches)
 
 
 def _has_weights(model: torch.nn.Module) -> bool:
