@@ -26,7 +26,7 @@ from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_M
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
 from llmc_trace.models.samples import SampleOptions
-from llmc_trace.models.shrink import TWIN_PATCHES_PER_SIDE
+from llmc_trace.models.shrink import TWIN_PATCHES_PER_SIDE, shrink_config
 from llmc_trace.traced.layouts import Layout, first_config_with, first_int
 
 #: A processor's pixel budget (Qwen2-VL's ``min_pixels``/``max_pixels`` as size edges) is an
@@ -44,19 +44,35 @@ def processed_layouts(
     config: PretrainedConfig, modality: str, accepted: set[str], options: SampleOptions
 ) -> Iterator[Layout]:
     """What the type's own processor makes of a picture (``image``) or a tone (``audio``), the
-    inputs the model does not name left out; nothing where no usable processor exists."""
+    inputs the model does not name left out; nothing where no usable processor exists.
+
+    A full-size config gets the processor's layout only where its tiny twin's config does too
+    (Aria's processor takes its published 490 or 980 pixels only): the full model and its twin
+    are traced on samples of one layout, or their graphs could not be compared."""
+    twin = shrink_config(config)
+    if twin.to_dict() != config.to_dict() and _processed(twin, modality, accepted, options) is None:
+        return
+    found = _processed(config, modality, accepted, options)
+    if found is not None:
+        yield found
+
+
+def _processed(
+    config: PretrainedConfig, modality: str, accepted: set[str], options: SampleOptions
+) -> Layout | None:
     try:
         if modality == "image":
             name, given, media = _processed_picture(config, options)
         elif modality == "audio":
             name, given, media = _processed_tone(config, options)
         else:  # video processors need torchvision
-            return
+            return None
     except Exception:  # noqa: BLE001 - no processor, a missing library, or sizes it refuses
-        return
+        return None
     taken = {k: v for k, v in media.items() if k in accepted and isinstance(v, torch.Tensor)}
-    if taken and sum(v.numel() for v in taken.values()) <= GROWTH * given:
-        yield f"what {name} makes of a {'picture' if modality == 'image' else 'tone'}", taken
+    if not taken or sum(v.numel() for v in taken.values()) > GROWTH * given:
+        return None
+    return f"what {name} makes of a {'picture' if modality == 'image' else 'tone'}", taken
 
 
 def _processed_picture(
