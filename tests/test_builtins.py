@@ -48,9 +48,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     # tower, though its forward takes audio features
     ("google/gemma-4-26B-A4B", "video"): ("input", "took none of the layouts tried"),
     ("google/gemma-4-26B-A4B", "audio"): ("input", "has no audio encoder"),
-    # SeamlessM4T v2's whole model takes text and speech in one forward: the probe's first
-    # layout (mel frames) is not its speech encoder's
-    ("facebook/seamless-m4t-v2-large", "audio"): ("verify", "normalized_shape=[160]"),
     # the full-size model (bfloat16) casts float32 features where the twin (float32) does not
     ("ibm-granite/granite-speech-3.3-2b", "audio"): ("verify", "head subgraph differs"),
 }

@@ -237,3 +237,17 @@ class BranchAroundLayer(Stack):
         if grid.sum() > 4:
             x = self.layers[0](x)
         return self.layers[1](x)
+
+
+class NonesPerRow(Stack):
+    """``modeling_unlimited_ocr.py``: a list of ``None`` sized by the batch, each row checked
+    against ``None``. The trace records the list as an operation on the batch size, so the
+    check sees a traced value, never ``None``, and takes the branch the replay cannot."""
+
+    def prepare(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        extras = [None] * x.shape[0]
+        rows = []
+        for index in range(2):
+            extra = extras[index]
+            rows.append(x[index] if extra is None else x[index] + extra.sum())
+        return torch.stack(rows)

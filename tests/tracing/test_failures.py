@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from llmc_trace.diagnose.failure import KINDS
+from llmc_trace.graph.verify import replay
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
 from tests.patterns import untraceable as patterns
@@ -85,4 +86,30 @@ def test_every_kind_is_tested() -> None:
     """Each kind in KINDS has a hand-written module above that fails in exactly that way."""
     parameters = test_failure_is_located_and_classified.pytestmark[0].args[1]
     tested = {kind for _, kind, _, _ in parameters}
-    assert set(KINDS) - tested == {"error"}  # any other exception: the catch-all
+    # any other exception is the catch-all; a replay's failure has its own test below
+    assert set(KINDS) - tested == {"error", "replay"}
+
+
+def test_a_replay_that_fails_where_eager_runs_is_located_and_fixed() -> None:
+    """A trace that holds but replays into a value the trace fixed (a list of ``None`` sized by
+    the batch) is located at the model's line and fixed by the search like a trace failure."""
+    from llmc_trace.attempt.run import settle
+    from llmc_trace.traced.model import trace_model
+    from llmc_trace.traced.twin import verify_on_sample
+    from llmc_trace.tracing.options import TracingOptions
+
+    model = patterns.Wrapper(patterns.NonesPerRow()).eval()
+    sample = {"x": torch.randn(2, 6, 8), "grid": torch.tensor([[1, 2, 3]])}
+    traced = trace_model(model, sample, TracingOptions(sequential_targets=("Block",)), name="t")
+    assert traced.failure is None
+    settled = settle(traced, verify_on_sample, fix=True)
+    failure = settled.first.failure
+    assert failure is not None and failure.kind == "replay" and failure.location is not None
+    assert failure.location.line == line_of(patterns.NonesPerRow, "x[index] if extra is None")
+    assert failure.module_path == "model" and failure.module_class == "NonesPerRow"
+    assert settled.attempt.ok and settled.applied is not None
+    assert settled.applied.ignore == ["NonesPerRow.prepare"]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            replay(model, settled.attempt.traced.subgraphs, sample), model(**sample)
+        )

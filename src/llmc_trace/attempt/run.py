@@ -4,7 +4,8 @@ The full-size model is traced on ``meta`` (so a 405B config costs no memory) to 
 subgraphs and their memory figures; its tiny twin is traced the same way and replayed against
 its own eager forward (:mod:`llmc_trace.traced.twin`). With ``fix``, a failure starts the fix
 search (:mod:`llmc_trace.diagnose.search`), whose every retry traces the same built model
-again with one more fix and verifies it.
+again with one more fix and verifies it; the fix ``coverage --all`` verified for the model's
+type is the search's first candidate, never the whole search.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
+from llmc_trace.diagnose.fixes import Fix
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
@@ -124,7 +126,10 @@ class Attempt:
 
     @property
     def failure(self) -> TraceFailure | None:
-        return self.traced.failure
+        """Where tracing stopped, else where the replay failed (the search fixes either)."""
+        if self.traced.failure is not None or self.check is None:
+            return self.traced.failure
+        return failure_from_replay(self.check.verification)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,8 @@ def settle(
     traced: TracedModel, check: Callable[[TracedModel], TwinCheck] | None, *, fix: bool
 ) -> SettledTrace:
     """Verify ``traced`` with ``check``; when it did not trace and ``fix`` is set, search fixes,
-    each retry tracing ``traced.model`` on ``traced.sample`` with the fix added.
+    each retry tracing ``traced.model`` on ``traced.sample`` with the fix added. The fix the
+    sweep verified for the model's type seeds the search; it never replaces it.
 
     ``check=None`` skips verification (the attempt is then never ``ok``).
     """
@@ -167,33 +173,22 @@ def settle(
     first = prove(traced)
     if not fix or first.ok or first.failure is None:
         return SettledTrace(first, first, [], None)
-    swept = _try_swept_fix(traced, retry)
-    if swept is not None and swept[0].ok:
-        return SettledTrace(first, swept[0], [swept[1]], swept[1])
-    found = search_fixes(first, traced.model, retry)
-    tried = ([swept[1]] if swept is not None else []) + found.tried
-    return SettledTrace(first, found.result, tried, found.applied)
+    found = search_fixes(first, traced.model, retry, _swept_seeds(traced))
+    return SettledTrace(first, found.result, found.tried, found.applied)
 
 
-def _try_swept_fix(
-    traced: TracedModel, retry: Callable[[list[str]], Attempt]
-) -> tuple[Attempt, FixAttempt] | None:
-    """Retry with the fix ``coverage --all`` verified for the model's type, if it found one
-    (:mod:`~llmc_trace.attempt.swept`): one retry instead of a search, proved on this model."""
+def _swept_seeds(traced: TracedModel) -> list[Fix]:
+    """The fix ``coverage --all`` verified for the model's type, if it found one
+    (:mod:`~llmc_trace.attempt.swept`), as the search's seed: tried first and proved on this
+    model like any candidate; the search goes on from whatever failure it leaves."""
     model_type = getattr(getattr(traced.model, "config", None), "model_type", None)
     entries = swept_fix(model_type, sample_modality(traced.sample)) if model_type else []
     if not entries:
-        return None
+        return []
     description = f"the fix `coverage --all` verified for {model_type} on transformers " + (
         swept_transformers()
     )
-    try:
-        attempt = retry(entries)
-    except BadInputError:  # an entry of another release that does not apply here
-        return None
-    failed = "still fails" if attempt.failure else "verification failed"
-    outcome = "verified" if attempt.ok else failed
-    return attempt, FixAttempt(description, entries, outcome)
+    return [Fix("swept", tuple(entries), description)]
 
 
 def attempt_trace(

@@ -249,8 +249,8 @@ def _sweep_modality(
     fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
     if attempt.ok:
         made = row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
-    elif attempt.failure is not None:
-        failure = attempt.failure
+    elif attempt.traced.failure is not None:
+        failure = attempt.traced.failure  # a replay's failure the search could not fix too
         where = f" at {failure.location}" if failure.location else ""
         inside = f" in {failure.module_path} ({failure.module_class})"
         made = row(modality, "not_traceable", f"{failure.kind}{where}{inside}")

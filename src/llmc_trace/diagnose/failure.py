@@ -16,6 +16,7 @@ from typing import Any
 from torch import fx
 
 from llmc_trace.errors import TraceStopped
+from llmc_trace.graph.verify import Verification
 from llmc_trace.tracing.proxy import DataDependentQuestion
 from llmc_trace.tracing.rebuild import Unrepresentable
 from llmc_trace.tracing.source import SourceLocation, model_frames_of_traceback
@@ -35,6 +36,8 @@ KINDS: dict[str, str] = {
     "weight_mutation": "an in-place write to the model's own weights or buffers, which a "
     "calibration pass would repeat on every batch",
     "error": "an exception raised by the model code while tracing",
+    "replay": "a replay that fails where the model runs: the trace took a Python value (a "
+    "branch, a list, a None) from the tracing sample that the replay's values contradict",
 }
 _TO_PYTHON = {"item", "tolist", "cpu", "numpy", "__int__", "__float__"}
 _SHAPE_OPS = {"size", "shape", "numel", "dim"}
@@ -160,3 +163,23 @@ def _classify_other(err: BaseException) -> tuple[str, str]:
     ):
         return "constructor", text
     return "error", f"{type(err).__name__}: {text}"
+
+
+def failure_from_replay(verification: Verification) -> TraceFailure | None:
+    """The replay's failure, located where the model made the failing operation, as a trace
+    failure the fix search can take (the same fixes apply: that code recorded as one call
+    runs with the replay's own values); ``None`` when the replay did not fail there."""
+    if verification.failed_at is None:
+        return None
+    location, module_path, module_class = verification.failed_at
+    return TraceFailure(
+        kind="replay",
+        message=verification.replay_error,
+        location=location,
+        module_path=module_path,
+        module_class=module_class,
+        module_stack=[(module_path, module_class)],
+        origin=[],
+        exception=verification.replay_error,
+        call_stack=[location],
+    )

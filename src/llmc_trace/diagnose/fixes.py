@@ -41,7 +41,7 @@ class Fix:
     ``refusal`` cannot be applied; the reason is reported instead of an outcome.
     """
 
-    kind: str  # "opaque", "autowrap" or "definition"
+    kind: str  # "opaque", "autowrap", "definition", or "swept" (a seed, see diagnose.search)
     ignore: tuple[str, ...]
     description: str
     cost: str = ""

@@ -4,12 +4,18 @@ Each round takes the failure at hand, tries its candidate fixes in order
 (:func:`~llmc_trace.diagnose.fixes.candidate_fixes`) and keeps the first whose retry verifies,
 or moves the failure further on (a later line: the next round fixes that one). The search
 stops when the model verifies, a round accepts nothing, or after :data:`MAX_FIX_ROUNDS`.
+
+Fixes known beforehand (the ones ``coverage --all`` verified for the model's type) are
+*seeds*: tried first, as one candidate, in the first round. A seed is a shortcut, never the
+whole search: when it verifies the search ends there, when it moves the failure on the search
+continues from the failure it leaves, and when it does neither the round goes on with the
+failure's own candidates, so a fix that holds on another config is still found here.
 How a retry traces and verifies is the caller's business: this module only decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -62,23 +68,30 @@ class FixSearch(Generic[T]):
     applied: FixAttempt | None
 
 
-def search_fixes(first: T, model: torch.nn.Module, retry: Callable[[list[str]], T]) -> FixSearch[T]:
+def search_fixes(
+    first: T,
+    model: torch.nn.Module,
+    retry: Callable[[list[str]], T],
+    seeds: Sequence[Fix] = (),
+) -> FixSearch[T]:
     """Fix ``first`` (which failed to trace) by retrying with ``ignore`` entries added.
 
     ``retry(entries)`` traces and verifies again with ``entries`` added to the caller's
     ``ignore``; it raises :class:`~llmc_trace.errors.BadInputError` when an entry cannot be
     installed. A candidate that cannot apply (autowrap refusing a statement that returns,
-    say) is reported with its reason and costs no trace.
+    say) is reported with its reason and costs no trace. ``seeds`` are tried before the
+    first round's own candidates (see the module docstring).
     """
     result = first
     applied: list[Fix] = []
     tried: list[FixAttempt] = []
-    for _ in range(MAX_FIX_ROUNDS):
+    for round_index in range(MAX_FIX_ROUNDS):
         failure = result.failure
         if result.ok or failure is None:
             break
         accepted = False
-        for fix in candidate_fixes(failure, model):
+        offered = list(seeds) if round_index == 0 else []
+        for fix in offered + candidate_fixes(failure, model):
             rewrites = [fix.rewrite] if fix.rewrite else []
             refusal = fix.refusal
             if not refusal:

@@ -29,6 +29,8 @@ from llmc_trace.tracing.source import SourceLocation
 _TORCH_ROOT = os.path.dirname(torch.__file__) + os.sep
 #: One number per compiled code: subgraphs of the model and of its twin share their indices.
 _COMPILED = itertools.count()
+#: The attribute of a located exception that holds :func:`failing_operation`'s answer.
+_MADE_BY = "llmc_trace_made_by"
 #: ``    name = ...``: the statement of the generated code that computes the node ``name``.
 _ASSIGNMENT = re.compile(r"^\s+(\w+) = ")
 
@@ -54,17 +56,30 @@ def compile_forward(graph: fx.Graph, label: str) -> Callable[..., Any]:
         except Exception as err:
             line = _unlocated_line(err.__traceback__, filename)
             if line is not None and line in sources:
-                err.add_note(_note(label, *sources[line]))
+                err.add_note(_note(label, *sources[line][:2]))
+                setattr(err, _MADE_BY, sources[line][1:])
             raise
 
     return located
 
 
-def _sources_by_line(graph: fx.Graph, lines: list[str]) -> dict[int, tuple[str, SourceLocation]]:
+def failing_operation(err: BaseException) -> tuple[SourceLocation, str, str] | None:
+    """Where the model made the operation of a subgraph that raised ``err``: its line, and the
+    path and class of the module it ran in; ``None`` when the failure was not located."""
+    return getattr(err, _MADE_BY, None)
+
+
+def _sources_by_line(
+    graph: fx.Graph, lines: list[str]
+) -> dict[int, tuple[str, SourceLocation, str, str]]:
     """For each line (from 1) of the generated code that computes a node with a recorded model
-    location: the node's name and that location."""
+    location: the node's name, that location, and the path and class of its module."""
     located = {
-        node.name: node.meta["source"]
+        node.name: (
+            node.meta["source"],
+            node.meta.get("module_path", ""),
+            node.meta.get("module_class", ""),
+        )
         for node in graph.nodes
         if isinstance(node.meta.get("source"), SourceLocation)
     }
@@ -72,7 +87,7 @@ def _sources_by_line(graph: fx.Graph, lines: list[str]) -> dict[int, tuple[str, 
     for number, text in enumerate(lines, start=1):
         match = _ASSIGNMENT.match(text)
         if match is not None and match.group(1) in located:
-            found[number] = (match.group(1), located[match.group(1)])
+            found[number] = (match.group(1), *located[match.group(1)])
     return found
 
 

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from llmc_trace.graph.compiled import failing_operation
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
+from llmc_trace.tracing.source import SourceLocation
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     replay_s: float = 0.0
     eager_s: float = 0.0
+    #: A replay that raised where eager did not: the error, and where the model made the
+    #: failing operation (line, module path and class), when the replay located it.
+    replay_error: str = ""
+    failed_at: tuple[SourceLocation, str, str] | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -134,8 +140,10 @@ def verify_subgraphs(
             return Verification(False, tolerance or 0.0, [], problems)
         eager_s = time.perf_counter() - start
     if replay_error is not None:
-        problems.append(f"replay failed: {type(replay_error).__name__}: {replay_error}")
-        return Verification(False, tolerance or 0.0, [], problems, 0.0, eager_s)
+        said = f"{type(replay_error).__name__}: {replay_error}"
+        problems.append(f"replay failed: {said}")
+        failed_at = failing_operation(replay_error)
+        return Verification(False, tolerance or 0.0, [], problems, 0.0, eager_s, said, failed_at)
     expected_flat = flatten_output(expected)
     actual_flat = flatten_output(actual)
     if expected_flat.keys() != actual_flat.keys():

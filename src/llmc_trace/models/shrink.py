@@ -336,6 +336,11 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
             if all(part.denominator == 1 for part in parts):
                 setattr(config, key, type(value)(int(part) for part in parts))
             continue
+        if _is_channels_into_width(key, value, renamed):
+            # convolutions stepping up to a width shrunk elsewhere (Unlimited OCR's SAM neck
+            # into its CLIP encoder): each step that is a renamed width follows it
+            setattr(config, key, type(value)(renamed.get(v, v) for v in value))
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
             continue
         # a depthwise convolution's groups equal its channels (Mimi's upsample_groups)
@@ -364,6 +369,16 @@ def _follow_merged_widths(config: PretrainedConfig, renamed: dict[int, int]) -> 
         ]
         if merged:
             setattr(config, key, merged[0])
+
+
+def _is_channels_into_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
+    return (
+        key.endswith("_channels")
+        and isinstance(value, (list, tuple))
+        and bool(value)
+        and all(_is_count(v) for v in value)
+        and value[-1] in renamed
+    )
 
 
 def _is_split_of_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
@@ -492,10 +507,25 @@ def _within(index: int, depth: int) -> int:
     return min(index, depth) if index >= 0 else max(index, -(depth + 1))
 
 
+#: Towers whose code takes the head size to be the width over the heads, whatever ``head_dim``
+#: says (Pixtral's rotary embedding).
+WIDTH_OVER_HEADS = frozenset({"pixtral"})
+
+
 def _derive_again(config: PretrainedConfig) -> None:
     """Fields a config class derives from widths when it is made, derived again from the
-    twin's: Zamba2's ``mamba_headdim`` is its SSM's width over its SSM heads."""
+    twin's: Zamba2's ``mamba_headdim`` and Falcon-H1's ``mamba_d_head`` are their SSM's width
+    (a set ``mamba_d_ssm``, else the expanded hidden size) over their SSM heads; the head size
+    of a tower that assumes it is its width over its heads (:data:`WIDTH_OVER_HEADS`) is so again,
+    also where its width followed another config's (Mistral Large 4's Pixtral tower follows a
+    text width down to 32)."""
     attrs = vars(config)
     heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
     if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
         config.mamba_headdim = expand * hidden // heads
+    heads, width = attrs.get("mamba_n_heads"), attrs.get("mamba_d_ssm")
+    if _is_count(attrs.get("mamba_d_head")) and _is_count(heads) and _is_count(expand):
+        config.mamba_d_head = (width if _is_count(width) else expand * hidden) // heads
+    for sub in [config, *_sub_configs(config)]:
+        if sub.model_type in WIDTH_OVER_HEADS:
+            sub.head_dim = max(1, sub.hidden_size // sub.num_attention_heads)

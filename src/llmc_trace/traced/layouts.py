@@ -74,21 +74,21 @@ def layouts(
 
 
 def _geometry(config: PretrainedConfig, options: SampleOptions) -> Geometry | None:
-    vision = _first_config_with(config, "patch_size")
+    vision = first_config_with(config, "patch_size")
     if vision is None:
         return None
     fields = vars(vision)
-    patch = _first_int(fields.get("patch_size"))
-    merge = _first_int(fields.get("spatial_merge_size")) or 1
-    size = _first_int(fields.get("image_size"))
+    patch = first_int(fields.get("patch_size"))
+    merge = first_int(fields.get("spatial_merge_size")) or 1
+    size = first_int(fields.get("image_size"))
     grid_side = 2 * merge * patch if "spatial_merge_size" in fields else None
     side = options.image_size or size or grid_side or patch * TWIN_PATCHES_PER_SIDE
     channels = next(
         (fields[k] for k in ("num_channels", "in_channels", "in_chans") if fields.get(k)), 3
     )
-    temporal = _first_int(fields.get("temporal_patch_size")) or 1
+    temporal = first_int(fields.get("temporal_patch_size")) or 1
     high = vars(config).get("high_res_vision_config")
-    high_side = _first_int(vars(high).get("image_size")) if high is not None else None
+    high_side = first_int(vars(high).get("image_size")) if high is not None else None
     return Geometry(channels, patch, side, merge, temporal, _views(config, side), high_side)
 
 
@@ -103,19 +103,19 @@ def _views(config: PretrainedConfig, side: int) -> int:
     return int(image_size_to_num_patches((side, side), pinpoints, side))
 
 
-def _first_config_with(config: PretrainedConfig, key: str) -> PretrainedConfig | None:
+def first_config_with(config: PretrainedConfig, key: str) -> PretrainedConfig | None:
     """The config, or the first sub-config (depth first), holding a positive ``key``."""
-    if _first_int(vars(config).get(key)):
+    if first_int(vars(config).get(key)):
         return config
     for value in vars(config).values():
         if isinstance(value, PretrainedConfig):
-            found = _first_config_with(value, key)
+            found = first_config_with(value, key)
             if found is not None:
                 return found
     return None
 
 
-def _first_int(value: Any) -> int | None:
+def first_int(value: Any) -> int | None:
     """An int, or the first of a list of them (a (height, width) size)."""
     if isinstance(value, (list, tuple)) and value:
         value = value[0]
@@ -224,7 +224,7 @@ def _flattened(
 ) -> Iterator[Layout]:
     """Pix2Struct's and Kosmos-2.5's ``flattened_patches``: each patch's row and column (from
     1), then its ``patch_embed_hidden_size`` pixel values; a 4 x 4 grid of them."""
-    vision = _first_config_with(config, "patch_embed_hidden_size")
+    vision = first_config_with(config, "patch_embed_hidden_size")
     if "flattened_patches" not in takes or vision is None:
         return
     rows, columns = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
@@ -364,16 +364,16 @@ def _audio(
         yield "a waveform of one channel", {"input_values": wave[:, None], **masks(WAVEFORM)}
     key = next((k for k in ("input_features", "audio_input_features") if k in takes), None)
     found = (
-        (k, sub, _first_int(vars(sub).get(k)))
+        (k, sub, first_int(vars(sub).get(k)))
         for k in FEATURE_KEYS
-        if (sub := _first_config_with(config, k))
+        if (sub := first_config_with(config, k))
     )
     field, encoder, features = next(found, (None, None, None))
     if key is None or encoder is None or features is None:
         return
     # a Whisper encoder (mel bins and source positions in one config) takes exactly the frames
     # its two convolutions turn into its positions; elsewhere positions only bound the length
-    positions = _first_int(vars(encoder).get("max_source_positions"))
+    positions = first_int(vars(encoder).get("max_source_positions"))
     whisper = field == "num_mel_bins" and positions is not None
     frames = 2 * positions if whisper else AUDIO_FRAMES
     mel = _randn(batch, features, frames, generator=generator)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from itertools import chain
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from llmc_trace.models.samples import (
     with_placeholders,
 )
 from llmc_trace.traced.layouts import layouts
+from llmc_trace.traced.processed import processed_layouts
 from llmc_trace.tracing.values import MixedExecution
 
 #: Types that count a video's frames by the image token, between the video's start and end
@@ -92,7 +94,8 @@ def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) ->
     method = features or _encoder_forward(model, forward)
     accepted = set(forward) | set(_named_parameters(method) if method else [])
     tried = []
-    for name, media in layouts(config, modality, accepted, options, generator):
+    processed = processed_layouts(config, modality, accepted, options)
+    for name, media in chain(processed, layouts(config, modality, accepted, options, generator)):
         if method is None:
             return _assemble(config, forward, modality, media, 0, options, generator)
         try:

@@ -65,9 +65,13 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
     """Prove a model the caller built: on the twin of its own class and config, else replay
     the model itself on the sample.
 
-    The twin keeps the proof cheap for a large model (the check runs once per fix tried). A
-    model without a transformers config (or whose config cannot shrink, or whose modality has
-    no sample builder) is replayed on ``traced.sample``, which needs its real weights.
+    The twin keeps the proof cheap for a large model (the check runs once per fix tried); its
+    sample has the caller's batch size and sequence length, since code that loops over the
+    batch traces one branch per row. A model without a transformers config (or whose config
+    cannot shrink, or whose modality has no sample builder) is replayed on ``traced.sample``,
+    which needs its real weights; so is one whose twin traces another structure or none (its
+    sample, laid out by the type's processor, say, took another path through the model than
+    the caller's did), since the twin then proves a different graph.
     """
     model, modality = traced.model, sample_modality(traced.sample)
     config = getattr(model, "config", None)
@@ -78,19 +82,25 @@ def verify_instance(traced: TracedModel, *, seed: int = 0) -> TwinCheck:
         try:
             attention = getattr(config, "_attn_implementation", None) or "eager"
             twin = twin_of_class(type(model), config, seed=seed, attn_implementation=attention)
-            options = SampleOptions(seq_len=_sequence_length(traced.sample), seed=seed)
+            options = SampleOptions(
+                seq_len=_sequence_length(traced.sample),
+                batch_size=_batch_size(traced.sample),
+                seed=seed,
+            )
             sample = sample_for(twin, modality, options)
         except Exception:  # noqa: BLE001 - any failure here only means: no twin to prove on
             twin = None
         if twin is not None:
             timings = {"twin_s": time.perf_counter() - start}
-            return _check(traced, twin, sample, "tiny twin", timings)
+            check = _check(traced, twin, sample, "tiny twin", timings)
+            if check.ok or not _has_weights(model) or not _another_path(check):
+                return check
     return verify_on_sample(traced)
 
 
 def verify_on_sample(traced: TracedModel) -> TwinCheck:
     """Replay ``traced`` on its own sample against the model's own eager forward."""
-    if any(p.is_meta for p in traced.model.parameters()):
+    if not _has_weights(traced.model):
         problem = f"{traced.name} has no twin to prove on, and its weights are on meta"
         return TwinCheck(Verification(False, 0.0, [], [problem]), None, "the sample", None)
     start = time.perf_counter()
@@ -106,6 +116,16 @@ def verify_on_sample(traced: TracedModel) -> TwinCheck:
     return TwinCheck(verification, None, "the sample", None, timings)
 
 
+def _another_path(check: TwinCheck) -> bool:
+    """The twin's sample did not take the caller's path: the twin traced another structure,
+    or did not trace at all where the caller's model did."""
+    return check.twin is None or (check.structure is not None and not check.structure.matches)
+
+
+def _has_weights(model: torch.nn.Module) -> bool:
+    return not any(p.is_meta for p in model.parameters())
+
+
 def sample_modality(sample: dict[str, object]) -> str:
     """The modality a processor output is for, read from its keys."""
     if "pixel_values_videos" in sample:
@@ -115,6 +135,12 @@ def sample_modality(sample: dict[str, object]) -> str:
     if "input_features" in sample or "input_values" in sample:
         return "audio"
     return "text"
+
+
+def _batch_size(sample: dict[str, object]) -> int:
+    """Rows in the sample's text (one when it has none)."""
+    ids = sample.get("input_ids")
+    return int(ids.shape[0]) if isinstance(ids, torch.Tensor) and ids.dim() > 1 else 1
 
 
 def _sequence_length(sample: dict[str, object]) -> int:
