@@ -100,7 +100,7 @@ def plan(
     """
     import torch
 
-    from llmc_trace.core.names import DATA_METHODS
+    from llmc_trace.core.names import CALIBRATED_METHODS
     from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.oneshot.recipe import read_recipe
     from llmc_trace.oneshot.settings import CalibrationSettings
@@ -120,7 +120,7 @@ def plan(
                 if given(name) != click.core.ParameterSource.COMMANDLINE:
                     sizes[name] = getattr(read.calibration, name)
             stages = [
-                (f"stage {i + 1}: {s.method}", s.method in DATA_METHODS, s.quantizes)
+                (f"stage {i + 1}: {s.method}", s.method in CALIBRATED_METHODS, s.quantizes)
                 for i, s in enumerate(read.stages)
             ]
         if ranks > 1:
