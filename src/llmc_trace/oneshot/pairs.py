@@ -1,5 +1,5 @@
 """A smoothing stage's smooth -> balance pairs: found on the model it compresses, proved on its
-twin, and the ones left out said in the stage's result."""
+twin."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from typing import Any
 import torch
 
 from llmc_trace.errors import BadInputError, TraceStopped
-from llmc_trace.graph.mappings import SkippedMapping
 from llmc_trace.models.build import twin_of_class
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.oneshot.state import RunState
-from llmc_trace.traced.mappings import MappingSet, find_mappings, numberless
+from llmc_trace.traced.mappings import MappingSet, find_mappings
 from llmc_trace.traced.probe import sample_for
 
 
@@ -48,19 +47,3 @@ def stage_mappings(
             param="method",
         )
     return found
-
-
-def skipped_pairs(mappings: MappingSet) -> list[str]:
-    """One line per kind of pair left out: the same pair of every layer is said once, with
-    how many layers have it."""
-    kinds: dict[str, list[SkippedMapping]] = {}
-    for pair in mappings.skipped:
-        kinds.setdefault(numberless(pair.smooth) + numberless(pair.reason), []).append(pair)
-    lines = []
-    for pairs in kinds.values():
-        first = pairs[0]
-        more = f"; {len(pairs) - 1} more like it" if len(pairs) > 1 else ""
-        lines.append(
-            f"not smoothed: {first.smooth} -> {', '.join(first.balance)} ({first.reason}{more})"
-        )
-    return lines

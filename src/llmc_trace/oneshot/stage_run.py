@@ -23,7 +23,7 @@ from llmc_trace.graph.literals import META, retarget_literals
 from llmc_trace.models.parts import model_parts
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.pairs import skipped_pairs, stage_mappings
+from llmc_trace.oneshot.pairs import stage_mappings
 from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
 from llmc_trace.traced.mappings import MappingSet
 from llmc_trace.oneshot.coverage import parameter_coverage
@@ -96,7 +96,7 @@ def run_stage(
         )  # fmt: skip
     fallbacks = list(outcome.fallbacks)
     if isinstance(compressor, SmoothingCompressor):
-        fallbacks.extend(skipped_pairs(compressor.smoother.mappings))
+        fallbacks.extend(compressor.smoother.mappings.skipped_lines())
     if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
         fallbacks.append(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "

@@ -23,6 +23,8 @@ import torch
 from llmc_trace.algorithms.smoothing import fold_scales, norm_offset
 from llmc_trace.graph.mappings import Mapping, SkippedMapping, derive_mappings
 from llmc_trace.layers.linear import is_linear
+from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.source import ModelSource
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import TraceResult, trace_graph
 
@@ -42,6 +44,22 @@ class MappingSet:
 
     def offset(self, module: torch.nn.Module) -> float:
         return self.offsets.get(type(module).__name__, 0.0)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per kind of pair left out: the same pair of every layer is said once,
+        with how many more layers have it."""
+        kinds: dict[str, list[SkippedMapping]] = {}
+        for pair in self.skipped:
+            kinds.setdefault(numberless(pair.smooth) + numberless(pair.reason), []).append(pair)
+        lines = []
+        for pairs in kinds.values():
+            first = pairs[0]
+            more = f"; {len(pairs) - 1} more like it" if len(pairs) > 1 else ""
+            lines.append(
+                f"not smoothed: {first.smooth} -> {', '.join(first.balance)} "
+                f"({first.reason}{more})"
+            )
+        return lines
 
 
 def linear_trace(
@@ -186,3 +204,34 @@ def _shape(mapping: Mapping) -> tuple[Any, ...]:
 
 def numberless(path: str) -> str:
     return re.sub(r"\.\d+(?=\.|$)", ".#", path)
+
+
+def source_mappings(
+    model: str | ModelSource,
+    *,
+    modality: str = "text",
+    ignore: list[str] | None = None,
+    sample_options: SampleOptions | None = None,
+) -> MappingSet:
+    """The pairs of a model named as the command line names it (built on ``meta`` at full
+    size), proved on its twin, for the default scheme's targets (every linear layer but
+    ``lm_head``): what ``plan --mappings`` and ``attempt --mappings`` show."""
+    from llmc_trace.algorithms.scheme import DEFAULT_SCHEME
+    from llmc_trace.models.build import build_meta_model, build_twin
+    from llmc_trace.models.source import resolve_model
+    from llmc_trace.traced.probe import sample_for
+
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    options = sample_options or SampleOptions()
+    full = build_meta_model(source)
+    twin = build_twin(source)
+    tracing = TracingOptions.parse(full, ignore or [])
+    named = dict(full.named_modules())
+    return find_mappings(
+        full,
+        sample_for(full, modality, options),
+        twin,
+        sample_for(twin, modality, options),
+        tracing,
+        lambda name: DEFAULT_SCHEME.is_target(name, named[name]),
+    )
