@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,10 +67,31 @@ def linear_trace(
     model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions
 ) -> TraceResult:
     """A trace of ``model(**sample)`` with every linear layer a sequential target, so each is
-    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps)."""
+    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps).
+
+    The trace walks through attention, so it runs with eager attention: the same channels
+    reach ``o_proj`` as through a fused kernel (``probs @ v``), and the fused kernels'
+    wrappers ask questions of the inputs' sizes that a trace cannot answer."""
     classes = sorted({type(m).__name__ for m in model.modules() if is_linear(m)})
     linear = dataclasses.replace(options, sequential_targets=tuple(classes))
-    return trace_graph(model, sample, linear)
+    with _eager_attention(model):
+        return trace_graph(model, sample, linear)
+
+
+@contextmanager
+def _eager_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Every config of ``model`` (a multimodal model's sub-configs too) set to eager
+    attention while the block runs, as it was afterwards."""
+    configs = [m.config for m in model.modules() if hasattr(m, "config")]
+    key = "_attn_implementation_internal"
+    saved = [(config, config.__dict__[key]) for config in configs if key in config.__dict__]
+    try:
+        for config, _ in saved:
+            config.__dict__[key] = "eager"
+        yield
+    finally:
+        for config, value in saved:
+            config.__dict__[key] = value
 
 
 def derive(
