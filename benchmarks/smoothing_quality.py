@@ -64,7 +64,9 @@ def activations_quantized(model: torch.nn.Module, layers: list[str]) -> list[Any
 
 def measured(args: argparse.Namespace, scheme: Any, method: str, seed: int, rows: Any) -> dict:
     """One in-memory compression and its perplexity on ``rows``."""
-    stages = [Stage(method=m, scheme=scheme if m != "smoothquant" else "auto") for m in method.split("+")]
+    stages = [
+        Stage(method=m, scheme=scheme if m != "smoothquant" else "auto") for m in method.split("+")
+    ]
     start = time.perf_counter()
     run = compress(
         CompressRequest(

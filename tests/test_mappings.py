@@ -109,7 +109,9 @@ def test_derived_pairs_equal_llm_compressors_tables(arch: str, one_thread: None)
         assert set(found.offsets.values()) == {1.0}  # Gemma's norms multiply by 1 + weight
 
 
-def test_fused_projections_scale_only_the_rows_that_reach_the_balance_layer(one_thread: None) -> None:
+def test_fused_projections_scale_only_the_rows_that_reach_the_balance_layer(
+    one_thread: None,
+) -> None:
     cls, config, _ = CASES["phi3"]
     found, _ = _pairs(cls, config)
     rows = {numberless(m.smooth): m.rows for m in found.mappings}

@@ -161,9 +161,7 @@ def plan(
         if mappings:
             from llmc_trace.traced.mappings import source_mappings
 
-            pairs = source_mappings(
-                model, modality=modality, ignore=split_list(tracing_ignore)
-            )
+            pairs = source_mappings(model, modality=modality, ignore=split_list(tracing_ignore))
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 

@@ -30,7 +30,7 @@ by folding a scale on the tiny twin.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +46,18 @@ _MOVES = frozenset(
 )  # fmt: skip
 #: of those, the ones that keep the last dimension where it is
 _KEEPS_SHAPE = frozenset(
-    {"to", "type", "float", "half", "bfloat16", "double", "contiguous", "clone", "detach", "dropout"}
+    {
+        "to",
+        "type",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "contiguous",
+        "clone",
+        "detach",
+        "dropout",
+    }
 )
 #: calls whose result is no tensor of the value's channels (its shape, dtype, device)
 _READS_SHAPE = frozenset({"size", "dim", "shape", "dtype", "device", "numel"})
@@ -153,8 +164,7 @@ def _output_width(module: torch.nn.Module, linear: bool) -> int | None:
 
 
 def _follow(
-    model: torch.nn.Module,
-    start: fx.Node, width: int, linear_calls: dict[fx.Node, str]
+    model: torch.nn.Module, start: fx.Node, width: int, linear_calls: dict[fx.Node, str]
 ) -> tuple[list[fx.Node], tuple[int, int]] | None:
     """The linear calls ``start``'s output reaches and the channel range that reaches them;
     ``None`` when no channel reaches a linear layer without being blocked on another path."""
@@ -219,7 +229,10 @@ def _step(
             return _Value(user, value.lo, value.hi, False)
         return None
     if name in _ATTENTION:
-        query, key = user.args[0] if user.args else None, user.args[1] if len(user.args) > 1 else None
+        query, key = (
+            user.args[0] if user.args else None,
+            user.args[1] if len(user.args) > 1 else None,
+        )
         is_value = (len(user.args) > 2 and user.args[2] is value.node) or (
             user.kwargs.get("value") is value.node
         )
@@ -317,8 +330,3 @@ def _tensor_args(node: fx.Node) -> list[fx.Node]:
 
 def _overlaps(span: tuple[int, int] | None, value: _Value) -> bool:
     return span is not None and not (span[1] <= value.lo or value.hi <= span[0])
-
-
-def module_names(mappings: Iterable[Mapping]) -> set[str]:
-    """Every module a mapping smooths or balances."""
-    return {name for m in mappings for name in (m.smooth, *m.balance)}

@@ -42,7 +42,11 @@ def stage_mappings(
     if not found.mappings:
         raise BadInputError(
             f"no smooth -> balance pair of {run.request.source.name} could be proved on its twin"
-            + (f" (e.g. {found.skipped[0].smooth}: {found.skipped[0].reason})." if found.skipped else "."),
+            + (
+                f" (e.g. {found.skipped[0].smooth}: {found.skipped[0].reason})."
+                if found.skipped
+                else "."
+            ),
             hint="Use gptq or rtn for this model; `llmc-trace plan --mappings` lists the pairs.",
             param="method",
         )

@@ -67,9 +67,7 @@ class Smoother:
     def pairs_in(self, modules: NamedModules) -> list[Mapping]:
         """The pairs whose modules all sit in ``modules``."""
         names = {name for name, _ in modules}
-        return [
-            m for m in self.mappings.mappings if m.smooth in names and set(m.balance) <= names
-        ]
+        return [m for m in self.mappings.mappings if m.smooth in names and set(m.balance) <= names]
 
     def start(self, modules: NamedModules) -> None:
         by_name = dict(modules)

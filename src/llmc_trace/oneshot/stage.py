@@ -125,9 +125,7 @@ class Stage:
         "(0 to 1; higher for models with larger activation outliers).",
         Float(),
     )
-    n_grid: int = option(
-        20, "AWQ: ratios searched for each pair's scales (in [0, 1)).", Int(2)
-    )
+    n_grid: int = option(20, "AWQ: ratios searched for each pair's scales (in [0, 1)).", Int(2))
     duo_scaling: bool = option(
         True,
         "AWQ: scale by the activations' and the weights' mean magnitudes (else the "
@@ -249,8 +247,10 @@ def _check_smoothing(stage: Stage) -> None:
             hint="List a gptq or rtn stage with --scheme after the smoothquant stage.",
             param="scheme",
         )
-    if stage.method == AWQ and stage.scheme is not None and (
-        stage.scheme.input_activations is not None or stage.scheme.weights.num_bits > 8
+    if (
+        stage.method == AWQ
+        and stage.scheme is not None
+        and (stage.scheme.input_activations is not None or stage.scheme.weights.num_bits > 8)
     ):
         raise BadInputError(
             f"awq quantizes weights only, to integers, and {stage.scheme.name} is not such a "

@@ -57,8 +57,7 @@ class MappingSet:
             first = pairs[0]
             more = f"; {len(pairs) - 1} more like it" if len(pairs) > 1 else ""
             lines.append(
-                f"not smoothed: {first.smooth} -> {', '.join(first.balance)} "
-                f"({first.reason}{more})"
+                f"not smoothed: {first.smooth} -> {', '.join(first.balance)} ({first.reason}{more})"
             )
         return lines
 
