@@ -3,8 +3,7 @@
 The reference model (``refmodel/``) is compressed in memory from ``--samples`` rows of its
 ``calib.npy`` (``--seq-len`` tokens), drawn with ``--repeat`` different seeds, and evaluated on
 ``--eval-rows`` rows of ``eval.npy``; the float model is measured in the same run. Weight-only
-settings: round-to-nearest (data-free, so one run), GPTQ and AWQ at W4A16, round-to-nearest and
-AWQ at 3 bits (group 128), where rounding costs more. W8A8:
+settings: round-to-nearest (data-free, so one run), GPTQ and AWQ at W4A16. W8A8:
 GPTQ alone and a SmoothQuant stage before it (``smoothing_strength`` 0.5), evaluated with the
 activations quantized as an engine serving W8A8 quantizes them (int8, one symmetric scale per
 token, at run time: a forward pre-hook on every quantized layer), since the weights alone are
@@ -13,7 +12,7 @@ not what SmoothQuant changes. A figure is the median of the seeds with its range
 The run writes ``benchmarks/results/smoothing_quality.json`` (``_results.Run``); ``tables``
 renders the docs' table from it alone (``benchmarks/tables.py``).
 
-    python benchmarks/smoothing_quality.py --repeat 3        # every row, ~15 min
+    python benchmarks/smoothing_quality.py --repeat 3        # every row, ~20 min
     python benchmarks/smoothing_quality.py --repeat 1 --samples 8 --eval-rows 16   # quick
 """
 
@@ -44,7 +43,6 @@ THREADS = 2
 #: (setting, scheme, methods); a method is a stage list's methods, the last one quantizing
 SETTINGS = (
     ("W4A16 (group 128)", W4A16, ("rtn", "gptq", "awq")),
-    ("3-bit (group 128)", W4A16.with_weights(num_bits=3), ("rtn", "awq")),
     ("W8A8", W8A8, ("gptq", "smoothquant+gptq")),
 )
 DATA_FREE = {"rtn"}
@@ -56,7 +54,8 @@ def activations_quantized(model: torch.nn.Module, layers: list[str]) -> list[Any
 
     def hook(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = args[0]
-        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+        # compressed-tensors' symmetric scale: the range over (qmax - qmin) / 2
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.5
         return ((x / scale).round().clamp(-128, 127) * scale, *args[1:])
 
     return [model.get_submodule(name).register_forward_pre_hook(hook) for name in layers]
@@ -135,7 +134,7 @@ def _goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--eval-rows", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
