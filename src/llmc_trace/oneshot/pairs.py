@@ -21,6 +21,13 @@ def stage_mappings(
 ) -> MappingSet:
     """The pairs of ``model`` whose balance layers ``compressor`` targets, each proved on the
     twin; a model no pair of which is found is bad input (nothing would be smoothed)."""
+    if run.world.size > 1:
+        raise BadInputError(
+            "awq and smoothquant compute each pair's scales from all calibration rows, and "
+            "this run shares them among processes.",
+            hint="Run awq or smoothquant in one process (without torchrun).",
+            param="method",
+        )
     options = run.trace.options
     assert options is not None, "the stage traces the model before it looks for pairs"
     named = dict(model.named_modules())

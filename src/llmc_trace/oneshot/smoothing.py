@@ -99,6 +99,16 @@ class Smoother:
             )
             self.smoothed.append(pair[1])
 
+    def unsmoothed(self) -> list[str]:
+        """The pairs no calibrated group held whole (their layers sit in different
+        subgraphs), one line each."""
+        done = {pair.mapping for pair in self.smoothed}
+        return [
+            f"not smoothed: {m.describe()} (its layers sit in different subgraphs)"
+            for m in self.mappings.mappings
+            if m not in done
+        ]
+
     def stop(self) -> None:
         for handle in self._handles:
             handle.remove()

@@ -97,6 +97,7 @@ def run_stage(
     fallbacks = list(outcome.fallbacks)
     if isinstance(compressor, SmoothingCompressor):
         fallbacks.extend(compressor.smoother.mappings.skipped_lines())
+        fallbacks.extend(compressor.smoother.unsmoothed())
     if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
         fallbacks.append(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "
