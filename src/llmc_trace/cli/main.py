@@ -87,11 +87,10 @@ def attempt(
         )
         pairs = None
         if mappings and report.traced:
-            from llmc_trace.traced.mappings import source_mappings
+            from llmc_trace.cli.mappings_view import pairs_of
 
-            pairs = source_mappings(
-                model, modality=modality, ignore=tracing_ignore_list(tracing_ignore, renamed_ignore)
-            )
+            ignore = tracing_ignore_list(tracing_ignore, renamed_ignore)
+            pairs = pairs_of(ctx.err, model, modality, ignore)
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 

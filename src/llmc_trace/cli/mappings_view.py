@@ -12,6 +12,19 @@ if TYPE_CHECKING:
     from llmc_trace.traced.mappings import MappingSet
 
 
+def pairs_of(err: Console, model: str, modality: str, ignore: list[str]) -> MappingSet | None:
+    """The model's pairs, or ``None`` with a line on ``err`` saying why there are none: the
+    trace into its layers, which finds them, stopped."""
+    from llmc_trace.errors import TraceStopped
+    from llmc_trace.traced.mappings import source_mappings
+
+    try:
+        return source_mappings(model, modality=modality, ignore=ignore)
+    except TraceStopped as stopped:
+        err.print(f"no smooth -> balance pairs: the trace into the layers stopped ({stopped})")
+        return None
+
+
 def mappings_document(found: MappingSet) -> dict[str, object]:
     """The pairs as ``--json`` prints them: every pair, unfolded."""
     return {

@@ -159,9 +159,9 @@ def plan(
         )
         pairs = None
         if mappings:
-            from llmc_trace.traced.mappings import source_mappings
+            from llmc_trace.cli.mappings_view import pairs_of
 
-            pairs = source_mappings(model, modality=modality, ignore=split_list(tracing_ignore))
+            pairs = pairs_of(ctx.err, model, modality, split_list(tracing_ignore))
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 
