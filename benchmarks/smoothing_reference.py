@@ -10,7 +10,7 @@ to int8 per token as in ``smoothing_quality.py``. Seconds: ours is the whole ``c
 (loading, tracing, finding and proving the pairs, calibrating), theirs ``oneshot`` alone; memory
 is theirs only (the rise of the resident high-water mark during ``oneshot``). One run each.
 
-    python benchmarks/smoothing_reference.py          # ~25 min on 2 busy cores
+    python benchmarks/smoothing_reference.py          # ~10 min
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--eval-rows", type=int, default=32)
     parser.add_argument(
         "--reference-python", type=Path, default=HERE / ".venv-llmc" / "bin" / "python"
