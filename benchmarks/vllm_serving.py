@@ -100,12 +100,20 @@ stages:
   - {method: gptq, scheme: W4A16}
 """
 
+SMOOTHQUANT_GPTQ = """\
+stages:
+  - {method: smoothquant, smoothing_strength: 0.5}
+  - {method: gptq, scheme: W8A8}
+"""
+
 CASES = (
     Case("original (bf16)"),
     Case("GPTQ W4A16", ("--scheme", "W4A16")),
     Case("GPTQ W4A16_ASYM", ("--scheme", "W4A16_ASYM"), in_ci=False),
     Case("GPTQ W8A16", ("--scheme", "W8A16")),
     Case("GPTQ W8A8", ("--scheme", "W8A8")),
+    Case("AWQ W4A16", ("--method", "awq", "--scheme", "W4A16")),
+    Case("SmoothQuant + GPTQ W8A8", recipe=SMOOTHQUANT_GPTQ),
     Case("SparseGPT 50 %", ("--method", "sparsegpt", "--sparsity", "0.5", "--scheme", "none")),
     Case("SparseGPT 2:4", ("--method", "sparsegpt", "--sparsity", "2:4", "--scheme", "none")),
     Case("SparseGPT 2:4 then GPTQ W4A16", recipe=TWO_STAGES, in_ci=False),

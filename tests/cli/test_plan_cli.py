@@ -47,3 +47,15 @@ def test_ranks_plan_one_rank_of_many_and_refuse_what_they_cannot_share() -> None
         cli, ["--quiet", "plan", "-m", MODEL, "--data-free", "--ranks", "2", "--json"]
     )
     assert result.exit_code == 2 and "needs no calibration data" in result.stdout
+
+
+def test_mappings_lists_every_layers_pairs_and_the_ones_left_out() -> None:
+    document = plan_json("--mappings")
+    pairs = {(m["smooth"], tuple(m["balance"])) for m in document["mappings"]}
+    assert len(pairs) == 3 * 32  # norm -> q/k/v, norm -> gate/up, up -> down in 32 layers
+    assert (
+        "model.layers.31.mlp.up_proj", ("model.layers.31.mlp.down_proj",)
+    ) in pairs  # fmt: skip
+    reasons = {s["smooth"]: s["reason"] for s in document["skipped"]}
+    assert "grouped-query attention" in reasons["model.layers.0.self_attn.v_proj"]
+    assert reasons["model.norm"] == "lm_head is not quantized"

@@ -46,6 +46,11 @@ def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     is_flag=True,
     help="List every branch of model code the trace took, sample-dependent first.",
 )
+@click.option(
+    "--mappings",
+    is_flag=True,
+    help="Also list the smooth -> balance pairs AWQ and SmoothQuant scale, proved on the twin.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout only.")
 @pass_cli
 def attempt(
@@ -62,6 +67,7 @@ def attempt(
     real_weights: bool,
     fix: bool,
     decisions: bool,
+    mappings: bool,
     as_json: bool,
 ) -> None:
     """Trace MODEL from its config, cut it into subgraphs, and prove replay equals the model.
@@ -85,14 +91,27 @@ def attempt(
             fix=fix,
             progress=progress,
         )
+        pairs = None
+        if mappings and report.traced:
+            from llmc_trace.cli.mappings_view import pairs_of
+
+            ignore = tracing_ignore_list(tracing_ignore, renamed_ignore)
+            pairs = pairs_of(ctx.err, model, modality, ignore)
     if as_json:
-        ctx.print_json(report.to_json())
+        from llmc_trace.cli.mappings_view import mappings_document
+
+        document = report.to_json()
+        ctx.print_json({**document, **mappings_document(pairs)} if pairs is not None else document)
     else:
         show_report(ctx.out, report)
         if decisions:
             from llmc_trace.cli.decisions_display import show_decisions
 
             show_decisions(ctx.out, report.decisions)
+        if pairs is not None:
+            from llmc_trace.cli.mappings_view import show_mappings
+
+            show_mappings(ctx.out, pairs)
         if report.failure is not None and ctx.debug:
             ctx.err.print(report.failure.raw_traceback)
     sys.exit(0 if (report.ok or (no_verify and report.traced)) else 1)

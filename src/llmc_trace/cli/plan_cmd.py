@@ -73,6 +73,11 @@ if TYPE_CHECKING:
     type=click.IntRange(1),
     help="MoE: plan for calibrating at most this many experts per pass (compress's option).",
 )
+@click.option(
+    "--mappings",
+    is_flag=True,
+    help="Also list the smooth -> balance pairs AWQ and SmoothQuant scale, proved on the twin.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout only.")
 @pass_cli
 def plan(
@@ -89,6 +94,7 @@ def plan(
     recipe: Path | None,
     ranks: int,
     expert_group: int | None,
+    mappings: bool,
     as_json: bool,
 ) -> None:
     """Estimate each pipeline's peak device and host memory for MODEL and choose one.
@@ -100,7 +106,7 @@ def plan(
     """
     import torch
 
-    from llmc_trace.core.names import DATA_METHODS
+    from llmc_trace.core.names import CALIBRATED_METHODS
     from llmc_trace.core.sizes import parse_bytes
     from llmc_trace.oneshot.recipe import read_recipe
     from llmc_trace.oneshot.settings import CalibrationSettings
@@ -120,7 +126,7 @@ def plan(
                 if given(name) != click.core.ParameterSource.COMMANDLINE:
                     sizes[name] = getattr(read.calibration, name)
             stages = [
-                (f"stage {i + 1}: {s.method}", s.method in DATA_METHODS, s.quantizes)
+                (f"stage {i + 1}: {s.method}", s.method in CALIBRATED_METHODS, s.quantizes)
                 for i, s in enumerate(read.stages)
             ]
         if ranks > 1:
@@ -151,12 +157,22 @@ def plan(
             device_memory=device,
             host_memory=host,
         )
+        pairs = None
+        if mappings:
+            from llmc_trace.cli.mappings_view import pairs_of
+
+            pairs = pairs_of(ctx.err, model, modality, split_list(tracing_ignore))
     if as_json:
+        from llmc_trace.cli.mappings_view import mappings_document
+
         documents = [
             {**_plan_document(label, result), "resume_bytes": _resume_bytes(result, ranks)}
             for (label, _, _), result in zip(stages, plans, strict=True)
         ]
-        ctx.print_json(documents[0] if recipe is None else {"stages": documents})
+        document = documents[0] if recipe is None else {"stages": documents}
+        if pairs is not None:
+            document = {**document, **mappings_document(pairs)}
+        ctx.print_json(document)
         return
     for (label, _, _), result in zip(stages, plans, strict=True):
         _print_plan(
@@ -168,6 +184,10 @@ def plan(
         )
     if len(plans) == 1:
         ctx.out.print(_resume_line(plans[0], ranks))
+    if pairs is not None:
+        from llmc_trace.cli.mappings_view import show_mappings
+
+        show_mappings(ctx.out, pairs)
 
 
 def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:

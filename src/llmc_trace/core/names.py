@@ -12,10 +12,18 @@ GPTQ = "gptq"
 RTN = "rtn"
 SPARSEGPT = "sparsegpt"
 MAGNITUDE = "magnitude"
-#: Compression methods: two that calibrate on data, and their data-free baselines.
-METHODS = (GPTQ, RTN, SPARSEGPT, MAGNITUDE)
-#: Methods that need calibration data (a Hessian); the others work from weights alone.
+AWQ = "awq"
+SMOOTHQUANT = "smoothquant"
+#: Compression methods: two that calibrate on data, their data-free baselines, and two that
+#: smooth activations into weights (AWQ rounds to the grid after; SmoothQuant only smooths,
+#: for a later stage to quantize).
+METHODS = (GPTQ, RTN, SPARSEGPT, MAGNITUDE, AWQ, SMOOTHQUANT)
+#: Methods that need a Hessian; the others work from weights alone or from activation ranges.
 DATA_METHODS = frozenset({GPTQ, SPARSEGPT})
+#: Methods that scale smooth -> balance layer pairs (:mod:`llmc_trace.oneshot.smoothing`).
+SMOOTHING_METHODS = frozenset({AWQ, SMOOTHQUANT})
+#: Methods that calibrate on data, so a stage using one needs a pipeline that runs it.
+CALIBRATED_METHODS = DATA_METHODS | SMOOTHING_METHODS
 #: Methods that prune (they need a sparsity); the others quantize (they need a scheme).
 PRUNING_METHODS = frozenset({SPARSEGPT, MAGNITUDE})
 #: The data-free baseline of each method that calibrates: what a compression report measures

@@ -13,7 +13,7 @@ from llmc_trace.core.memory_limit import MemoryLimit
 from llmc_trace.core.sizes import human_bytes
 from llmc_trace.errors import BadInputError
 from llmc_trace.moe import fused_experts
-from llmc_trace.core.names import AUTO, DATA_METHODS
+from llmc_trace.core.names import AUTO, CALIBRATED_METHODS
 from llmc_trace.oneshot.settings import CalibrationSettings
 from llmc_trace.oneshot.stage import Stage
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
@@ -36,7 +36,7 @@ def plan_stage(
     """The plan of ``stage`` on one of ``ranks`` ranks (each caches and calibrates its share
     of the rows), and the stage as it will run: when the plan does not fit, no expert group
     was given and the model has fused experts, with the largest group that fits."""
-    needs_data = stage.method in DATA_METHODS
+    needs_data = stage.method in CALIBRATED_METHODS
     settings = RunSettings(
         math.ceil(calibration.samples / ranks),
         calibration.seq_len,

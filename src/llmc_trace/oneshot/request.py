@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmc_trace.core.names import AUTO, DATA_METHODS, MODALITIES
+from llmc_trace.core.names import AUTO, CALIBRATED_METHODS, MODALITIES
 from llmc_trace.data import validate_source
 from llmc_trace.data.multimodal import source_modality
 from llmc_trace.data.processor import load_processor
@@ -149,7 +149,7 @@ class CompressRequest:
 
     @property
     def needs_data(self) -> bool:
-        return any(stage.method in DATA_METHODS for stage in self.stages)
+        return any(stage.method in CALIBRATED_METHODS for stage in self.stages)
 
     @classmethod
     def from_recipe(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from llmc_trace.core.names import (
     ALL_TOKENS,
     AUTO,
+    AWQ,
     EXPERT_TOKENS,
     GPTQ,
     METHODS,
@@ -29,6 +30,7 @@ from llmc_trace.core.names import (
     PRUNING_METHODS,
     SCHEMES,
     SEQUENTIAL,
+    SMOOTHQUANT,
     SPARSEGPT,
 )
 from llmc_trace.errors import BadInputError
@@ -54,7 +56,8 @@ class Stage:
 
     method: str = option(
         AUTO,
-        "gptq, rtn, sparsegpt or magnitude (auto: sparsegpt when --sparsity is given, else gptq).",
+        "gptq, rtn, sparsegpt, magnitude, awq, or smoothquant (a stage before gptq or rtn) "
+        "(auto: sparsegpt when --sparsity is given, else gptq).",
         Text(choices=(AUTO, *METHODS)),
     )
     scheme: Any = option(
@@ -116,6 +119,19 @@ class Stage:
         Flag(),
         every_stage=True,
     )
+    smoothing_strength: float = option(
+        0.5,
+        "SmoothQuant: alpha, the share of the activations' range moved into the weights "
+        "(0 to 1; higher for models with larger activation outliers).",
+        Float(),
+    )
+    n_grid: int = option(20, "AWQ: ratios searched for each pair's scales (in [0, 1)).", Int(2))
+    duo_scaling: bool = option(
+        True,
+        "AWQ: scale by the activations' and the weights' mean magnitudes (else the "
+        "activations' alone).",
+        Flag(),
+    )
     ignore: tuple[str, ...] = option(
         (),
         "Layers to keep in full precision: module paths (as report.html lists them), class "
@@ -157,6 +173,11 @@ class Stage:
     def quantizes(self) -> bool:
         return self.scheme is not None
 
+    @property
+    def only_smooths(self) -> bool:
+        """A SmoothQuant stage: it changes weights without pruning or quantizing them."""
+        return self.method == SMOOTHQUANT
+
 
 def _check(stage: Stage) -> None:
     """Combinations and ranges the kinds alone cannot check."""
@@ -172,7 +193,8 @@ def _check(stage: Stage) -> None:
             hint="Pass --sparsity 0.5 or 2:4.",
             param="sparsity",
         )
-    if stage.method not in PRUNING_METHODS and stage.scheme is None:
+    _check_smoothing(stage)
+    if stage.method not in PRUNING_METHODS and stage.scheme is None and not stage.only_smooths:
         raise BadInputError(
             f"{stage.method} needs a quantization scheme.",
             hint="Pass --scheme W4A16.",
@@ -215,6 +237,33 @@ def _check(stage: Stage) -> None:
             param="true_sequential",
         )
     _check_ranges(stage)
+
+
+def _check_smoothing(stage: Stage) -> None:
+    """SmoothQuant leaves quantizing to a later stage; AWQ rounds weights only, to integers."""
+    if stage.only_smooths and stage.scheme is not None:
+        raise BadInputError(
+            "smoothquant only smooths; the scheme belongs to the stage that quantizes after it.",
+            hint="List a gptq or rtn stage with --scheme after the smoothquant stage.",
+            param="scheme",
+        )
+    if (
+        stage.method == AWQ
+        and stage.scheme is not None
+        and (stage.scheme.input_activations is not None or stage.scheme.weights.num_bits > 8)
+    ):
+        raise BadInputError(
+            f"awq quantizes weights only, to integers, and {stage.scheme.name} is not such a "
+            "scheme.",
+            hint="Use W4A16, W4A16_ASYM or W8A16 (for W8A8, put smoothquant before gptq).",
+            param="scheme",
+        )
+    if not 0.0 <= stage.smoothing_strength <= 1.0:
+        raise BadInputError(
+            f"smoothing_strength {stage.smoothing_strength} is outside [0, 1].",
+            hint="0.5 is SmoothQuant's usual strength; 0.8 for larger outliers.",
+            param="smoothing_strength",
+        )
 
 
 def _check_ranges(stage: Stage) -> None:
@@ -332,7 +381,7 @@ def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None
         if value.lower() == "none":
             return None
         if value == AUTO:
-            return None if method in PRUNING_METHODS else DEFAULT_SCHEME
+            return None if method in PRUNING_METHODS or method == SMOOTHQUANT else DEFAULT_SCHEME
         return resolve_scheme(value)
     if not isinstance(value, Mapping):
         raise BadInputError(

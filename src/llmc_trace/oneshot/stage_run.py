@@ -9,13 +9,23 @@ from pathlib import Path
 import torch
 
 from llmc_trace.moe import router_layers
-from llmc_trace.core.names import AUTO, DATA_METHODS, SEQUENTIAL
+from llmc_trace.core.names import (
+    AUTO,
+    AWQ,
+    CALIBRATED_METHODS,
+    RTN,
+    SEQUENTIAL,
+    SMOOTHING_METHODS,
+)
 from llmc_trace.core.device import HOST
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.graph.literals import META, retarget_literals
 from llmc_trace.models.parts import model_parts
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.oneshot.pairs import stage_mappings
+from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
+from llmc_trace.traced.mappings import MappingSet
 from llmc_trace.oneshot.coverage import parameter_coverage
 from llmc_trace.core.memory_limit import memory_limit
 from llmc_trace.oneshot.planning import check_memory_limit, plan_stage
@@ -52,8 +62,10 @@ def run_stage(
     targets = check_targets(model, compressor, run.request.source.name)
     check_ignore(model, stage)
     run.progress("trace", 0, 1)
-    needs_data = stage.method in DATA_METHODS
+    needs_data = stage.method in CALIBRATED_METHODS
     traced, check = run.trace.trace(model, batches[0], needs_data=needs_data)
+    if isinstance(compressor, SmoothingCompressor):
+        compressor.smoother.mappings = stage_mappings(run, model, batches[0], compressor)
     compute = compute_dtype(storage, device=run.device)
     subgraphs = traced.subgraphs if traced.traced else []
     retarget_literals(subgraphs, storage, compute)
@@ -89,6 +101,9 @@ def run_stage(
             targets=targets, storage=storage, compute=compute, last=last,
         )  # fmt: skip
     fallbacks = list(outcome.fallbacks)
+    if isinstance(compressor, SmoothingCompressor):
+        fallbacks.extend(compressor.smoother.mappings.skipped_lines())
+        fallbacks.extend(compressor.smoother.unsmoothed())
     if stage.true_sequential and outcome.pipeline != SEQUENTIAL and needs_data:
         fallbacks.append(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "
@@ -108,7 +123,20 @@ def _compressor(
     run: RunState, stage: Stage, storage: torch.dtype, *, skip: frozenset[str]
 ) -> LayerCompressor:
     """The callbacks that compress this stage's layers (none of ``skip``), holding an
-    earlier stage's zeros."""
+    earlier stage's zeros; a smoothing stage's smooth them first (their pairs are found once
+    the model is traced)."""
+    if stage.method in SMOOTHING_METHODS:
+        smoother = Smoother(
+            MappingSet([], []),
+            alpha=stage.smoothing_strength,
+            awq_args=stage.scheme.weights if stage.scheme is not None else None,
+            n_grid=stage.n_grid,
+            duo_scaling=stage.duo_scaling,
+        )
+        return SmoothingCompressor(
+            smoother, RTN if stage.method == AWQ else stage.method, stage.scheme,
+            storage_dtype=storage, world=run.world, device_peaks=run.device_peaks, skip=skip,
+        )  # fmt: skip
     return LayerCompressor(
         stage.method,
         stage.scheme,

@@ -1,0 +1,332 @@
+"""Read the smooth -> balance layer pairs of AWQ and SmoothQuant from a graph of linear calls.
+
+AWQ and SmoothQuant multiply some channels of a layer's output by ``1/s`` and the matching
+input columns of the layers that read them by ``s``: the model computes the same function only
+if every path from the first layer (the *smooth* layer: a norm or a linear layer) to the
+others (the *balance* layers) carries each channel to the same column, through operations a
+per-channel scale passes unchanged. This module finds those pairs in a graph in which every
+linear layer is a call of its own (a trace with the linear layers as its sequential targets):
+from each call of a module with a weight, it follows the value forward
+
+* through views, reshapes, transposes, dtype casts, copies and dropout (they move channels,
+  never mix them),
+* through a product with a value that carries none of the scaled channels (``up * act(gate)``
+  passes the scale of ``up`` to ``down_proj``; ``x * sigmoid(x)`` does not),
+* through attention as its *value* (``probs @ v``: each output channel is a mix of the same
+  channel over positions),
+* and, straight after the smooth layer, through a slice or chunk of its last dimension, which
+  narrows the scaled channels to that range (a fused ``qkv_proj`` whose ``v`` part reaches
+  ``o_proj``, a ``gate_up_proj`` whose ``up`` half reaches ``down_proj``),
+
+and stops at the first linear layer on each path. A path into anything else (an activation, a
+norm, a residual add, softmax, the model's output) blocks the channels it carries; a norm
+needs all its channels to reach linear layers, a linear layer at least one range. What comes
+out is a :class:`Mapping` per smooth layer whose balance layers are all targets, or a
+:class:`SkippedMapping` saying why not (a balance layer that is not quantized, widths that do
+not match). Only the graph is read here: :mod:`llmc_trace.traced.mappings` proves each pair
+by folding a scale on the tiny twin.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+#: methods and functions that move channels without mixing them, or only read shapes
+_MOVES = frozenset(
+    {
+        "view", "reshape", "transpose", "permute", "contiguous", "to", "type", "float",
+        "half", "bfloat16", "double", "unsqueeze", "squeeze", "flatten", "unflatten",
+        "expand", "clone", "detach", "dropout", "repeat_interleave",
+    }
+)  # fmt: skip
+#: of those, the ones that keep the last dimension where it is
+_KEEPS_SHAPE = frozenset(
+    {
+        "to",
+        "type",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "contiguous",
+        "clone",
+        "detach",
+        "dropout",
+    }
+)
+#: calls whose result is no tensor of the value's channels (its shape, dtype, device)
+_READS_SHAPE = frozenset({"size", "dim", "shape", "dtype", "device", "numel"})
+_PRODUCTS = frozenset({"mul", "mul_"})
+_ATTENTION = frozenset({"scaled_dot_product_attention"})
+_MATMUL = frozenset({"matmul", "bmm"})
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A smooth layer and the balance layers its output reaches, channel for channel.
+
+    ``rows`` is the range of the smooth layer's output channels that reaches them (``None``:
+    all of them; a range for a fused projection whose other parts go elsewhere).
+    """
+
+    smooth: str
+    balance: tuple[str, ...]
+    rows: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        rows = f"[{self.rows[0]}:{self.rows[1]}]" if self.rows else ""
+        return f"{self.smooth}{rows} -> {', '.join(self.balance)}"
+
+
+@dataclass(frozen=True)
+class SkippedMapping:
+    """A pair the graph shows but that is not smoothed, and why."""
+
+    smooth: str
+    balance: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A value carrying the smooth layer's channels ``lo:hi``; ``flat`` while its last
+    dimension still is the smooth layer's output (a slice there narrows the range)."""
+
+    node: fx.Node
+    lo: int
+    hi: int
+    flat: bool
+
+
+def derive_mappings(
+    graph: fx.Graph,
+    model: torch.nn.Module,
+    is_linear: Callable[[torch.nn.Module], bool],
+    is_target: Callable[[str], bool],
+) -> tuple[list[Mapping], list[SkippedMapping]]:
+    """Every smooth -> balance pair of ``graph`` (see the module docstring), in graph order.
+
+    ``is_linear`` says which modules are linear layers (a path stops there); ``is_target``
+    which of them are quantized (a pair reaching any other is skipped: smoothing it would
+    change a layer left in full precision for nothing, or an ``lm_head`` tied to the
+    embeddings).
+    """
+    found: list[Mapping] = []
+    skipped: list[SkippedMapping] = []
+    linear_calls = {
+        node: str(node.target)
+        for node in graph.nodes
+        if node.op == "call_module" and is_linear(model.get_submodule(str(node.target)))
+    }
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        path = str(node.target)
+        module = model.get_submodule(path)
+        width = _output_width(module, is_linear(module))
+        if width is None:
+            continue
+        reached = _follow(model, node, width, linear_calls)
+        if reached is None:
+            continue
+        balance, rows = reached
+        if not is_linear(module) and rows != (0, width):
+            continue  # a norm smooths all its channels or none
+        names = tuple(dict.fromkeys(linear_calls[n] for n in balance))
+        if len(set(names)) != len(balance):
+            continue  # a layer called twice on different values: no one input to balance
+        narrowed = None if rows == (0, width) else rows
+        reason = _refusal(model, names, rows, is_target)
+        if reason is not None:
+            skipped.append(SkippedMapping(path, names, reason))
+        else:
+            found.append(Mapping(path, names, narrowed))
+    return found, skipped
+
+
+def _output_width(module: torch.nn.Module, linear: bool) -> int | None:
+    """How many output channels a scale folds into: a linear layer's outputs, a norm's
+    (a 1-D weight, one per channel); ``None`` for anything else."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return None
+    if linear:
+        from llmc_trace.layers.linear import as_linear
+
+        layer = as_linear(module)
+        return layer.out_features if layer is not None else None
+    return int(weight.shape[0]) if weight.dim() == 1 else None
+
+
+def _follow(
+    model: torch.nn.Module, start: fx.Node, width: int, linear_calls: dict[fx.Node, str]
+) -> tuple[list[fx.Node], tuple[int, int]] | None:
+    """The linear calls ``start``'s output reaches and the channel range that reaches them;
+    ``None`` when no channel reaches a linear layer without being blocked on another path."""
+    frontier = [_Value(start, 0, width, True)]
+    carried: dict[fx.Node, tuple[int, int]] = {start: (0, width)}
+    balance: list[fx.Node] = []
+    reaching: list[tuple[int, int]] = []
+    blocked: list[tuple[int, int]] = []
+    while frontier:
+        value = frontier.pop()
+        for user in value.node.users:
+            step = _step(model, value, user, carried, linear_calls)
+            if step is None:
+                blocked.append((value.lo, value.hi))
+            elif step == "balance":
+                if user not in balance:
+                    balance.append(user)
+                reaching.append((value.lo, value.hi))
+            elif isinstance(step, _Value):
+                if step.node not in carried:
+                    carried[step.node] = (step.lo, step.hi)
+                    frontier.append(step)
+    if not balance:
+        return None
+    lo = min(r[0] for r in reaching)
+    hi = max(r[1] for r in reaching)
+    if any(not (hi <= b_lo or b_hi <= lo) for b_lo, b_hi in blocked):
+        return None  # a scaled channel also reaches something the scale cannot pass
+    return balance, (lo, hi)
+
+
+def _step(
+    model: torch.nn.Module,
+    value: _Value,
+    user: fx.Node,
+    carried: dict[fx.Node, tuple[int, int]],
+    linear_calls: dict[fx.Node, str],
+) -> _Value | str | None:
+    """What ``user`` does with ``value``: ``"balance"`` (a linear layer reads it), the value
+    it passes on, ``"ignore"`` (it reads only the shape), or ``None`` (it blocks the scale)."""
+    name = _op_name(user)
+    if user in linear_calls:
+        return "balance" if user.args and user.args[0] is value.node else None
+    if name in _READS_SHAPE or (name == "getattr" and user.args[1] in _READS_SHAPE):
+        return "ignore"
+    if user.op == "call_module":
+        passes = isinstance(model.get_submodule(str(user.target)), torch.nn.Dropout)
+        return _Value(user, value.lo, value.hi, value.flat) if passes else None
+    if name in _MOVES:
+        return _Value(user, value.lo, value.hi, value.flat and name in _KEEPS_SHAPE)
+    if name == "getitem":
+        return _sliced(value, user)
+    if name in ("chunk", "split"):
+        return _Value(user, value.lo, value.hi, value.flat) if value.flat else None
+    if name in _PRODUCTS:
+        others = [a for a in _tensor_args(user) if a is not value.node]
+        if any(_overlaps(carried.get(o), value) for o in others) or len(others) != 1:
+            return None
+        return _Value(user, value.lo, value.hi, value.flat)
+    if name in _MATMUL:
+        if len(user.args) == 2 and user.args[1] is value.node and user.args[0] not in carried:
+            return _Value(user, value.lo, value.hi, False)
+        return None
+    if name in _ATTENTION:
+        query, key = (
+            user.args[0] if user.args else None,
+            user.args[1] if len(user.args) > 1 else None,
+        )
+        is_value = (len(user.args) > 2 and user.args[2] is value.node) or (
+            user.kwargs.get("value") is value.node
+        )
+        if is_value and query not in carried and key not in carried:
+            return _Value(user, value.lo, value.hi, False)
+        return None
+    return None
+
+
+def _sliced(value: _Value, user: fx.Node) -> _Value | None:
+    """A ``getitem`` of ``value``: one piece of a chunk or split, a slice of the last
+    dimension (narrowing the channels while it is the smooth layer's), or an index over
+    other dimensions (a head repeat, a row selection), which keeps them."""
+    source, index = user.args[0], user.args[1]
+    if isinstance(source, fx.Node) and _op_name(source) in ("chunk", "split"):
+        if not value.flat or not isinstance(index, int):
+            return None
+        pieces = _pieces(source, value.hi - value.lo)
+        if pieces is None or index >= len(pieces):
+            return None
+        lo = value.lo + sum(pieces[:index])
+        return _Value(user, lo, lo + pieces[index], True)
+    if not isinstance(index, tuple):  # rows (a batch, routed tokens): channels stay last
+        return _Value(user, value.lo, value.hi, value.flat)
+    last = index[-1] if index else None
+    if last is None or last == slice(None):
+        return _Value(user, value.lo, value.hi, value.flat and None not in index)
+    if Ellipsis not in index or not value.flat:
+        return None  # an index whose dimension is not known to be the channels'
+    if not isinstance(last, slice) or last.step not in (None, 1):
+        return None  # picks single channels
+    if not all(b is None or isinstance(b, int) for b in (last.start, last.stop)):
+        return None  # bounds computed at run time
+    start, stop, _ = last.indices(value.hi - value.lo)
+    return _Value(user, value.lo + start, value.lo + stop, True)
+
+
+def _pieces(node: fx.Node, width: int) -> list[int] | None:
+    """The widths a ``chunk`` or ``split`` of the last dimension cuts ``width`` into."""
+    dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+    if dim not in (-1,):
+        return None
+    count = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks")
+    if _op_name(node) == "chunk" and isinstance(count, int) and width % count == 0:
+        return [width // count] * count
+    sizes = node.args[1] if len(node.args) > 1 else node.kwargs.get("split_size_or_sections")
+    if isinstance(sizes, int):
+        return [sizes] * (width // sizes) if width % sizes == 0 else None
+    if isinstance(sizes, (list, tuple)) and all(isinstance(s, int) for s in sizes):
+        return list(sizes)
+    return None
+
+
+def _refusal(
+    model: torch.nn.Module,
+    balance: tuple[str, ...],
+    rows: tuple[int, int],
+    is_target: Callable[[str], bool],
+) -> str | None:
+    """Why a pair the graph shows is not smoothed (``None``: it is): a balance layer left in
+    full precision, or inputs wider than the scaled channels (grouped-query attention repeats
+    each value head for several query heads, so ``o_proj`` reads each ``v_proj`` channel in
+    several columns, where no per-column scale can undo one per channel)."""
+    from llmc_trace.layers.linear import as_linear
+
+    kept = [name for name in balance if not is_target(name)]
+    if kept:
+        return f"{kept[0]} is not quantized"
+    width = rows[1] - rows[0]
+    for name in balance:
+        layer = as_linear(model.get_submodule(name))
+        if layer is not None and layer.in_features != width:
+            return (
+                f"{name} reads {layer.in_features} inputs from {width} scaled channels "
+                "(repeated heads: grouped-query attention)"
+            )
+    return None
+
+
+def _op_name(node: fx.Node) -> str:
+    """The operation's own name: a method's, a function's (``operator.mul`` is ``mul``), or a
+    called module's class."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        if node.target is operator.getitem:
+            return "getitem"
+        return getattr(node.target, "__name__", str(node.target))
+    return node.op
+
+
+def _tensor_args(node: fx.Node) -> list[fx.Node]:
+    return [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+
+
+def _overlaps(span: tuple[int, int] | None, value: _Value) -> bool:
+    return span is not None and not (span[1] <= value.lo or value.hi <= span[0])

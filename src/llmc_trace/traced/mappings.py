@@ -1,0 +1,258 @@
+"""Find a model's smooth -> balance pairs and prove each one on its tiny twin.
+
+The pairs are read (:mod:`llmc_trace.graph.mappings`) from a trace in which every linear
+layer is a call of its own, so they follow the model's own code, whatever its architecture: no
+table of module names to keep up to date, none to fall back on. The graph can only say that a
+scale *should* pass; the proof says it does: on the tiny twin (the same code at small sizes,
+seeded weights) each pair gets a scale drawn in [0.5, 2] per channel folded in
+(:func:`~llmc_trace.algorithms.smoothing.fold_scales`), and the model's output must stay what
+it was. A pair of the model whose twin counterpart (the same module names up to layer
+numbers) failed, or has none, is skipped with the reason, never smoothed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmc_trace.algorithms.smoothing import fold_scales, norm_offset
+from llmc_trace.graph.mappings import Mapping, SkippedMapping, derive_mappings
+from llmc_trace.layers.linear import is_linear
+from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.source import ModelSource
+from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.trace import TraceResult, trace_graph
+
+#: largest change of the twin's output, relative to its largest value, a proved fold may make
+#: (float32 rounding of a scale folded twice is ~1e-6; a pair that does not commute, ~1)
+PROOF_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class MappingSet:
+    """The pairs to smooth, the pairs left out (and why), and each smooth norm's offset."""
+
+    mappings: list[Mapping]
+    skipped: list[SkippedMapping]
+    #: per norm class: what it adds to its weight (``1.0`` for Gemma's ``1 + w``)
+    offsets: dict[str, float] = field(default_factory=dict)
+
+    def offset(self, module: torch.nn.Module) -> float:
+        return self.offsets.get(type(module).__name__, 0.0)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per kind of pair left out: the same pair of every layer is said once,
+        with how many more layers have it."""
+        kinds: dict[str, list[SkippedMapping]] = {}
+        for pair in self.skipped:
+            kinds.setdefault(numberless(pair.smooth) + numberless(pair.reason), []).append(pair)
+        lines = []
+        for pairs in kinds.values():
+            first = pairs[0]
+            more = f"; {len(pairs) - 1} more like it" if len(pairs) > 1 else ""
+            lines.append(
+                f"not smoothed: {first.smooth} -> {', '.join(first.balance)} ({first.reason}{more})"
+            )
+        return lines
+
+
+def linear_trace(
+    model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions
+) -> TraceResult:
+    """A trace of ``model(**sample)`` with every linear layer a sequential target, so each is
+    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps).
+
+    The trace walks through attention, so it runs with eager attention: the same channels
+    reach ``o_proj`` as through a fused kernel (``probs @ v``), and the fused kernels'
+    wrappers ask questions of the inputs' sizes that a trace cannot answer."""
+    classes = sorted({type(m).__name__ for m in model.modules() if is_linear(m)})
+    linear = dataclasses.replace(options, sequential_targets=tuple(classes))
+    with _eager_attention(model):
+        return trace_graph(model, sample, linear)
+
+
+@contextmanager
+def _eager_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Every config of ``model`` (a multimodal model's sub-configs too) set to eager
+    attention while the block runs, as it was afterwards."""
+    configs = [m.config for m in model.modules() if hasattr(m, "config")]
+    key = "_attn_implementation_internal"
+    saved = [(config, config.__dict__[key]) for config in configs if key in config.__dict__]
+    try:
+        for config, _ in saved:
+            config.__dict__[key] = "eager"
+        yield
+    finally:
+        for config, value in saved:
+            config.__dict__[key] = value
+
+
+def derive(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions,
+    is_target: Callable[[str], bool],
+) -> tuple[list[Mapping], list[SkippedMapping]]:
+    """The pairs the graph of ``model`` shows (unproved)."""
+    trace = linear_trace(model, sample, options)
+    return derive_mappings(trace.graph, model, is_linear, is_target)
+
+
+def find_mappings(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    twin: torch.nn.Module,
+    twin_sample: dict[str, Any],
+    options: TracingOptions,
+    is_target: Callable[[str], bool],
+) -> MappingSet:
+    """``model``'s pairs, each proved on ``twin`` (see the module docstring)."""
+    found, skipped = derive(model, sample, options, is_target)
+    proved, failed, offsets = prove(twin, twin_sample, options, is_target)
+    kept: list[Mapping] = []
+    for mapping in found:
+        shape = _shape(mapping)
+        if shape in proved:
+            kept.append(mapping)
+            continue
+        reason = failed.get(shape, "the twin has no such pair to prove it on")
+        skipped.append(SkippedMapping(mapping.smooth, mapping.balance, reason))
+    return MappingSet(kept, skipped, offsets)
+
+
+def prove(
+    twin: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions,
+    is_target: Callable[[str], bool],
+) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
+    """Fold a scale into each of ``twin``'s pairs in turn (:func:`fold_changes`). Returns the
+    proved pairs' shapes, the failed ones' reasons and the smooth norms' offsets."""
+    found, _ = derive(twin, sample, options, is_target)
+    offsets: dict[str, float] = {}
+    proved: set[tuple[Any, ...]] = set()
+    failed: dict[tuple[Any, ...], str] = {}
+    with torch.no_grad():
+        expected = _output(twin, sample)
+    for number, mapping in enumerate(found):
+        smooth = twin.get_submodule(mapping.smooth)
+        offset = 0.0
+        if not is_linear(smooth):
+            offset = offsets.setdefault(type(smooth).__name__, norm_offset(smooth))
+        change = fold_changes(twin, sample, mapping, offset, seed=number, expected=expected)
+        if change <= PROOF_TOLERANCE:
+            proved.add(_shape(mapping))
+        else:
+            failed[_shape(mapping)] = (
+                f"folding a scale into it on the twin changed the output by {change:.1e} "
+                "of its largest value"
+            )
+    return proved, failed, offsets
+
+
+@torch.no_grad()
+def fold_changes(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    mapping: Mapping,
+    offset: float = 0.0,
+    *,
+    seed: int = 0,
+    expected: torch.Tensor | None = None,
+) -> float:
+    """How much folding scales drawn in [0.5, 2] into ``mapping`` changes ``model``'s output,
+    relative to its largest value (0 up to rounding for a true pair); the weights are as they
+    were afterwards."""
+    if expected is None:
+        expected = _output(model, sample)
+    smooth = model.get_submodule(mapping.smooth)
+    balance = [model.get_submodule(name) for name in mapping.balance]
+    saved = _saved((smooth, *balance))
+    lo, hi = mapping.rows or (0, _width(smooth))
+    generator = torch.Generator().manual_seed(seed)
+    scales = 0.5 * 4 ** torch.rand(hi - lo, generator=generator)
+    try:
+        fold_scales(smooth, balance, scales, rows=mapping.rows, offset=offset)
+        return _relative_change(_output(model, sample), expected)
+    finally:
+        for module, name, tensor in saved:
+            getattr(module, name).copy_(tensor)
+
+
+def _output(model: torch.nn.Module, sample: dict[str, Any]) -> torch.Tensor:
+    output = model(**sample)
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        logits = output[0] if isinstance(output, tuple) else output.last_hidden_state
+    return logits.float()
+
+
+def _relative_change(got: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = float(expected.abs().max()) or 1.0
+    return float((got - expected).abs().max()) / scale
+
+
+def _saved(modules: tuple[torch.nn.Module, ...]) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """Copies of what a fold writes: each module's weight and bias (a fused expert's weight is
+    a fresh view at each read, so they are saved by module and name)."""
+    return [
+        (module, name, tensor.detach().clone())
+        for module in modules
+        for name in ("weight", "bias")
+        if isinstance(tensor := getattr(module, name, None), torch.Tensor)
+    ]
+
+
+def _width(module: torch.nn.Module) -> int:
+    from llmc_trace.layers.linear import as_linear
+
+    layer = as_linear(module)
+    return layer.out_features if layer is not None else int(module.weight.shape[0])
+
+
+def _shape(mapping: Mapping) -> tuple[Any, ...]:
+    """A pair with its layer and expert numbers taken out: what carries from the twin (a
+    few layers, few experts) to the model."""
+    names = (mapping.smooth, *sorted(set(map(numberless, mapping.balance))))
+    return (numberless(mapping.smooth), *names[1:], mapping.rows is None)
+
+
+def numberless(path: str) -> str:
+    return re.sub(r"\.\d+(?=\.|$)", ".#", path)
+
+
+def source_mappings(
+    model: str | ModelSource,
+    *,
+    modality: str = "text",
+    ignore: list[str] | None = None,
+    sample_options: SampleOptions | None = None,
+) -> MappingSet:
+    """The pairs of a model named as the command line names it (built on ``meta`` at full
+    size), proved on its twin, for the default scheme's targets (every linear layer but
+    ``lm_head``): what ``plan --mappings`` and ``attempt --mappings`` show."""
+    from llmc_trace.algorithms.scheme import DEFAULT_SCHEME
+    from llmc_trace.models.build import build_meta_model, build_twin
+    from llmc_trace.models.source import resolve_model
+    from llmc_trace.traced.probe import sample_for
+
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    options = sample_options or SampleOptions()
+    full = build_meta_model(source)
+    twin = build_twin(source)
+    tracing = TracingOptions.parse(full, ignore or [])
+    named = dict(full.named_modules())
+    return find_mappings(
+        full,
+        sample_for(full, modality, options),
+        twin,
+        sample_for(twin, modality, options),
+        tracing,
+        lambda name: DEFAULT_SCHEME.is_target(name, named[name]),
+    )
