@@ -9,7 +9,7 @@ from compressed_tensors.utils import is_match
 
 from llmc_trace.algorithms import (
     DEFAULT_IGNORE,
-    PRESET_SCHEMES,
+    PRESET_NAMES,
     W4A16,
     QuantizationArgs,
     SchemeError,
@@ -39,7 +39,7 @@ def test_unknown_scheme_lists_the_valid_names() -> None:
     with pytest.raises(SchemeError) as info:
         resolve_scheme("W3A7")
     assert isinstance(info.value, ValueError)
-    for name in PRESET_SCHEMES:
+    for name in PRESET_NAMES:
         assert name in info.value.hint
 
 
