@@ -76,7 +76,7 @@ def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
         ("stages: []\n", "stages", 1),
         ("calibration: {samples: 8}\n", "stages", 1),
         ("stages:\n  - scheme: W4A16\n", "method", 2),
-        ("stages:\n  - {method: gptq, scheme: W3A16}\n", "scheme", 2),
+        ("stages:\n  - {method: gptq, scheme: W3A7}\n", "scheme", 2),
         ("calibration:\n  samples: eight\nstages: [{method: gptq}]\n", "samples", 2),
         ("checkpoint: {dtype: int8}\nstages: [{method: gptq}]\n", "dtype", 1),
         ("stages:\n  - {method: gptq}\n  - {method: sparsegpt, sparsity: 2:4}\n", "stages", 1),

@@ -293,6 +293,8 @@ def dequantize(
     integers, s = _broadcast(int_weight, scale, args, g_idx)
     if args.is_float:
         weight = integers.float() * effective_scale(s, global_scale)
+        if global_scale is not None:  # compressed-tensors unpacks NVFP4 to bfloat16, and so
+            weight = weight.to(torch.bfloat16)  # rounds the product there whatever the model
         return weight.to(dtype or scale.dtype).reshape(int_weight.shape)
     _, z = _broadcast(int_weight, zero_point, args, g_idx)
     weight = (integers.float() - z.float()) * s.float()
