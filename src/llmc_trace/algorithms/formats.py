@@ -94,6 +94,9 @@ def effective_scale(scale: torch.Tensor, global_scale: torch.Tensor | None) -> t
 
 
 def round_to_float_grid(x: torch.Tensor, args: QuantizationArgs) -> torch.Tensor:
-    """`x` (already divided by its scale) on the format's nearest value, as float32."""
+    """`x` (already divided by its scale) on the format's nearest value, as float32.
+
+    A small negative value rounds to -0.0; adding 0.0 makes it +0.0, the zero compressed-tensors
+    packs (its compressor sees the dequantized weight, where both zeros are 0)."""
     bound = torch.tensor(args.qmax, device=x.device)
-    return round_to_quantized_type_args(x.float(), ct_weight_args(args), -bound, bound)
+    return round_to_quantized_type_args(x.float(), ct_weight_args(args), -bound, bound).add_(0.0)
