@@ -1,7 +1,7 @@
 """Perplexity of the reference model under compressed-tensors' presets, GPTQ beside round-to-nearest.
 
-For each preset (FP8 per channel and per 128x128 block, NVFP4, MXFP4, and the integer W4A16
-beside them), ``compress`` (the Python API, as ``llmc-trace compress`` runs it) quantizes
+For each preset (FP8 per channel and per 128x128 block, NVFP4, and the integer W4A16 beside
+them; ``--presets`` names others), ``compress`` (the Python API, as ``llmc-trace compress`` runs it) quantizes
 ``refmodel/`` with round-to-nearest and with GPTQ; GPTQ is repeated over ``--repeat``
 calibration draws (``--seed`` 0, 1, ...: which rows of ``calib.npy`` it calibrates on), since
 its result depends on them, while round-to-nearest uses no data and runs once. Each model is
@@ -9,6 +9,11 @@ scored on every row of ``refmodel/eval.npy`` in float32 with its weights as quan
 (weights only: activation rounding, which the serving check in ``benchmarks/scheme_presets.py``
 includes, is left out here so that the two methods' weights alone are compared). The float
 model is scored the same way.
+
+Beside them, llm-compressor's GPTQ with the same preset (``GPTQModifier(scheme=PRESET)``, in
+``benchmarks/.venv-llmc``: ``benchmarks/_reference/gptq_llmcompressor.py``) on the very rows
+our first draw calibrated on, its weights scored the same way (``compress_quality.py``'s
+``measure_weights``); one draw, where it runs (its venv exists and its oneshot succeeds).
 
 The goals: every preset's GPTQ perplexity (its worst draw) within ``MARGINS`` of the float
 model's (relative), and GPTQ at least as good as round-to-nearest: its median draw no higher
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,17 +49,15 @@ ROOT = HERE.parent
 REFMODEL = ROOT / "refmodel"
 SEQ_LEN = 512
 EVAL_BATCH_SIZE = 8
-PRESETS = ("FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "W4A16")
+PRESETS = ("FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "W4A16")
 #: Relative perplexity increase over the float model each preset's GPTQ must stay within: what
 #: the docs report as the preset's margin on this model (8-bit grids lose almost nothing, the
 #: 4-bit ones a few per cent).
 MARGINS = {
     "FP8_DYNAMIC": 0.005,
     "FP8_BLOCK": 0.005,
-    "W8A8": 0.005,
     "NVFP4A16": 0.03,
     "W4A16": 0.03,
-    "MXFP4A16": 0.05,
 }
 #: The smallest perplexity difference judged (relative): the tolerance at which vLLM's and
 #: llmc-trace's perplexities of one checkpoint are taken to agree (``vllm_serving.py``).
@@ -87,21 +91,48 @@ def compressed_perplexity(
     return score(model, tokens), seconds
 
 
+def llm_compressor_perplexity(preset: str, samples: int, scratch: Path) -> dict[str, Any]:
+    """llm-compressor's GPTQ with ``preset`` on the rows of our draw 0, its weights scored;
+    ``{"error": ...}`` where it does not run."""
+    from compress_quality import (
+        REFERENCE_PYTHON,
+        REFERENCE_SCRIPT,
+        measure_weights,
+        run_child,
+        save_calibration_rows,
+    )
+
+    if not REFERENCE_PYTHON.exists():
+        return {"error": f"no {REFERENCE_PYTHON.relative_to(ROOT)} (benchmarks/reference_env.sh)"}
+    rows, save = scratch / "calib_rows.npy", scratch / f"{preset}.pt"
+    save_calibration_rows(REFMODEL, samples, 0, rows)
+    command = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(REFMODEL), str(rows)]
+    command += ["--scheme", preset, "--threads", "2", "--save", str(save)]
+    result = run_child(command, f"{preset} llm-compressor")
+    if "error" in result:
+        return {"error": str(result["error"]).strip().splitlines()[-1][:300]}
+    measured = measure_weights({"model_dir": str(REFMODEL), "weights": str(save)})
+    return {"ppl": measured["ppl"], "oneshot_s": round(result["oneshot_s"], 1)}
+
+
 def tables(result: dict[str, Any]) -> dict[str, str]:
     """``quality``: one row per preset, perplexity of RTN and GPTQ (median, min-max)."""
     figures = result["figures"]
     lines = [
         f"Float model: perplexity {figures['float']:.3f}.",
         "",
-        "| preset | RTN | GPTQ (median, min-max over draws) | GPTQ's worst vs float | margin |",
-        "|---|---:|---:|---:|---:|",
+        "| preset | RTN | GPTQ (median, min-max over draws) | GPTQ's worst vs float | margin "
+        "| llm-compressor GPTQ (draw 0) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in figures["rows"]:
-        gptq = row["gptq"]
+        gptq, theirs = row["gptq"], row.get("llm_compressor", {})
+        theirs_text = f"{theirs['ppl']:.3f}" if "ppl" in theirs else theirs.get("error", "-")
         lines.append(
             f"| {row['preset']} | {row['rtn']:.3f} | {spread_text(gptq, '.3f')} "
-            f"| +{100 * (gptq['max'] / figures['float'] - 1):.2f} % "
-            f"| {100 * MARGINS.get(row['preset'], float('nan')):.1f} % |"
+            f"| {100 * (gptq['max'] / figures['float'] - 1):+.2f} % "
+            f"| {100 * MARGINS.get(row['preset'], float('nan')):.1f} % "
+            f"| {theirs_text.replace('|', '/')} |"
         )
     return {"quality": "\n".join(lines)}
 
@@ -129,10 +160,13 @@ def main() -> int:
             compressed_perplexity(preset, "gptq", args.samples, seed, tokens)
             for seed in range(args.repeat)
         ]
+        with tempfile.TemporaryDirectory() as scratch:
+            theirs = llm_compressor_perplexity(preset, args.samples, Path(scratch))
         row = {
             "preset": preset,
             "rtn": rtn_ppl,
             "gptq": spread([ppl for ppl, _ in runs]),
+            "llm_compressor": theirs,
             "rtn_s": round(rtn_s, 1),
             "gptq_s": spread([seconds for _, seconds in runs], 1),
         }
