@@ -3,7 +3,7 @@
 The fields mirror compressed-tensors' `QuantizationArgs` and `QuantizationScheme`, so that a
 checkpoint written from these objects means to vLLM what it meant to us; `checkpoint/` does the
 translation. The presets are compressed-tensors' own (`PRESET_SCHEMES` of the installed
-version, read by :mod:`llmc_trace.algorithms.presets`): integer grids (W4A16, W8A8, W4A8, ...),
+version, read by `preset_scheme`): integer grids (W4A16, W8A8, W4A8, ...),
 FP8 (per tensor, per channel, per 128x128 block), NVFP4 and the MX formats. Per-channel
 variants come from the same presets::
 
@@ -336,7 +336,7 @@ DEFAULT_SCHEME = W4A16
 
 def resolve_scheme(name: str) -> QuantizationScheme:
     """Return the preset called `name` (case does not matter), e.g. `resolve_scheme("w4a16")`,
-    with the project's defaults (see :mod:`llmc_trace.algorithms.presets`)."""
+    with the project's one default, `DEFAULT_ACTORDER`)."""
     if name.upper() not in PRESET_NAMES:
         raise SchemeError(
             f"unknown quantization scheme {name!r}.",
