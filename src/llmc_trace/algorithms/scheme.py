@@ -336,7 +336,7 @@ DEFAULT_SCHEME = W4A16
 
 def resolve_scheme(name: str) -> QuantizationScheme:
     """Return the preset called `name` (case does not matter), e.g. `resolve_scheme("w4a16")`,
-    with the project's one default, `DEFAULT_ACTORDER`)."""
+    with the project's one default (`DEFAULT_ACTORDER`)."""
     if name.upper() not in PRESET_NAMES:
         raise SchemeError(
             f"unknown quantization scheme {name!r}.",
