@@ -1,15 +1,17 @@
 """Every compressed-tensors preset through ``compress``: written, reloaded by transformers, served by vLLM.
 
 For each preset of the installed compressed-tensors (``llmc_trace.algorithms.scheme.
-PRESET_NAMES``), the reference model (``refmodel/``) is compressed by ``llmc-trace compress
---method rtn --scheme PRESET`` as a user runs it. A row says:
+PRESET_NAMES``), the reference model (``refmodel/``) is quantized by round-to-nearest and
+written by the checkpoint writer, as ``llmc-trace compress --method rtn --scheme PRESET``
+writes it (in this process: the command's tracing and calibration pass, which round-to-nearest
+does not use, would only cost time). A row says:
 
-* ``written``: the checkpoint's format (its config's ``format``), or the one sentence the
-  command refused the preset with (exit status 2, before any weight loaded);
+* ``written``: the checkpoint's format (its config's ``format``), or the one sentence
+  ``compress`` refuses the preset with (the check of the stage it builds: exit status 2,
+  before any weight loads);
 * ``reloaded``: transformers (its compressed-tensors quantizer, ``dequantize=True``) loads the
-  checkpoint, and every quantized layer's weight equals, bit for bit, round-to-nearest of the
-  reference model's weight computed afresh in this process (``llmc_trace.algorithms.rtn``);
-  otherwise how many layers differ;
+  checkpoint, and every quantized layer's weight equals, bit for bit, the one the quantization
+  left; otherwise how many layers differ;
 * ``llmc-trace`` and ``vLLM``: the perplexity of the first ``--rows`` evaluation rows, by
   ``llmc-trace evaluate``'s evaluator (transformers, activations quantized as the preset says)
   and by vLLM's CPU build (``benchmarks/vllm_serving.py``'s worker and verdicts: ``agrees``
@@ -25,6 +27,7 @@ Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have t
     bash benchmarks/vllm_env.sh
     flock /tmp/llmc-bench.lock python benchmarks/scheme_presets.py          # every preset, ~40 min
     python benchmarks/scheme_presets.py --presets FP8_DYNAMIC NVFP4A16      # some
+    python benchmarks/scheme_presets.py --serve FP8_DYNAMIC W4A8    # every preset written, two served
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +48,6 @@ sys.path.insert(0, str(HERE))
 from _results import Run, goal  # noqa: E402
 from vllm_serving import (  # noqa: E402
     REFMODEL,
-    SEQ_LEN,
     VENV_PYTHON,
     Case,
     Row,
@@ -58,42 +59,52 @@ from vllm_serving import (  # noqa: E402
 )
 
 
-def compress(preset: str, out: Path, samples: int) -> tuple[int, str, float]:
-    """``llmc-trace compress --method rtn``; exit status, its error sentence, seconds."""
-    command = [
-        str(Path(sys.executable).parent / "llmc-trace"), "compress", "--model", str(REFMODEL),
-        "--dataset", str(REFMODEL / "calib.npy"), "--samples", str(samples), "--seq-len",
-        str(SEQ_LEN), "--method", "rtn", "--scheme", preset, "--out", str(out), "--overwrite",
-    ]  # fmt: skip
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    error = next((line for line in done.stderr.splitlines() if line.startswith("Error: ")), "")
-    if done.returncode and not error:
-        error = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-    return done.returncode, error.removeprefix("Error: "), seconds
+def refusal(preset: str) -> str | None:
+    """The sentence ``compress`` refuses ``preset`` with (exit status 2, before any weight
+    loads), or None: the stage a ``--method rtn --scheme PRESET`` run builds, checked."""
+    from llmc_trace.errors import BadInputError
+    from llmc_trace.oneshot import Stage
+
+    try:
+        Stage("rtn", preset)
+    except BadInputError as err:
+        return f"{err} {err.hint or ''}".strip()
+    return None
 
 
-def reload_mismatches(folder: Path, preset: str) -> int:
-    """Quantized layers whose weight, as transformers decompresses the checkpoint, is not
-    round-to-nearest of the reference model's weight computed here."""
+def write_checkpoint(preset: str, out: Path) -> dict[str, Any]:
+    """Round-to-nearest of the reference model written by the checkpoint writer, as
+    ``compress --method rtn`` writes it; each quantized layer's weight."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmc_trace.algorithms import resolve_scheme, rtn
+    from llmc_trace.checkpoint.writer import save_compressed
+
+    scheme = resolve_scheme(preset)
+    model = AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.bfloat16)
+    quantized = {
+        name: rtn(module.weight.data, scheme.weights)
+        for name, module in model.named_modules()
+        if scheme.is_target(name, module)
+    }
+    save_compressed(model, out, quantized, [scheme], tokenizer_dir=REFMODEL)
+    return {name: q.weight for name, q in quantized.items()}
+
+
+def reload_mismatches(folder: Path, weights: dict[str, Any]) -> int:
+    """Quantized layers whose weight, as transformers decompresses the checkpoint, is not the
+    weight the quantization left."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
-    from llmc_trace.algorithms import resolve_scheme, rtn
-
-    scheme = resolve_scheme(preset)
-    original = AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.bfloat16)
     reloaded = AutoModelForCausalLM.from_pretrained(
         folder, quantization_config=CompressedTensorsConfig(dequantize=True)
     )
     return sum(
-        not torch.equal(
-            reloaded.get_submodule(name).weight, rtn(module.weight.data, scheme.weights).weight
-        )
-        for name, module in original.named_modules()
-        if scheme.is_target(name, module)
+        not torch.equal(reloaded.get_submodule(name).weight, weight)
+        for name, weight in weights.items()
     )
 
 
@@ -101,14 +112,19 @@ def run_preset(preset: str, scratch: Path, args: argparse.Namespace) -> dict[str
     """One preset's row (see the module docstring)."""
     start = time.perf_counter()
     folder = scratch / preset
-    status, error, seconds = compress(preset, folder, args.samples)
-    entry: dict[str, Any] = {"preset": preset, "compress_s": round(seconds, 1)}
-    if status:
-        entry.update(written=False, exit_status=status, refusal=error)
+    refused = refusal(preset)
+    entry: dict[str, Any] = {"preset": preset}
+    if refused is not None:
+        entry.update(written=False, exit_status=2, refusal=refused)
         return entry
+    weights = write_checkpoint(preset, folder)
     config = json.loads((folder / "config.json").read_text())["quantization_config"]
     entry.update(written=True, format=config["format"])
-    entry["reload_mismatches"] = reload_mismatches(folder, preset)
+    entry["reload_mismatches"] = reload_mismatches(folder, weights)
+    if args.serve is not None and preset not in args.serve:
+        entry.update(llmc_trace=None, vllm=None, gap=None, verdict="not served in this run")
+        entry.update(detail="", wall_s=round(time.perf_counter() - start, 1))
+        return entry
     subject = text_subject(args.rows)
     row = Row(Case(preset))
     row.ours = our_perplexity(folder, subject)
@@ -142,8 +158,9 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         vllm = f"{row['vllm']:.3f}" if row["vllm"] is not None else "-"
         gap = f"{100 * row['gap']:.3f} %" if row["gap"] is not None else "-"
         verdict = row["verdict"] + (f": {row['detail']}" if row["detail"] else "")
+        ours = f"{row['llmc_trace']:.3f}" if row["llmc_trace"] is not None else "-"
         lines.append(
-            f"| {row['preset']} | {row['format']} | {reloaded} | {row['llmc_trace']:.3f} "
+            f"| {row['preset']} | {row['format']} | {reloaded} | {ours} "
             f"| {vllm} | {gap} | {cell(verdict)} |"
         )
     return {"presets": "\n".join(lines)}
@@ -154,10 +171,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESET_NAMES), help="default: all")
-    parser.add_argument("--samples", type=int, default=8, help="calibration rows (RTN uses none)")
+    parser.add_argument("--serve", nargs="+", help="the presets scored and served (default: all)")
     parser.add_argument("--rows", type=int, default=8, help="evaluation rows scored")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, 1e-3 = 0.1 %%")
-    parser.add_argument("--result", type=Path, help="default: benchmarks/results/scheme_presets.json")
+    parser.add_argument(
+        "--result", type=Path, help="default: benchmarks/results/scheme_presets.json"
+    )
     args = parser.parse_args()
     if not VENV_PYTHON.exists():
         print(f"{VENV_PYTHON} is missing: run `bash benchmarks/vllm_env.sh` first.")
@@ -171,12 +190,12 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
             for stale in Path(scratch).iterdir():  # a checkpoint at a time on disk
                 shutil.rmtree(stale)
-            path = write(record, rows, args, worker)  # after each preset: a long run's rows
+            path = write_result(record, rows, args, worker)  # after each preset: a long run's rows
     print(tables(json.loads(path.read_text()))["presets"])
     return 0
 
 
-def write(
+def write_result(
     record: Run, rows: list[dict[str, Any]], args: argparse.Namespace, worker: dict[str, Any]
 ) -> Path:
     """The result file for the presets run so far, with its goals."""
@@ -198,7 +217,7 @@ def write(
         ),
     ]
     return record.write(
-        {"samples": args.samples, "evaluation_rows": args.rows, "rows": rows},
+        {"evaluation_rows": args.rows, "rows": rows},
         goals=goals,
         environments={"vLLM worker": worker},
         notes=[

@@ -1,19 +1,20 @@
-"""Perplexity of the reference model under compressed-tensors' presets, GPTQ beside round-to-nearest.
+"""Perplexity of the reference model per compressed-tensors preset: GPTQ beside round-to-nearest.
 
 For each preset (FP8 per channel and per 128x128 block, NVFP4, and the integer W4A16 beside
-them; ``--presets`` names others), ``compress`` (the Python API, as ``llmc-trace compress`` runs it) quantizes
-``refmodel/`` with round-to-nearest and with GPTQ; GPTQ is repeated over ``--repeat``
-calibration draws (``--seed`` 0, 1, ...: which rows of ``calib.npy`` it calibrates on), since
-its result depends on them, while round-to-nearest uses no data and runs once. Each model is
-scored on every row of ``refmodel/eval.npy`` in float32 with its weights as quantized
-(weights only: activation rounding, which the serving check in ``benchmarks/scheme_presets.py``
-includes, is left out here so that the two methods' weights alone are compared). The float
-model is scored the same way.
+them; ``--presets`` names others), ``compress`` (the Python API, as ``llmc-trace compress``
+runs it) quantizes ``refmodel/`` with round-to-nearest and with GPTQ; GPTQ is repeated over
+``--repeat`` calibration draws (seeds 0, 1, ...: which rows of ``calib.npy`` it calibrates
+on), since its result depends on them, while round-to-nearest uses no data and runs once. Each
+model is scored on the same rows of ``refmodel/eval.npy`` (all, or the first ``--eval-rows``)
+in float32 with its weights as quantized (weights only: activation rounding, which the serving
+check in ``benchmarks/scheme_presets.py`` includes, is left out here so that the two methods'
+weights alone are compared). The float model is scored the same way.
 
 Beside them, llm-compressor's GPTQ with the same preset (``GPTQModifier(scheme=PRESET)``, in
 ``benchmarks/.venv-llmc``: ``benchmarks/_reference/gptq_llmcompressor.py``) on the very rows
 our first draw calibrated on, its weights scored the same way (``compress_quality.py``'s
-``measure_weights``); one draw, where it runs (its venv exists and its oneshot succeeds).
+``measure_weights``); one draw, for the presets ``--llm-compressor`` names (default: all),
+where it runs (its venv exists and its oneshot succeeds).
 
 The goals: every preset's GPTQ perplexity (its worst draw) within ``MARGINS`` of the float
 model's (relative), and GPTQ at least as good as round-to-nearest: its median draw no higher
@@ -24,7 +25,7 @@ and an ordering float noise could flip is not judged).
 The figures are written to ``benchmarks/results/scheme_quality.json`` (``--result`` names
 another file); ``tables(result)`` renders the docs' table.
 
-    flock /tmp/llmc-bench.lock python benchmarks/scheme_quality.py --repeat 3 --samples 16  # ~25 min
+    flock /tmp/llmc-bench.lock python benchmarks/scheme_quality.py --repeat 3 --samples 16 --eval-rows 64
     python benchmarks/scheme_quality.py --presets FP8_DYNAMIC --repeat 1 --samples 16
 """
 
@@ -145,11 +146,17 @@ def main() -> int:
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
     parser.add_argument("--repeat", type=int, default=3, help="GPTQ calibration draws")
     parser.add_argument("--samples", type=int, default=32, help="calibration rows per draw")
-    parser.add_argument("--result", type=Path, help="default: benchmarks/results/scheme_quality.json")
+    parser.add_argument("--eval-rows", type=int, help="evaluation rows scored (default: all)")
+    parser.add_argument(
+        "--llm-compressor", nargs="*", help="presets llm-compressor runs (default: all)"
+    )
+    parser.add_argument(
+        "--result", type=Path, help="default: benchmarks/results/scheme_quality.json"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     record = Run("scheme_quality")
-    tokens = np.load(REFMODEL / "eval.npy")
+    tokens = np.load(REFMODEL / "eval.npy")[: args.eval_rows]
     original = AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.float32).eval()
     float_ppl = score(original, tokens)
     print(f"float {float_ppl:.3f}", flush=True)
@@ -160,8 +167,10 @@ def main() -> int:
             compressed_perplexity(preset, "gptq", args.samples, seed, tokens)
             for seed in range(args.repeat)
         ]
-        with tempfile.TemporaryDirectory() as scratch:
-            theirs = llm_compressor_perplexity(preset, args.samples, Path(scratch))
+        theirs: dict[str, Any] = {"error": "not run"}
+        if args.llm_compressor is None or preset in args.llm_compressor:
+            with tempfile.TemporaryDirectory() as scratch:
+                theirs = llm_compressor_perplexity(preset, args.samples, Path(scratch))
         row = {
             "preset": preset,
             "rtn": rtn_ppl,

@@ -68,12 +68,22 @@ def test_unknown_scheme_lists_the_valid_names() -> None:
         {"observer": "percentile"},
         {"actorder": "weight"},
         {"type": "float", "num_bits": 5},
-        {"type": "float", "num_bits": 8, "strategy": "channel", "group_size": None,
-         "symmetric": False},
+        {
+            "type": "float",
+            "num_bits": 8,
+            "strategy": "channel",
+            "group_size": None,
+            "symmetric": False,
+        },
         {"type": "float", "num_bits": 4, "strategy": "channel", "group_size": None},
         {"type": "float", "num_bits": 4, "group_size": 32},  # MX without its exponent scales
-        {"type": "float", "num_bits": 8, "strategy": "block", "group_size": None,
-         "block_structure": (128,)},
+        {
+            "type": "float",
+            "num_bits": 8,
+            "strategy": "block",
+            "group_size": None,
+            "block_structure": (128,),
+        },
         {"num_bits": 4, "strategy": "tensor_group", "group_size": 16},  # integer NVFP4
     ],
 )

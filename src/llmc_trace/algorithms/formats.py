@@ -37,7 +37,7 @@ _CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 """Our observers under llm-compressor's names: both compute the range from the weight alone."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ct_weight_args(args: QuantizationArgs) -> CtQuantizationArgs:
     """Our weight arguments as compressed-tensors' `QuantizationArgs` (what a checkpoint's
     config says, and what its rounding and scale rules take)."""

@@ -128,9 +128,9 @@ def compute_qparams(
     return scale.reshape(out_features, -1), zero_point.reshape(out_features, -1)
 
 
-def blocks(shape: tuple[int, ...] | torch.Size, args: QuantizationArgs) -> tuple[
-    tuple[int, int], tuple[int, int]
-]:
+def blocks(
+    shape: tuple[int, ...] | torch.Size, args: QuantizationArgs
+) -> tuple[tuple[int, int], tuple[int, int]]:
     """The block structure (rows, columns) of a block-wise grid and how many blocks a weight
     of `shape` has each way; both widths must be multiples of the block's."""
     assert args.block_structure is not None  # guaranteed by QuantizationArgs

@@ -35,7 +35,9 @@ def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str) -> None
     if args.strategy == "block":
         assert args.block_structure is not None
         rows, cols = args.block_structure
-        misfits = [n for n, layer in targets if layer.out_features % rows or layer.in_features % cols]
+        misfits = [
+            n for n, layer in targets if layer.out_features % rows or layer.in_features % cols
+        ]
         what = f"a width that does not divide into {rows} x {cols} blocks"
     elif args.group_size:
         misfits = [n for n, layer in targets if layer.in_features % args.group_size]
