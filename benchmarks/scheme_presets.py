@@ -68,7 +68,7 @@ def refusal(preset: str) -> str | None:
     try:
         Stage("rtn", preset)
     except BadInputError as err:
-        return f"{err} {err.hint or ''}".strip()
+        return str(err)  # the message and its hint, as the command prints them
     return None
 
 
@@ -141,6 +141,13 @@ def run_preset(preset: str, scratch: Path, args: argparse.Namespace) -> dict[str
     return entry
 
 
+def preset_order() -> tuple[str, ...]:
+    """compressed-tensors' order of its presets: the table's, whatever order they ran in."""
+    from llmc_trace.algorithms import PRESET_NAMES
+
+    return PRESET_NAMES
+
+
 def tables(result: dict[str, Any]) -> dict[str, str]:
     """``presets``: one row per preset."""
     lines = [
@@ -148,7 +155,8 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         "| vLLM's verdict |",
         "|---|---|---|---:|---:|---:|---|",
     ]
-    for row in result["figures"]["rows"]:
+    order = {name: index for index, name in enumerate(preset_order())}
+    for row in sorted(result["figures"]["rows"], key=lambda row: order.get(row["preset"], 99)):
         if not row["written"]:
             refusal = cell(row["refusal"])
             lines.append(f"| {row['preset']} | refused: {refusal} | - | - | - | - | - |")
