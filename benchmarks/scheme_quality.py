@@ -123,7 +123,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         f"Float model: perplexity {figures['float']:.3f}.",
         "",
         "| preset | RTN | GPTQ (median, min-max over draws) | GPTQ's worst vs float | margin "
-        "| llm-compressor GPTQ (draw 0) |",
+        "| llm-compressor GPTQ (draw 0, scored on every evaluation row) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in figures["rows"]:
