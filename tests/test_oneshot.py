@@ -95,11 +95,14 @@ def test_interrupted_write_leaves_no_folder(
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"scheme": "W5A16"}, "scheme"),
+        ({"scheme": "W3A7"}, "scheme"),
         ({"method": "sparsegpt", "sparsity": "1.5"}, "sparsity"),
         ({"method": "sparsegpt", "sparsity": "4:2"}, "sparsity"),
         ({"samples": 100}, None),
         ({"scheme": W4A16.with_weights(group_size=256)}, "scheme"),
+        ({"scheme": "FP8_BLOCK"}, "scheme"),  # k_proj's 64 rows are no 128-row block
+        ({"scheme": "FP8"}, "scheme"),  # static activation scales
+        ({"scheme": "NVFP4A16", "group_size": 32}, "group_size"),  # NVFP4's groups are 16
         ({"scheme": W4A16.__class__("none", W4A16.weights, targets=("Conv2d",))}, "scheme"),
         ({"true_sequential": True, "pipeline": "basic"}, "true_sequential"),
         ({"true_sequential": True, "propagate": False}, "true_sequential"),

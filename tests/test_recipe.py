@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from llmc_trace.algorithms import W4A16, W8A8
+from llmc_trace.algorithms import W4A16, W8A8, resolve_scheme
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import Stage
 from llmc_trace.oneshot.recipe import Recipe, read_recipe, render_recipe
@@ -76,7 +77,7 @@ def test_a_hand_written_recipe_takes_names_and_defaults(tmp_path: Path) -> None:
         ("stages: []\n", "stages", 1),
         ("calibration: {samples: 8}\n", "stages", 1),
         ("stages:\n  - scheme: W4A16\n", "method", 2),
-        ("stages:\n  - {method: gptq, scheme: W3A16}\n", "scheme", 2),
+        ("stages:\n  - {method: gptq, scheme: W3A7}\n", "scheme", 2),
         ("calibration:\n  samples: eight\nstages: [{method: gptq}]\n", "samples", 2),
         ("checkpoint: {dtype: int8}\nstages: [{method: gptq}]\n", "dtype", 1),
         ("stages:\n  - {method: gptq}\n  - {method: sparsegpt, sparsity: 2:4}\n", "stages", 1),
@@ -113,3 +114,14 @@ def test_unreadable_or_malformed_recipes_are_bad_input(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- gptq\n")
     with pytest.raises(BadInputError, match="not a mapping"):
         read_recipe(tmp_path / "list.yaml")
+
+
+@pytest.mark.parametrize("preset", ["FP8_BLOCK", "NVFP4A16", "W4AFP8"])
+def test_a_float_or_activation_preset_reads_back_from_its_written_recipe(
+    preset: str, tmp_path: Path
+) -> None:
+    """Block structures, scale dtypes and activation arguments survive the written recipe."""
+    recipe = dataclasses.replace(RECIPE, stages=(Stage("gptq", preset),))
+    (tmp_path / "recipe.yaml").write_text(render_recipe(recipe))
+    read = read_recipe(tmp_path / "recipe.yaml")
+    assert read == recipe and read.stages[0].scheme == resolve_scheme(preset)

@@ -7,8 +7,8 @@ load it (``AutoModelForCausalLM.from_pretrained``, float32, with the attention k
 llmc-trace's ``compress`` runs, sdpa by default), the calibration rows are the very token rows
 llmc-trace calibrated on (a ``.npy`` of shape ``(samples, seq_len)``, passed as a
 ``datasets.Dataset`` of ``input_ids`` and ``attention_mask``, unshuffled), and the recipe is ``GPTQModifier(targets="Linear",
-ignore=["lm_head"])`` with the preset ``W4A16`` or, for other widths, the same arguments
-through ``config_groups``.
+ignore=["lm_head"])`` with the preset ``W4A16`` (or the one ``--scheme`` names) or, for other
+widths, the same arguments through ``config_groups``.
 
 Only ``oneshot`` is timed (imports and model loading are not). Memory is the kernel's resident
 high-water mark (VmHWM), reset with ``/proc/self/clear_refs`` just before loading and again just
@@ -45,10 +45,15 @@ from _rss import peak_rss_since_reset, reset_peak_rss  # noqa: E402
 from _worker import failure_text  # noqa: E402
 
 
-def build_recipe(bits: int, group_size: int):  # type: ignore[no-untyped-def]
-    """GPTQ for every Linear but ``lm_head``: preset W4A16, else the same args at ``bits``."""
+def build_recipe(  # type: ignore[no-untyped-def]
+    bits: int, group_size: int, preset: str | None = None
+):
+    """GPTQ for every Linear but ``lm_head``: ``preset`` (a compressed-tensors preset's name)
+    when given, else preset W4A16, else the same args at ``bits``."""
     from llmcompressor.modifiers.gptq import GPTQModifier
 
+    if preset is not None:
+        return GPTQModifier(targets="Linear", scheme=preset, ignore=["lm_head"])
     if bits == 4 and group_size == 128:
         return GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"])
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -66,6 +71,7 @@ def main() -> None:
     parser.add_argument("calib_rows", help=".npy token ids, one calibration sample per row")
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--scheme", help="a compressed-tensors preset (overrides the two above)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--batch-size", type=int, default=1, help="calibration batch size")
     parser.add_argument(
@@ -90,7 +96,7 @@ def main() -> None:
         dataset = Dataset.from_dict(
             {"input_ids": rows.tolist(), "attention_mask": np.ones_like(rows).tolist()}
         )
-        recipe = build_recipe(args.bits, args.group_size)
+        recipe = build_recipe(args.bits, args.group_size, args.scheme)
 
         before_load = reset_peak_rss()
         start = time.perf_counter()

@@ -9,7 +9,7 @@ from compressed_tensors.utils import is_match
 
 from llmc_trace.algorithms import (
     DEFAULT_IGNORE,
-    PRESET_SCHEMES,
+    PRESET_NAMES,
     W4A16,
     QuantizationArgs,
     SchemeError,
@@ -18,28 +18,41 @@ from llmc_trace.algorithms import (
 )
 
 
-@pytest.mark.parametrize("name", ["W4A16", "W4A16_ASYM", "W8A16", "W8A8"])
+@pytest.mark.parametrize("name", PRESET_NAMES)
 def test_presets_agree_with_compressed_tensors(name: str) -> None:
     ours = resolve_scheme(name.lower())
     theirs = preset_name_to_scheme(name, ["Linear"])
     assert ours.name == name
     assert ours.weights.num_bits == theirs.weights.num_bits
+    assert ours.weights.type == theirs.weights.type
     assert ours.weights.symmetric == theirs.weights.symmetric
     assert ours.weights.strategy == theirs.weights.strategy
     assert ours.weights.group_size == theirs.weights.group_size
+    assert list(ours.weights.block_structure or []) == list(theirs.weights.block_structure or [])
+    scale_dtype = theirs.weights.scale_dtype
+    assert ours.weights.scale_dtype == (None if scale_dtype is None else str(scale_dtype)[6:])
+    assert ours.weights.actorder == "static"  # the one default the project adds
     if theirs.input_activations is None:
         assert ours.input_activations is None
     else:
-        assert ours.input_activations is not None
-        assert ours.input_activations.num_bits == theirs.input_activations.num_bits
-        assert theirs.input_activations.dynamic and theirs.input_activations.strategy == "token"
+        activations = ours.input_activations
+        assert activations is not None
+        for field in ("num_bits", "type", "strategy", "group_size", "dynamic", "symmetric"):
+            assert getattr(activations, field) == getattr(theirs.input_activations, field), field
+
+
+def test_every_preset_that_quantizes_is_offered() -> None:
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    assert set(PRESET_NAMES) == set(PRESET_SCHEMES) - {"UNQUANTIZED"}
+    assert {"FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "W4A8", "INT8"} <= set(PRESET_NAMES)
 
 
 def test_unknown_scheme_lists_the_valid_names() -> None:
     with pytest.raises(SchemeError) as info:
         resolve_scheme("W3A7")
     assert isinstance(info.value, ValueError)
-    for name in PRESET_SCHEMES:
+    for name in PRESET_NAMES:
         assert name in info.value.hint
 
 
@@ -54,6 +67,24 @@ def test_unknown_scheme_lists_the_valid_names() -> None:
         {"strategy": "block", "group_size": None},
         {"observer": "percentile"},
         {"actorder": "weight"},
+        {"type": "float", "num_bits": 5},
+        {
+            "type": "float",
+            "num_bits": 8,
+            "strategy": "channel",
+            "group_size": None,
+            "symmetric": False,
+        },
+        {"type": "float", "num_bits": 4, "strategy": "channel", "group_size": None},
+        {"type": "float", "num_bits": 4, "group_size": 32},  # MX without its exponent scales
+        {
+            "type": "float",
+            "num_bits": 8,
+            "strategy": "block",
+            "group_size": None,
+            "block_structure": (128,),
+        },
+        {"num_bits": 4, "strategy": "tensor_group", "group_size": 16},  # integer NVFP4
     ],
 )
 def test_invalid_args_raise_with_a_hint(changes: dict[str, object]) -> None:

@@ -15,7 +15,11 @@ When scales are fitted:
   `static_groups` is set (AutoGPTQ's `static_groups`, llm-compressor's behaviour);
 * group-wise with `actorder="static"`: always up front, from the original weights. Groups keep
   their input-order columns while the sweep visits columns by act-order, so a group's columns
-  are spread over the whole sweep and there is no point at which all of them are up to date.
+  are spread over the whole sweep and there is no point at which all of them are up to date;
+* float grids (FP8, NVFP4, MX): always up front (NVFP4's group scales hang off a global scale
+  of the whole weight). A 128x128 block is a group of 128 columns whose scale differs every 128
+  rows. Rounding a column is the format's rounding rule (`formats.round_to_float_grid`), and
+  the error is spread as on an integer grid.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import math
 
 import torch
 
+from llmc_trace.algorithms.formats import effective_scale, round_to_float_grid, tensor_global_scale
 from llmc_trace.algorithms.quantize import (
     QuantizedWeight,
+    blocks,
     channel_args,
+    code_dtype,
     compute_qparams,
     dequantize,
     num_groups,
@@ -61,12 +68,19 @@ class SweepGrid:
         self.zeros = zeros
         self.args = args
         self.scale_dtype = scale_dtype
-        self.group_size = args.group_size if args.group_size is not None else in_features
+        if args.strategy == "block":
+            (rows_per_block, self.group_size), _ = blocks(W.shape, args)
+        else:
+            rows_per_block = 1
+            self.group_size = args.group_size if args.group_size is not None else in_features
         self.fits_in_sweep = (
-            args.strategy == "group" and args.actorder != "static" and not static_groups
+            args.strategy == "group"
+            and not args.is_float
+            and args.actorder != "static"
+            and not static_groups
         )
         position = torch.arange(in_features, device=W.device)
-        if args.strategy != "group":
+        if args.strategy in ("tensor", "channel"):
             group_of = torch.zeros_like(position)
         elif args.actorder == "static":
             assert perm is not None  # act-order always permutes
@@ -81,7 +95,10 @@ class SweepGrid:
         # Scales and zero points are held in float32, one contiguous row per group: the sweep
         # reads one group's per column, and a ready row saves a gather and a cast on each of
         # thousands of columns. float32 holds every scale_dtype value and int8 exactly, so
-        # `result` gets the stored values back unchanged.
+        # `result` gets the stored values back unchanged. A float grid's rows hold its effective
+        # scales (NVFP4's divided by the global scale), and `_stored` the scales as stored.
+        self.global_scale: torch.Tensor | None = None
+        self._stored: torch.Tensor | None = None
         if self.fits_in_sweep:
             shape = (num_groups(in_features, args), out_features)
             self._scales = torch.empty(shape, device=W.device)
@@ -89,7 +106,16 @@ class SweepGrid:
         else:
             if args.actorder == "static" and perm is not None:
                 W = W[:, torch.argsort(perm)]  # groups are input-order columns
-            scale, zero_point = compute_qparams(W, args, scale_dtype=scale_dtype)
+            self.global_scale = tensor_global_scale(W, args)
+            scale, zero_point = compute_qparams(
+                W, args, scale_dtype=scale_dtype, global_scale=self.global_scale
+            )
+            if args.is_float:
+                self._stored = scale
+                scale = effective_scale(scale, self.global_scale)
+            if rows_per_block > 1:  # a block's scale is every one of its rows' scale
+                scale = scale.repeat_interleave(rows_per_block, dim=0)
+                zero_point = zero_point.repeat_interleave(rows_per_block, dim=0)
             # (groups, rows); (1, 1) per tensor
             self._scales = scale.reshape(scale.shape[0], -1).T.float().contiguous()
             self._zero_points = zero_point.reshape(scale.shape[0], -1).T.float().contiguous()
@@ -101,7 +127,9 @@ class SweepGrid:
         self._zero_columns = (
             self._zeros_by_column.unbind() if self._zeros_by_column is not None else None
         )
-        self.int_weight = torch.zeros(out_features, in_features, dtype=torch.int8, device=W.device)
+        self.int_weight = torch.zeros(
+            out_features, in_features, dtype=code_dtype(args), device=W.device
+        )
 
     def aligned(self, blocksize: int, multiple_of: int = 1) -> int:
         """A block size near `blocksize` that no group fitted in the sweep (nor any run of
@@ -136,6 +164,12 @@ class SweepGrid:
         """
         group = self.group_of[column]
         s, z = self._scale_rows[group], self._zero_point_rows[group]
+        if self.args.is_float:  # the format's rounding rule, then as a symmetric grid
+            integers.copy_(round_to_float_grid(torch.div(w, s), self.args))
+            if self._zero_columns is not None:
+                integers.masked_fill_(self._zero_columns[column], 0)
+            torch.mul(integers, s, out=dequantized)
+            return
         torch.div(w, s, out=integers)
         if not self.args.symmetric:
             integers.add_(z)
@@ -198,9 +232,12 @@ class SweepGrid:
             if not self.args.symmetric:
                 z = z.contiguous()[:, self._group_index]
         grid = torch.div(W, s)
-        if not self.args.symmetric:  # a symmetric grid's zero point is 0
-            grid.add_(z)
-        grid.round_().clamp_(self.args.qmin, self.args.qmax)
+        if self.args.is_float:
+            grid = round_to_float_grid(grid, self.args)
+        else:
+            if not self.args.symmetric:  # a symmetric grid's zero point is 0
+                grid.add_(z)
+            grid.round_().clamp_(self.args.qmin, self.args.qmax)
         if not self.args.symmetric:
             grid.sub_(z)
         grid = grid.mul_(s).reshape(shape)
@@ -221,7 +258,7 @@ class SweepGrid:
 
     def set(self, column: int, integers: torch.Tensor) -> torch.Tensor:
         """Choose `integers` (out,) at sweep position `column`; return them dequantized."""
-        self.int_weight[:, column] = integers.to(torch.int8)
+        self.int_weight[:, column] = integers.to(self.int_weight.dtype)
         group = self.group_of[column]
         return (integers - self._zero_points[group]) * self._scales[group]
 
@@ -236,7 +273,13 @@ class SweepGrid:
                 g_idx = group_of[inverse].to(torch.int32)
         scale = self._scales.T.to(self.scale_dtype).contiguous()
         zero_point = self._zero_points.T.to(torch.int8).contiguous()
-        if self.args.strategy == "tensor":
+        if self._stored is not None:  # a float grid's scales as stored, not its effective ones
+            scale, zero_point = self._stored, torch.zeros_like(self._stored, dtype=torch.int8)
+        elif self.args.strategy == "tensor":
             scale, zero_point = scale.reshape(1), zero_point.reshape(1)
-        weight = dequantize(int_weight, scale, zero_point, self.args, g_idx, dtype)
-        return QuantizedWeight(weight, int_weight, scale, zero_point, self.args, g_idx)
+        weight = dequantize(
+            int_weight, scale, zero_point, self.args, g_idx, dtype, self.global_scale
+        )
+        return QuantizedWeight(
+            weight, int_weight, scale, zero_point, self.args, g_idx, self.global_scale
+        )

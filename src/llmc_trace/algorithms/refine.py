@@ -112,7 +112,7 @@ def _movable(R: torch.Tensor, d: torch.Tensor, grid: SweepGrid, chunk: int) -> t
     found = []
     for block in _blocks(torch.arange(R.shape[1], device=R.device), chunk):
         target = grid.dequantized(block) + R[:, block] / d[block]
-        moves = grid.nearer(block, target) != grid.int_weight[:, block]
+        moves = grid.nearer(block, target) != grid.int_weight[:, block].float()
         found.append(block[moves.any(dim=0)])
     return torch.cat(found)
 

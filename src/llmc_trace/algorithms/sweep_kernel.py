@@ -39,8 +39,9 @@ registers per thread at 4 warps, and a 4096-row layer gives 128 programs, about 
 def kernel_sweeps(grid: SweepGrid, device: torch.device) -> bool:
     """Whether `gptq` sweeps each block with the kernel: on a CUDA device with Triton, for a
     grid whose scales are all fitted before the sweep; or anywhere under `TRITON_INTERPRET=1`
-    when Triton is installed (the tests' way to run it on a CPU)."""
-    if grid.fits_in_sweep or not _triton_installed():
+    when Triton is installed (the tests' way to run it on a CPU). The kernel rounds to
+    integers: float grids (FP8, FP4) sweep with the torch ops."""
+    if grid.fits_in_sweep or grid.args.is_float or not _triton_installed():
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -8,13 +8,26 @@ Tensors per quantized Linear `P` (as compressed-tensors writes them, and vLLM re
 | | `P.weight_scale` | model dtype | (out, in / group), (out, 1) per channel, (1,) per tensor |
 | | `P.weight_shape` | int64 | (2,) = (out, in) |
 | | `P.weight_zero_point`, asymmetric only | int32 | (ceil(out * b / 32), groups), packed along dim 0 |
-| `int-quantized` (with dynamic int8 activations) | `P.weight` | int8 | (out, in) |
-| | `P.weight_scale` | model dtype | (out, 1) |
+| `int-quantized` (integer weights, quantized activations) | `P.weight` | int8 | (out, in) |
+| | `P.weight_scale` | model dtype | (out, 1), or (out, in / group) |
 | | `P.weight_zero_point`, asymmetric only | int8 | (out, 1) |
+| `float-quantized` (FP8, with activations) | `P.weight` | float8_e4m3fn | (out, in) |
+| | `P.weight_scale` | model dtype | (1,), (out, 1), or (out / 128, in / 128) per block |
+| `mxfp8-quantized` | `P.weight` | float8_e4m3fn | (out, in) |
+| | `P.weight_scale` | uint8 (E8M0 exponent) | (out, in / 32) |
+| `nvfp4-pack-quantized` | `P.weight_packed` | uint8 (two FP4 E2M1) | (out, in / 2) |
+| | `P.weight_scale` | float8_e4m3fn | (out, in / 16) |
+| | `P.weight_global_scale` | float32 | (1,) |
+| `mxfp4-pack-quantized` | `P.weight_packed` | uint8 (two FP4 E2M1) | (out, in / 2) |
+| | `P.weight_scale` | uint8 (E8M0 exponent) | (out, in / 32) |
+| `mxfp6-pack-quantized` | `P.weight_packed` | uint8 (four FP6 E2M3 in three) | (out, 3 in / 4) |
+| | `P.weight_scale` | uint8 (E8M0 exponent) | (out, in / 32) |
 
-Symmetric schemes store no zero point: vLLM does not load one for them. The config entries are
-built with compressed-tensors' own pydantic models, so their keys and defaults are exactly those
-of the installed version. Only a `torch.nn.Linear` is stored this way (`stores_quantized`).
+Which format a scheme takes is compressed-tensors' own choice (`infer_module_format`), and the
+bits are packed by its helpers. Symmetric schemes store no zero point: vLLM does not load one
+for them. The config entries are built with compressed-tensors' own pydantic models, so their
+keys and defaults are exactly those of the installed version. Only a `torch.nn.Linear` is
+stored this way (`stores_quantized`).
 """
 
 from __future__ import annotations
@@ -24,20 +37,25 @@ from typing import Any
 
 import compressed_tensors
 import torch
+from compressed_tensors.compressors.format import infer_module_format
+from compressed_tensors.compressors.mx_utils import compress_mx_scale
+from compressed_tensors.compressors.mxfp6.helpers import pack_fp6_to_uint8
+from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
 from compressed_tensors.config import DenseSparsityConfig
 from compressed_tensors.quantization import QuantizationArgs as CtQuantizationArgs
 from compressed_tensors.quantization import QuantizationConfig as CtQuantizationConfig
 from compressed_tensors.quantization import QuantizationScheme as CtQuantizationScheme
 
+from llmc_trace.algorithms.formats import ct_weight_args
 from llmc_trace.checkpoint.pack import pack_to_int32
 from llmc_trace.moe import ExpertProjection
 from llmc_trace.core.sizes import TensorSpec
 from llmc_trace.algorithms.quantize import QuantizedWeight
-from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme, matches
+from llmc_trace.algorithms.scheme import QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
 
-_CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
-"""Our observers under llm-compressor's names: both compute the range from the weight alone."""
+PACKED_FLOAT = {"nvfp4-pack-quantized": 2, "mxfp4-pack-quantized": 2, "mxfp6-pack-quantized": 4 / 3}
+"""The formats that pack a float grid's values into uint8 bytes, with values per byte."""
 
 
 def stores_quantized(module: torch.nn.Module) -> bool:
@@ -69,12 +87,12 @@ def stores_quantized(module: torch.nn.Module) -> bool:
 
 
 def format_of(scheme: QuantizationScheme) -> str:
-    """The compressed-tensors format a scheme is stored in.
-
-    Integer weights with quantized input activations are `int-quantized` (int8 weights, so
-    vLLM can run an int8 x int8 matmul); weight-only schemes are `pack-quantized`.
-    """
-    return "int-quantized" if scheme.input_activations is not None else "pack-quantized"
+    """The compressed-tensors format a scheme is stored in, as compressed-tensors chooses it
+    for a Linear (`infer_module_format`): integer weights with quantized input activations are
+    `int-quantized` (int8 weights, so vLLM can run an integer matmul), weight-only integer
+    schemes `pack-quantized`, FP8 with activations `float-quantized`, NVFP4 and the MX formats
+    their own."""
+    return str(infer_module_format(torch.nn.Linear, _ct_scheme(scheme, None)).value)
 
 
 def module_tensors(
@@ -82,12 +100,12 @@ def module_tensors(
 ) -> dict[str, torch.Tensor]:
     """The checkpoint tensors replacing `{prefix}.weight` for one quantized module."""
     args = quantized.args
+    form = format_of(scheme)
     tensors = {f"{prefix}.weight_scale": quantized.scale}
-    if format_of(scheme) == "int-quantized":
-        tensors[f"{prefix}.weight"] = quantized.int_weight
-        if not args.symmetric:
-            tensors[f"{prefix}.weight_zero_point"] = quantized.zero_point
-    else:
+    if form in PACKED_FLOAT:
+        pack = pack_fp6_to_uint8 if args.num_bits == 6 else pack_fp4_to_uint8
+        tensors[f"{prefix}.weight_packed"] = pack(quantized.int_weight.float())
+    elif not args.is_float and form == "pack-quantized":
         tensors[f"{prefix}.weight_packed"] = pack_to_int32(quantized.int_weight, args.num_bits)
         tensors[f"{prefix}.weight_shape"] = torch.tensor(quantized.int_weight.shape)
         if not args.symmetric:
@@ -95,6 +113,16 @@ def module_tensors(
             tensors[f"{prefix}.weight_zero_point"] = pack_to_int32(
                 zero_point, args.num_bits, packed_dim=0
             )
+    else:
+        tensors[f"{prefix}.weight"] = quantized.int_weight
+        if not args.symmetric:
+            tensors[f"{prefix}.weight_zero_point"] = quantized.zero_point
+    if args.scale_dtype == "uint8":  # MX: the power-of-two scale's biased exponent
+        tensors[f"{prefix}.weight_scale"] = compress_mx_scale(quantized.scale, torch.uint8)
+    elif args.scale_dtype is not None:
+        tensors[f"{prefix}.weight_scale"] = quantized.scale.to(getattr(torch, args.scale_dtype))
+    if quantized.global_scale is not None:
+        tensors[f"{prefix}.weight_global_scale"] = quantized.global_scale
     return {name: tensor.contiguous() for name, tensor in tensors.items()}
 
 
@@ -104,15 +132,22 @@ def module_tensor_specs(
     """What :func:`module_tensors` will return for a weight of ``shape`` in a ``dtype``
     checkpoint, known before the weight is quantized (the writer plans its shards from it)."""
     args = scheme.weights
+    form = format_of(scheme)
     rows, cols = shape
     groups = {"group": -(-cols // (args.group_size or cols)), "channel": 1}.get(args.strategy)
+    groups = -(-cols // (args.group_size or cols)) if args.strategy == "tensor_group" else groups
     scale_shape = (rows, groups) if groups is not None else (1,)
-    specs = {f"{prefix}.weight_scale": TensorSpec(dtype, scale_shape)}
-    if format_of(scheme) == "int-quantized":
-        specs[f"{prefix}.weight"] = TensorSpec(torch.int8, (rows, cols))
-        if not args.symmetric:
-            specs[f"{prefix}.weight_zero_point"] = TensorSpec(torch.int8, scale_shape)
-    else:
+    if args.strategy == "block":
+        assert args.block_structure is not None
+        bh, bw = args.block_structure
+        scale_shape = (-(-rows // bh), -(-cols // bw))
+    scale_dtype = getattr(torch, args.scale_dtype) if args.scale_dtype else dtype
+    specs = {f"{prefix}.weight_scale": TensorSpec(scale_dtype, scale_shape)}
+    if form in PACKED_FLOAT:
+        specs[f"{prefix}.weight_packed"] = TensorSpec(
+            torch.uint8, (rows, int(cols / PACKED_FLOAT[form]))
+        )
+    elif not args.is_float and form == "pack-quantized":
         specs[f"{prefix}.weight_packed"] = TensorSpec(
             torch.int32, (rows, -(-cols * args.num_bits // 32))
         )
@@ -121,40 +156,35 @@ def module_tensor_specs(
             specs[f"{prefix}.weight_zero_point"] = TensorSpec(
                 torch.int32, (-(-rows * args.num_bits // 32), groups or 1)
             )
+    else:
+        code = torch.float8_e4m3fn if args.is_float else torch.int8
+        specs[f"{prefix}.weight"] = TensorSpec(code, (rows, cols))
+        if not args.symmetric:
+            specs[f"{prefix}.weight_zero_point"] = TensorSpec(torch.int8, scale_shape)
+    if args.strategy == "tensor_group":
+        specs[f"{prefix}.weight_global_scale"] = TensorSpec(torch.float32, (1,))
     return specs
 
 
-def _ct_weight_args(args: QuantizationArgs) -> CtQuantizationArgs:
-    """Our weight arguments as compressed-tensors' `QuantizationArgs`."""
-    return CtQuantizationArgs(
-        num_bits=args.num_bits,
-        type="int",
-        symmetric=args.symmetric,
-        strategy=args.strategy,
-        group_size=args.group_size,
-        dynamic=False,
-        actorder=args.actorder,
-        observer=_CT_OBSERVER[args.observer],
-        **({} if args.symmetric else {"zp_dtype": torch.int8}),
-    )
-
-
-def _ct_scheme(scheme: QuantizationScheme) -> CtQuantizationScheme:
-    """Our scheme as compressed-tensors' `QuantizationScheme` (a config group)."""
+def _ct_scheme(scheme: QuantizationScheme, form: str | None = "") -> CtQuantizationScheme:
+    """Our scheme as compressed-tensors' `QuantizationScheme` (a config group); `form` the
+    format to record ("": the scheme's own; None: none, to ask compressed-tensors for it)."""
     activations = scheme.input_activations
     return CtQuantizationScheme(
         targets=list(scheme.targets),
-        weights=_ct_weight_args(scheme.weights),
+        weights=ct_weight_args(scheme.weights),
         input_activations=None
         if activations is None
         else CtQuantizationArgs(
             num_bits=activations.num_bits,
-            type="int",
+            type=activations.type,
             symmetric=activations.symmetric,
-            strategy="token",
-            dynamic=True,
+            strategy=activations.strategy,
+            group_size=activations.group_size,
+            dynamic=activations.dynamic,
+            observer=activations.observer,
         ),
-        format=format_of(scheme),
+        format=format_of(scheme) if form == "" else form,
     )
 
 

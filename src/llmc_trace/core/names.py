@@ -45,8 +45,9 @@ AUTO = "auto"
 #: Several stages, each a calibration with its own pipeline on the model the stage before left.
 INDEPENDENT = "independent"
 
-#: The quantization presets by name (``algorithms.scheme.PRESET_SCHEMES`` defines each).
-SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8")
+#: A few of the quantization presets, for help texts: every compressed-tensors preset is one
+#: (``algorithms.scheme.PRESET_NAMES``, read from the installed compressed-tensors).
+SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16")
 #: Bytes of tensors per checkpoint shard unless told otherwise (transformers' own default).
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 

@@ -61,12 +61,14 @@ def share_result(
     layer.set_matrix(weight)
     if shapes is not None:
         if world.rank != src:  # empty tensors of the owner's shapes, to receive into
-            int_weight, scale, zero_point, g_idx = (
+            int_weight, scale, zero_point, g_idx, global_scale = (
                 torch.empty(*s[0], dtype=s[1]) if s else None for s in shapes
             )
             assert int_weight is not None and scale is not None and zero_point is not None
             assert scheme is not None
-            kept = QuantizedWeight(None, int_weight, scale, zero_point, scheme.weights, g_idx)
+            kept = QuantizedWeight(
+                None, int_weight, scale, zero_point, scheme.weights, g_idx, global_scale
+            )
         assert kept is not None
         world.broadcast([t for t in _stored(kept) if t is not None], src)
         if world.is_main:
@@ -85,4 +87,10 @@ def solve_cost(layer: LinearLayer) -> float:
 
 def _stored(quantized: QuantizedWeight) -> tuple[torch.Tensor | None, ...]:
     """The tensors of a quantized weight a checkpoint stores, in one fixed order."""
-    return (quantized.int_weight, quantized.scale, quantized.zero_point, quantized.g_idx)
+    return (
+        quantized.int_weight,
+        quantized.scale,
+        quantized.zero_point,
+        quantized.g_idx,
+        quantized.global_scale,
+    )

@@ -62,8 +62,9 @@ class Stage:
     )
     scheme: Any = option(
         AUTO,
-        f"{', '.join(SCHEMES)} or 'none' (auto: {SCHEMES[0]} for a method that "
-        "quantizes, none for one that prunes); a recipe may give the full mapping.",
+        f"A compressed-tensors preset ({', '.join(SCHEMES)}, MXFP4A16, W4A8, ...) or 'none' "
+        f"(auto: {SCHEMES[0]} for a method that quantizes, none for one that prunes); a recipe "
+        "may give the full mapping.",
         Parsed(lambda value: _scheme_spelling(value), lambda value: _scheme_mapping(value)),
     )
     sparsity: Any = option(
@@ -152,6 +153,13 @@ class Stage:
         if isinstance(scheme, str) or isinstance(scheme, Mapping):
             scheme = _read_scheme(scheme, method)
         if scheme is not None and self.group_size is not None:
+            if scheme.weights.is_float:
+                raise BadInputError(
+                    f"--group-size changes an integer scheme's groups, and {scheme.name}'s "
+                    "scales are fixed by its float format.",
+                    hint="Leave out --group-size, or use an integer scheme such as W4A16.",
+                    param="group_size",
+                )
             scheme = (
                 scheme.with_weights(strategy="channel", group_size=None)
                 if self.group_size == 0
@@ -198,6 +206,15 @@ def _check(stage: Stage) -> None:
         raise BadInputError(
             f"{stage.method} needs a quantization scheme.",
             hint="Pass --scheme W4A16.",
+            param="scheme",
+        )
+    activations = stage.scheme.input_activations if stage.scheme is not None else None
+    if activations is not None and activations.calibrated:
+        raise BadInputError(
+            f"{stage.scheme.name} quantizes input activations with static scales observed on "
+            "calibration data, which llmc-trace does not calibrate.",
+            hint="Use the dynamic variant (FP8_DYNAMIC for FP8, NVFP4A16 for NVFP4's weights), "
+            "whose activation scales vLLM computes per token at run time.",
             param="scheme",
         )
     if stage.method not in PRUNING_METHODS and stage.sparsity is not None:
@@ -369,7 +386,7 @@ def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None
         DEFAULT_IGNORE,
         DEFAULT_SCHEME,
         DEFAULT_TARGETS,
-        DynamicActivationArgs,
+        ActivationArgs,
         QuantizationArgs,
         QuantizationScheme,
         resolve_scheme,
@@ -403,7 +420,7 @@ def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None
         return QuantizationScheme(
             str(value["name"]),
             QuantizationArgs(**value["weights"]),
-            DynamicActivationArgs(**activations) if activations is not None else None,
+            ActivationArgs(**activations) if activations is not None else None,
             names.read(value.get("targets", DEFAULT_TARGETS)),
             names.read(value.get("ignore", DEFAULT_IGNORE)),
         )

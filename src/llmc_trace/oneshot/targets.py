@@ -7,9 +7,10 @@ import difflib
 
 import torch
 
-from llmc_trace.algorithms.scheme import matches
+from llmc_trace.algorithms.scheme import QuantizationArgs, matches
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.oneshot.hessians import Targets
 from llmc_trace.oneshot.stage import Stage
 
 
@@ -24,17 +25,42 @@ def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str
             param="scheme",
         )
     args = compressor.scheme.weights if compressor.scheme is not None else None
-    if args is not None and args.strategy == "group" and args.group_size:
-        misfits = [n for n, layer in targets if layer.in_features % args.group_size]
-        if misfits:
-            raise BadInputError(
-                f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have an input width that is "
-                f"not a multiple of the group size {args.group_size}.",
-                hint="Pass a group size that divides them (--group-size 32), or 0 for one scale "
-                "per output channel, or keep those layers in full precision (--ignore).",
-                param="scheme",
-            )
+    if args is not None:
+        _check_widths(args, targets, compressor.scheme.name)
     return [n for n, _ in targets]
+
+
+def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str) -> None:
+    """Every targeted layer's widths divide into the scheme's groups (or blocks)."""
+    if args.strategy == "block":
+        assert args.block_structure is not None
+        rows, cols = args.block_structure
+        misfits = [
+            n for n, layer in targets if layer.out_features % rows or layer.in_features % cols
+        ]
+        what = f"a width that does not divide into {rows} x {cols} blocks"
+    elif args.group_size:
+        misfits = [n for n, layer in targets if layer.in_features % args.group_size]
+        what = f"an input width that is not a multiple of the group size {args.group_size}"
+    else:
+        return
+    if not misfits:
+        return
+    if args.is_float:
+        hint = (
+            f"{scheme}'s groups are fixed by its format: use a per-channel scheme (FP8_DYNAMIC), "
+            "or keep those layers in full precision (--ignore)."
+        )
+    else:
+        hint = (
+            "Pass a group size that divides them (--group-size 32), or 0 for one scale per "
+            "output channel, or keep those layers in full precision (--ignore)."
+        )
+    raise BadInputError(
+        f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have {what}.",
+        hint=hint,
+        param="scheme",
+    )
 
 
 def check_ignore(model: torch.nn.Module, stage: Stage) -> None:

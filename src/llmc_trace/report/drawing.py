@@ -59,15 +59,19 @@ class _Box:
 
 
 def describe_stage(stage: StageSettings) -> str:
-    """``gptq W4A16 (3-bit, group 128, actorder static)``, ``sparsegpt 2:4``."""
+    """``gptq W4A16 (3-bit, group 128, actorder static)``, ``gptq FP8_BLOCK (8-bit float,
+    block 128x128, actorder static)``, ``sparsegpt 2:4``."""
     parts = [stage.method]
     if stage.sparsity is not None:
         parts.append(stage.sparsity)
     if stage.scheme is not None:
         weights = stage.weights or {}
-        grid = [f"{weights.get('num_bits')}-bit"]
-        if weights.get("strategy") == "group":
+        kind = " float" if weights.get("type") == "float" else ""
+        grid = [f"{weights.get('num_bits')}-bit{kind}"]
+        if weights.get("strategy") in ("group", "tensor_group"):
             grid.append(f"group {weights.get('group_size')}")
+        elif weights.get("strategy") == "block":
+            grid.append("block {}x{}".format(*weights.get("block_structure") or ("?", "?")))
         elif weights.get("strategy"):
             grid.append(f"per {weights['strategy']}")
         if weights.get("actorder"):

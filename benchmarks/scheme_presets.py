@@ -1,0 +1,240 @@
+"""Every compressed-tensors preset through ``compress``: written, reloaded by transformers, served by vLLM.
+
+For each preset of the installed compressed-tensors (``llmc_trace.algorithms.scheme.
+PRESET_NAMES``), the reference model (``refmodel/``) is quantized by round-to-nearest and
+written by the checkpoint writer, as ``llmc-trace compress --method rtn --scheme PRESET``
+writes it (in this process: the command's tracing and calibration pass, which round-to-nearest
+does not use, would only cost time). A row says:
+
+* ``written``: the checkpoint's format (its config's ``format``), or the one sentence
+  ``compress`` refuses the preset with (the check of the stage it builds: exit status 2,
+  before any weight loads);
+* ``reloaded``: transformers (its compressed-tensors quantizer, ``dequantize=True``) loads the
+  checkpoint, and every quantized layer's weight equals, bit for bit, the one the quantization
+  left; otherwise how many layers differ;
+* ``llmc-trace`` and ``vLLM``: the perplexity of the first ``--rows`` evaluation rows, by
+  ``llmc-trace evaluate``'s evaluator (transformers, activations quantized as the preset says)
+  and by vLLM's CPU build (``benchmarks/vllm_serving.py``'s worker and verdicts: ``agrees``
+  within ``--tolerance``; ``no kernel here; reference agrees`` where vLLM's CPU build lacks
+  the weight-only integer kernel and a plain matmul stands in for it; ``REFUSED`` with vLLM's
+  own words where it cannot run the checkpoint at all).
+
+Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have the same format;
+``benchmarks/scheme_quality.py`` measures their quality). The figures are written to
+``benchmarks/results/scheme_presets.json`` (``--result`` names another file);
+``tables(result)`` renders the docs' table.
+
+    bash benchmarks/vllm_env.sh
+    flock /tmp/llmc-bench.lock python benchmarks/scheme_presets.py          # every preset, ~40 min
+    python benchmarks/scheme_presets.py --presets FP8_DYNAMIC NVFP4A16      # some
+    python benchmarks/scheme_presets.py --serve FP8_DYNAMIC W4A8    # every preset written, two served
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _results import Run, goal  # noqa: E402
+from vllm_serving import (  # noqa: E402
+    REFMODEL,
+    VENV_PYTHON,
+    Case,
+    Row,
+    cell,
+    judge,
+    our_perplexity,
+    text_subject,
+    worker_environment,
+)
+
+
+def refusal(preset: str) -> str | None:
+    """The sentence ``compress`` refuses ``preset`` with (exit status 2, before any weight
+    loads), or None: the stage a ``--method rtn --scheme PRESET`` run builds, checked."""
+    from llmc_trace.errors import BadInputError
+    from llmc_trace.oneshot import Stage
+
+    try:
+        Stage("rtn", preset)
+    except BadInputError as err:
+        return str(err)  # the message and its hint, as the command prints them
+    return None
+
+
+def write_checkpoint(preset: str, out: Path) -> dict[str, Any]:
+    """Round-to-nearest of the reference model written by the checkpoint writer, as
+    ``compress --method rtn`` writes it; each quantized layer's weight."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmc_trace.algorithms import resolve_scheme, rtn
+    from llmc_trace.checkpoint.writer import save_compressed
+
+    scheme = resolve_scheme(preset)
+    model = AutoModelForCausalLM.from_pretrained(REFMODEL, dtype=torch.bfloat16)
+    quantized = {
+        name: rtn(module.weight.data, scheme.weights)
+        for name, module in model.named_modules()
+        if scheme.is_target(name, module)
+    }
+    save_compressed(model, out, quantized, [scheme], tokenizer_dir=REFMODEL)
+    return {name: q.weight for name, q in quantized.items()}
+
+
+def reload_mismatches(folder: Path, weights: dict[str, Any]) -> int:
+    """Quantized layers whose weight, as transformers decompresses the checkpoint, is not the
+    weight the quantization left."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    reloaded = AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=CompressedTensorsConfig(dequantize=True)
+    )
+    return sum(
+        not torch.equal(reloaded.get_submodule(name).weight, weight)
+        for name, weight in weights.items()
+    )
+
+
+def run_preset(preset: str, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One preset's row (see the module docstring)."""
+    start = time.perf_counter()
+    folder = scratch / preset
+    refused = refusal(preset)
+    entry: dict[str, Any] = {"preset": preset}
+    if refused is not None:
+        entry.update(written=False, exit_status=2, refusal=refused)
+        return entry
+    weights = write_checkpoint(preset, folder)
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    entry.update(written=True, format=config["format"])
+    entry["reload_mismatches"] = reload_mismatches(folder, weights)
+    if args.serve is not None and preset not in args.serve:
+        entry.update(llmc_trace=None, vllm=None, gap=None, verdict="not served in this run")
+        entry.update(detail="", wall_s=round(time.perf_counter() - start, 1))
+        return entry
+    subject = text_subject(args.rows)
+    row = Row(Case(preset))
+    row.ours = our_perplexity(folder, subject)
+    judge(row, folder, subject, args.tolerance, ())
+    entry.update(
+        llmc_trace=row.ours,
+        vllm=row.vllm if row.vllm is not None and math.isfinite(row.vllm) else None,
+        gap=row.numbers.get("difference"),
+        verdict=row.verdict,
+        detail=row.detail,
+        load_s=row.numbers.get("load_s"),
+        wall_s=round(time.perf_counter() - start, 1),
+    )
+    return entry
+
+
+def preset_order() -> tuple[str, ...]:
+    """compressed-tensors' order of its presets: the table's, whatever order they ran in."""
+    from llmc_trace.algorithms import PRESET_NAMES
+
+    return PRESET_NAMES
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """``presets``: one row per preset."""
+    lines = [
+        "| preset | written | reloaded (transformers) | llmc-trace | vLLM CPU | gap "
+        "| vLLM's verdict |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    order = {name: index for index, name in enumerate(preset_order())}
+    for row in sorted(result["figures"]["rows"], key=lambda row: order.get(row["preset"], 99)):
+        if not row["written"]:
+            refusal = cell(row["refusal"])
+            lines.append(f"| {row['preset']} | refused: {refusal} | - | - | - | - | - |")
+            continue
+        mismatches = row["reload_mismatches"]
+        reloaded = "exact" if mismatches == 0 else f"{mismatches} layers differ"
+        vllm = f"{row['vllm']:.3f}" if row["vllm"] is not None else "-"
+        gap = f"{100 * row['gap']:.3f} %" if row["gap"] is not None else "-"
+        verdict = row["verdict"] + (f": {row['detail']}" if row["detail"] else "")
+        ours = f"{row['llmc_trace']:.3f}" if row["llmc_trace"] is not None else "-"
+        lines.append(
+            f"| {row['preset']} | {row['format']} | {reloaded} | {ours} "
+            f"| {vllm} | {gap} | {cell(verdict)} |"
+        )
+    return {"presets": "\n".join(lines)}
+
+
+def main() -> int:
+    from llmc_trace.algorithms import PRESET_NAMES
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=list(PRESET_NAMES), help="default: all")
+    parser.add_argument("--serve", nargs="+", help="the presets scored and served (default: all)")
+    parser.add_argument("--rows", type=int, default=8, help="evaluation rows scored")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, 1e-3 = 0.1 %%")
+    parser.add_argument(
+        "--result", type=Path, help="default: benchmarks/results/scheme_presets.json"
+    )
+    args = parser.parse_args()
+    if not VENV_PYTHON.exists():
+        print(f"{VENV_PYTHON} is missing: run `bash benchmarks/vllm_env.sh` first.")
+        return 2
+    record = Run("scheme_presets")
+    worker = worker_environment()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for preset in args.presets:
+            rows.append(run_preset(preset, Path(scratch), args))
+            print(json.dumps(rows[-1]), flush=True)
+            for stale in Path(scratch).iterdir():  # a checkpoint at a time on disk
+                shutil.rmtree(stale)
+            path = write_result(record, rows, args, worker)  # after each preset: a long run's rows
+    print(tables(json.loads(path.read_text()))["presets"])
+    return 0
+
+
+def write_result(
+    record: Run, rows: list[dict[str, Any]], args: argparse.Namespace, worker: dict[str, Any]
+) -> Path:
+    """The result file for the presets run so far, with its goals."""
+    written = [row for row in rows if row["written"]]
+    exact = sum(row["reload_mismatches"] == 0 for row in written)
+    refused = [row for row in rows if not row["written"]]
+    goals = [
+        goal(
+            "written checkpoints reload in transformers to our weights",
+            "every one, bit for bit",
+            f"{exact} of {len(written)}",
+            exact == len(written),
+        ),
+        goal(
+            "refused presets",
+            "exit status 2 with one sentence",
+            f"{len(refused)} refused",
+            all(row["exit_status"] == 2 and row["refusal"] for row in refused),
+        ),
+    ]
+    return record.write(
+        {"evaluation_rows": args.rows, "rows": rows},
+        goals=goals,
+        environments={"vLLM worker": worker},
+        notes=[
+            "RTN checkpoints (data-free); GPTQ writes the same formats.",
+            f"Perplexity of the first {args.rows} rows of refmodel/eval.npy, 512 tokens each.",
+        ],
+        path=args.result,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
