@@ -18,7 +18,7 @@ on an H100):
    wheels' unmet requirements (``versions.py``).
 3. ``cuda_tests``: the suite's tests a machine without CUDA skips (``cuda_selection.py``).
 4. ``kernels``: per-layer GPTQ and SparseGPT against their matrix-product floor, and the
-   Hessian's rate (``kernels.py``).
+   Hessian's rate (``kernel_speed.py``).
 5. ``refmodel``: the reference model compressed on the CPU and on the device, perplexities
    side by side (``reference_model.py``).
 6. ``llama``: ``compress`` of an 8B-shaped random Llama, streamed, with as many calibration

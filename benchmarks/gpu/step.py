@@ -23,10 +23,11 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared _rss and _worker
 from _worker import failure_text  # noqa: E402
 from common import write_result  # noqa: E402
 
-#: step name -> the module holding its ``run``
+#: step name -> the module holding its ``run`` (never a name an installed package has:
+#: benchmarks/gpu/ is on sys.path, and transformers probes ``import kernels`` at import time)
 MODULES = {
     "versions": "versions",
-    "kernels": "kernels",
+    "kernels": "kernel_speed",
     "refmodel": "reference_model",
     "llama": "llama",
 }
