@@ -8,9 +8,14 @@ worker prints one line ``RESULT {json}``; a failure it catches is a result with 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
+import time
 import traceback
 from typing import Any
+
+GiB = 2**30
 
 
 def failure_text(err: BaseException) -> str:
@@ -34,3 +39,28 @@ def run_child(command: list[str], what: str, env: dict[str, str]) -> dict[str, A
     if "error" in result:
         print(f"  {what}: failed: {result['error']}", flush=True)
     return result
+
+
+def run_measured(command: list[str], what: str) -> tuple[str, dict[str, Any]]:
+    """Run ``command`` in a fresh process whose stdout is a JSON document: that text, and the
+    process's wall and CPU seconds, peak resident set (the largest of it and its children,
+    from ``wait4``) and exit code. No output at all is a crash, raised with ``what`` and the
+    last line of stderr (a non-zero exit with output is the command's own verdict)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        exit_code = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if not stdout.strip():
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{what} exited {exit_code} without a document: {tail}")
+    return stdout, {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / GiB,
+        "exit_code": exit_code,
+    }

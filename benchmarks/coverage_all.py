@@ -25,11 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +33,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _results import ROOT, Run  # noqa: E402
+from _worker import run_measured  # noqa: E402
 
 SHIPPED = ROOT / "src" / "llmc_trace" / "models" / "builtin" / "coverage-all.json"
 CLI = Path(sys.executable).with_name("llmc-trace")  # the command a user types, as installed
 #: What a row says apart from its seconds: a change in any of these is reported.
 ROW_FIELDS = ("outcome", "config", "fix", "model_class", "subgraphs", "problem")
-GiB = 2**30
 
 
 class StaleShippedFile(Exception):
@@ -59,24 +55,9 @@ def run_sweep(workers: int, models: list[str]) -> tuple[str, dict[str, Any]]:
     command = [str(CLI), "--quiet", "coverage", "--all", "--json", "--workers", str(workers)]
     for model in models:
         command += ["--model", model]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if not stdout.strip():  # exit code 1 only says a type did not verify; no JSON is a crash
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"coverage --all exited {child.returncode} without a document: {tail}")
-    process = {
-        "wall_s": round(wall, 1),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-        "peak_rss_gib": round(usage.ru_maxrss * 1024 / GiB, 3),
-        "exit_code": child.returncode,
-    }
+    stdout, measured = run_measured(command, "coverage --all")
+    rounding = {"wall_s": 1, "cpu_s": 1, "peak_rss_gib": 3}
+    process = {k: round(v, rounding[k]) if k in rounding else v for k, v in measured.items()}
     return stdout, process
 
 
@@ -127,11 +108,13 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
 def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
     """The README's summary row: the sweep's verified share, from the shipped file's summary."""
     summary = json.loads((ROOT / result["figures"]["shipped"]["path"]).read_text())["summary"]
-    return [(
-        "Every generative model type of transformers, traced and replayed on a twin",
-        f"{summary['verified']} of {summary['counted']} types verified "
-        f"({summary['verified_share']:.1%})",
-    )]
+    return [
+        (
+            "Every generative model type of transformers, traced and replayed on a twin",
+            f"{summary['verified']} of {summary['counted']} types verified "
+            f"({summary['verified_share']:.1%})",
+        )
+    ]
 
 
 def main() -> None:

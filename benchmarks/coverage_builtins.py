@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +30,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _results import Run, spread, spread_text  # noqa: E402
+from _worker import run_measured  # noqa: E402
 
 CLI = Path(sys.executable).with_name("llmc-trace")  # the command a user types, as installed
 #: What decides a pair's row, apart from its timings: these must agree between runs.
 OUTCOME_KEYS = ("traced", "verified", "subgraphs", "fix", "problem")
-GiB = 2**30
 
 
 def run_coverage(models: list[str]) -> dict[str, Any]:
@@ -46,25 +42,8 @@ def run_coverage(models: list[str]) -> dict[str, Any]:
     command = [str(CLI), "--quiet", "coverage", "--json"]
     for model in models:
         command += ["--model", model]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if not stdout.strip():  # exit code 1 only says a row did not verify; no JSON is a crash
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"coverage exited {child.returncode} without rows: {tail}")
-    return {
-        "rows": json.loads(stdout)["rows"],
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_gib": usage.ru_maxrss * 1024 / GiB,
-        "exit_code": child.returncode,
-    }
+    stdout, measured = run_measured(command, "coverage")
+    return {"rows": json.loads(stdout)["rows"], **measured}
 
 
 def merge_rows(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
