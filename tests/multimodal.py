@@ -44,8 +44,9 @@ def narrow_gemma3(config: PretrainedConfig) -> None:
 
 def narrow_qwen_mlp(config: PretrainedConfig) -> None:
     """Qwen2-VL's and Qwen2.5-VL's twins keep an MLP of 4480 and 4736 (their full size over two
-    and four): GPTQ on that down projection (a 4480-wide Hessian to factor) is most of a
-    compress test's time. The MLP's width takes no code path of its own."""
+    and four), InternVL3's Qwen2 text stack one of 2432: GPTQ on that down projection (a
+    4480-wide Hessian to factor) is most of a compress test's time. The MLP's width takes no
+    code path of its own."""
     config.text_config.intermediate_size = 1024
 
 
@@ -54,6 +55,7 @@ ADJUST = {
     "google/gemma-3-4b-it": narrow_gemma3,
     "Qwen/Qwen2-VL-2B-Instruct": narrow_qwen_mlp,
     "Qwen/Qwen2.5-VL-7B-Instruct": narrow_qwen_mlp,
+    "OpenGVLab/InternVL3-1B-hf": narrow_qwen_mlp,
 }
 
 

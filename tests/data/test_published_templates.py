@@ -6,10 +6,15 @@ media placeholders the processor expands must be those the twin's own template g
 processor, not the template, decides how many tokens an image takes); the others are rendered
 with rows as the loader builds them, and must put one marker per media item. A template that
 does not recognise the rows' media parts is refused in one sentence naming the row.
+
+InternVL's -hf checkpoints publish the conversion script's template with `<IMG_CONTEXT>` where
+the kept text writes `<image>` (`SOURCES.md`); Mistral 3's processor class exists in
+transformers only with torchvision installed, so without it its twin is refused in one sentence.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -32,7 +37,8 @@ THROUGH_TWINS = {
     "google/gemma-3-4b-it": ("gemma3.jinja", "image"),
     "Qwen/Qwen2-Audio-7B-Instruct": ("qwen2_audio.jinja", "audio"),
 }
-#: published template without a twin here -> the marker it writes per image
+#: published template rendered alone -> the marker it writes per image (their twins' tests
+#: are below: InternVL's -hf text differs in that marker, Mistral 3's needs torchvision)
 RENDERED_ONLY = {"mistral3.jinja": "[IMG]", "internvl.jinja": "<image>"}
 RUN = dict(samples=2, seq_len=512, batch_size=2, pipeline="sequential", group_size=32)
 
@@ -50,14 +56,11 @@ def placeholders(calibration) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("name", list(THROUGH_TWINS))
-def test_a_twin_calibrates_through_its_published_template(
-    name, twins, drawn_rows, tone_rows, tmp_path
-):
-    template, modality = THROUGH_TWINS[name]
-    rows = tone_rows if modality == "audio" else drawn_rows
+def calibrates_through(name, template, modality, rows, twins, tmp_path) -> None:
+    """Twin `name` with `template` in place of its own: the same placeholders as through its own
+    template, at least one per sample, and a compression run through it."""
     own = twins(name)
-    published = with_template(own, tmp_path / "published", (TEMPLATES / template).read_text())
+    published = with_template(own, tmp_path / "published", template)
     settings = dict(samples=2, seq_len=512, batch_size=2, shuffle=False, modality=modality)
     through_published = load_multimodal_calibration(rows, published, **settings)
     through_own = load_multimodal_calibration(rows, own, **settings)
@@ -68,8 +71,60 @@ def test_a_twin_calibrates_through_its_published_template(
     assert result.layers and not result.fallbacks
 
 
+@pytest.mark.parametrize("name", list(THROUGH_TWINS))
+def test_a_twin_calibrates_through_its_published_template(
+    name, twins, drawn_rows, tone_rows, tmp_path
+):
+    template, modality = THROUGH_TWINS[name]
+    rows = tone_rows if modality == "audio" else drawn_rows
+    calibrates_through(name, (TEMPLATES / template).read_text(), modality, rows, twins, tmp_path)
+
+
+def test_internvl_calibrates_through_the_template_its_hf_checkpoints_publish(
+    twins, drawn_rows, tmp_path
+):
+    """InternVLProcessor finds an image by the tokenizer's `context_image_token`, `<IMG_CONTEXT>`
+    in the published tokenizer; the conversion script's first text wrote `<image>`, which the
+    marker check refuses in one sentence rather than calibrating without the image."""
+    name = "OpenGVLab/InternVL3-1B-hf"
+    kept = (TEMPLATES / "internvl.jinja").read_text()
+    published = kept.replace("'<image>\n'", "'<IMG_CONTEXT>\n'")
+    assert "<image>" not in published and published.count("<IMG_CONTEXT>") == 1
+    calibrates_through(name, published, "image", drawn_rows, twins, tmp_path)
+
+    with pytest.raises(DataError) as err:
+        load_multimodal_calibration(
+            drawn_rows, with_template(twins(name), tmp_path / "kept", kept), samples=2,
+            seq_len=512, shuffle=False,
+        )  # fmt: skip
+    message = str(err.value)
+    assert "row 0" in message and "wrote 0 image marker(s) (<IMG_CONTEXT>)" in message
+    assert "\n" not in message
+
+
+def test_mistral3_calibrates_through_its_published_template_where_its_processor_exists(
+    twins, drawn_rows, tmp_path
+):
+    """transformers defines Mistral 3's PixtralProcessor only when torchvision is installed (its
+    module imports the torchvision image processor); without it the run is one sentence
+    saying so, before any model work."""
+    name = "mistralai/Ministral-3-3B-Instruct-2512"
+    template = (TEMPLATES / "mistral3.jinja").read_text()
+    if importlib.util.find_spec("torchvision") is not None:
+        calibrates_through(name, template, "image", drawn_rows, twins, tmp_path)
+        return
+    with pytest.raises(DataError) as err:
+        load_multimodal_calibration(
+            drawn_rows, with_template(twins(name), tmp_path / "published", template),
+            samples=2, seq_len=512, shuffle=False,
+        )  # fmt: skip
+    message = str(err.value)
+    assert "defines its PixtralProcessor only when torchvision is installed" in message
+    assert "Install torchvision" in message and "\n" not in message
+
+
 @pytest.mark.parametrize("name", list(RENDERED_ONLY))
-def test_published_templates_without_a_twin_write_one_marker_per_image(name, drawn_rows):
+def test_published_templates_rendered_alone_write_one_marker_per_image(name, drawn_rows):
     table = read_text_table(drawn_rows, "jsonl", "captions.jsonl")
     reader = RowReader(table, detect_modality(table), base=drawn_rows.parent, target_rate=None)
     (row,) = reader.read(0)

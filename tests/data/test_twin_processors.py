@@ -6,6 +6,7 @@ for), not the plan that wrote the tokenizer.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from transformers import AutoProcessor, AutoTokenizer
 
 from llmc_trace.data import load_processor
 from llmc_trace.twins.plans import processor_plan
-from llmc_trace.errors import BadInputError
+from llmc_trace.errors import BadInputError, DataError
 from llmc_trace.models.source import resolve_model
 from tests.multimodal import TWINS
 
@@ -50,3 +51,19 @@ def test_special_tokens_sit_at_the_config_ids(name, twins):
 def test_no_twin_processor_for_an_architecture_without_one():
     with pytest.raises(BadInputError, match="no twin processor is made here for llama"):
         processor_plan(resolve_model("meta-llama/Llama-3.1-70B").config())
+
+
+def test_internvl_processor_is_built_without_its_video_part(twins):
+    """transformers refuses InternVL's video processor without torchvision (a ValueError from
+    `AutoVideoProcessor`): the processor is built from its other parts, its image marker at the
+    config's id, and video alone is refused saying why."""
+    folder = twins("OpenGVLab/InternVL3-1B-hf")
+    config = json.loads((folder / "config.json").read_text())
+    loaded = load_processor(folder, "image")
+    image_id = loaded.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
+    assert image_id == config["image_token_id"] == loaded.placeholder_ids["image"]
+    assert loaded.processor.image_token == "<IMG_CONTEXT>"
+    if importlib.util.find_spec("torchvision") is None:
+        assert loaded.built_from == "parts"
+        with pytest.raises(DataError, match="video processor code that needs torchvision"):
+            loaded.require("video")

@@ -9,6 +9,9 @@ fails for that reason, the processor is built from its parts instead: the same p
 the tokenizer, the image processor's Pillow backend, the feature extractor and the chat
 template, with the parts that need torchvision (video processors) left out. What was left out
 is recorded, and refused only when that modality is asked for (`LoadedProcessor.require`).
+A processor class transformers defines only with torchvision installed (Mistral 3's
+`PixtralProcessor`, whose module imports the torchvision image processor) has no parts to build
+from: that is one sentence saying so.
 
 Nothing is fetched (local files only) and no code from the folder runs (remote code refused).
 """
@@ -116,7 +119,7 @@ def load_processor(folder: str | Path, modality: str | None = None) -> LoadedPro
         processor = _auto_processor(folder)
         built_from, unavailable = "AutoProcessor", {}
     except ImportError as err:
-        if "torchvision" not in str(err).lower():
+        if not _needs_torchvision(err):
             raise _not_loading(folder, err) from err
         processor, unavailable = _processor_from_parts(folder, config, err)
         built_from = "parts"
@@ -176,7 +179,13 @@ def _auto_processor(folder: Path) -> Any:
     except ImportError:
         raise
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        if _needs_torchvision(err):  # AutoVideoProcessor says so with a ValueError (InternVL's)
+            raise ImportError(str(err)) from err
         raise _not_loading(folder, err) from err
+
+
+def _needs_torchvision(err: BaseException) -> bool:
+    return "torchvision" in str(err).lower()
 
 
 def _processor_from_parts(
@@ -196,6 +205,16 @@ def _processor_from_parts(
     cls = getattr(transformers, str(name), None)
     if cls is None:
         raise _not_loading(folder, cause) from cause
+    try:  # a class transformers defines only with torchvision fails here (Mistral 3's)
+        attributes = cls.get_attributes()
+    except ImportError as err:
+        raise DataError(
+            f"the processor of {folder} cannot be built here: transformers defines its {name} "
+            "only when torchvision is installed, and it is not.",
+            hint="Install torchvision (the build matching the installed torch) to calibrate this "
+            "model on its media, or calibrate it on text with --modality text.",
+            param="modality",
+        ) from err
     loaders = {
         "tokenizer": lambda: AutoTokenizer.from_pretrained(folder, local_files_only=True),
         "image_processor": lambda: AutoImageProcessor.from_pretrained(
@@ -210,11 +229,11 @@ def _processor_from_parts(
     }
     parts: dict[str, Any] = {}
     unavailable: dict[str, str] = {}
-    for attribute in cls.get_attributes():
+    for attribute in attributes:
         try:
             parts[attribute] = loaders[attribute]()
-        except ImportError as err:
-            if "torchvision" not in str(err).lower():
+        except (ImportError, OSError, ValueError, KeyError) as err:
+            if not _needs_torchvision(err):
                 raise _not_loading(folder, err) from err
             parts[attribute] = None
             for modality, names in MODALITY_PARTS.items():
@@ -224,8 +243,6 @@ def _processor_from_parts(
                         f"{attribute.replace('_', ' ')} code that needs torchvision, which is "
                         "not installed"
                     )
-        except (OSError, ValueError, KeyError) as err:
-            raise _not_loading(folder, err) from err
     template = _chat_template(folder)
     if template is not None:
         settings["chat_template"] = template

@@ -19,6 +19,8 @@ from llmc_trace.errors import BadInputError
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 HALF = [0.5, 0.5, 0.5]
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,99 @@ def _qwen2_audio(config: PretrainedConfig) -> ProcessorPlan:
     )
 
 
+def _mistral3(config: PretrainedConfig) -> ProcessorPlan:
+    """Mistral 3's Pixtral layout: each image a grid of `[IMG]` rows ended by `[IMG_BREAK]`,
+    the last by `[IMG_END]`; its longest edge bounded as the twin's vision tower is."""
+    vision = config.vision_config
+    return ProcessorPlan(
+        processor_class="PixtralProcessor",
+        preprocessor={
+            "image_processor_type": "PixtralImageProcessor",
+            "patch_size": {"height": vision.patch_size, "width": vision.patch_size},
+            "size": {"longest_edge": vision.image_size},
+            "do_convert_rgb": True,
+            "resample": 3,
+            "image_mean": CLIP_MEAN,
+            "image_std": CLIP_STD,
+        },
+        config_tokens={
+            "image_token_index": "[IMG]",
+            "bos_token_id": "<s>",
+            "eos_token_id": "</s>",
+            "pad_token_id": "<pad>",
+        },
+        named_tokens={
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+        },
+        extra_tokens=(
+            "[INST]",
+            "[/INST]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+            "[IMG_BREAK]",
+            "[IMG_END]",
+        ),
+        turn=("[INST]", "[/INST]"),
+        media_markers={"image": "[IMG]"},
+        processor={
+            "patch_size": vision.patch_size,
+            "spatial_merge_size": config.spatial_merge_size,
+            "image_token": "[IMG]",
+            "image_break_token": "[IMG_BREAK]",
+            "image_end_token": "[IMG_END]",
+        },
+    )
+
+
+def _internvl(config: PretrainedConfig) -> ProcessorPlan:
+    """InternVL's layout: each image tile `<img>`, `image_seq_length` `<IMG_CONTEXT>`s, `</img>`,
+    the tokens named in the tokenizer (`context_image_token`, ...) as the published -hf
+    checkpoints name them. One tile per image (`max_patches` 1), so a drawn image is one
+    `image_seq_length` run."""
+    vision = config.vision_config
+    side = _pair(vision.image_size)
+    patch = _pair(vision.patch_size)
+    per_tile = (side[0] // patch[0]) * (side[1] // patch[1])
+    return ProcessorPlan(
+        processor_class="InternVLProcessor",
+        preprocessor={
+            "image_processor_type": "GotOcr2ImageProcessor",
+            "size": {"height": side[0], "width": side[1]},
+            "crop_to_patches": False,
+            "min_patches": 1,
+            "max_patches": 1,
+            "do_convert_rgb": True,
+            "resample": 3,
+            "image_mean": IMAGENET_MEAN,
+            "image_std": IMAGENET_STD,
+        },
+        config_tokens={
+            "image_token_id": "<IMG_CONTEXT>",
+            "bos_token_id": "<|endoftext|>",
+            "eos_token_id": "<|im_end|>",
+        },
+        named_tokens={
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": "<|unk|>",
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        },
+        extra_tokens=("<|im_start|>",),
+        media_markers={"image": "<IMG_CONTEXT>\n", "video": "<video>\n"},
+        processor={"image_seq_length": round(per_tile * config.downsample_ratio**2)},
+    )
+
+
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
 #: Twin processors by `model_type`.
 TWIN_PROCESSORS: dict[str, Callable[[PretrainedConfig], ProcessorPlan]] = {
     "qwen2_vl": _qwen2_vl,
@@ -239,4 +334,6 @@ TWIN_PROCESSORS: dict[str, Callable[[PretrainedConfig], ProcessorPlan]] = {
     "idefics3": _idefics3,
     "gemma3": _gemma3,
     "qwen2_audio": _qwen2_audio,
+    "mistral3": _mistral3,
+    "internvl": _internvl,
 }
