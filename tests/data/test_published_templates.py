@@ -25,6 +25,7 @@ from llmc_trace import CompressRequest, compress
 from llmc_trace.data import DataError, load_multimodal_calibration
 from llmc_trace.data.rows import RowReader, detect_modality
 from llmc_trace.data.tables import read_text_table
+from tests.multimodal import load_twin
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 
@@ -121,6 +122,8 @@ def test_mistral3_calibrates_through_its_published_template_where_its_processor_
     message = str(err.value)
     assert "defines its PixtralProcessor only when torchvision is installed" in message
     assert "Install torchvision" in message and "\n" not in message
+    # the twin itself is ready for it: float weights, without the published FP8 storage format
+    assert "quantization_config" not in load_twin(twins(name)).config.to_dict()
 
 
 @pytest.mark.parametrize("name", list(RENDERED_ONLY))

@@ -62,6 +62,8 @@ def save_twin(
     config = shrink_config(resolve_model(name).config())
     if adjust is not None:
         adjust(config)
+    if hasattr(config, "quantization_config"):  # how the published weights are stored (Ministral
+        del config.quantization_config  # 3's FP8), not the float weights saved here
     plan = processor_plan(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
