@@ -59,10 +59,10 @@ def test_definition_is_the_last_candidate_and_replays_like_the_original(register
     assert [f.kind for f in candidates] == ["autowrap", "definition"]
     assert candidates[0].refusal  # the early return cannot be autowrapped
     fix = candidates[-1]
-    assert fix.ignore == ("tracing_models:EarlyReturn",)
+    assert fix.tracing_ignore == ("tracing_models:EarlyReturn",)
 
     trace = trace_graph(
-        original, sample([1, 2, 2]), TracingOptions.parse(original, fix.ignore, ["Block"])
+        original, sample([1, 2, 2]), TracingOptions.parse(original, fix.tracing_ignore, ["Block"])
     )
     assert trace.definitions == ["<root>"]
     assert type(original) is patterns.EarlyReturn  # its own class back after the trace

@@ -3,7 +3,8 @@
 The public API: :func:`attempt_trace` (trace, partition and verify a model named by hub id,
 folder or built-in), :func:`trace_subgraphs` and :func:`topological_partition` (the
 llm-compressor contract), :func:`trace_source` and :class:`TracedModel` (one trace shared by
-every step), :func:`compress` with its :class:`CompressRequest`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
+every step), :class:`TracingSettings` (how any of them traces), :func:`compress` with its
+:class:`CompressRequest`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
 and the errors.
 
 Names are imported when first used (PEP 562), so ``import llmc_trace`` and ``llmc-trace
@@ -25,6 +26,7 @@ _WHERE = {
     "Subgraph": "llmc_trace.graph.subgraph",
     "TracedModel": "llmc_trace.traced.model",
     "trace_source": "llmc_trace.traced.model",
+    "TracingSettings": "llmc_trace.tracing.settings",
     "BadInputError": "llmc_trace.errors",
     "LlmcTraceError": "llmc_trace.errors",
     "VerificationError": "llmc_trace.errors",

@@ -69,7 +69,7 @@ class TraceReport:
             sequential_targets=list(traced.leaves.targets)
             if trace
             else list(requested_targets or []),
-            ignore=traced.options.ignore_list(),
+            ignore=traced.options.tracing_ignore(),
             targets_per_subgraph=traced.options.targets_per_subgraph,
             traced=traced.traced,
             subgraphs=traced.summaries,

@@ -98,9 +98,9 @@ def fix_snippet(report: TraceReport) -> str:
         extra_cli += "".join(f" -t '{t}'" for t in report.requested_targets)
     return (
         "# Python\n"
-        "from llmc_trace import attempt_trace\n"
-        f"attempt_trace({report.model!r}, modality={report.modality!r}, ignore=[{quoted}]"
-        f"{extra_py})\n\n"
+        "from llmc_trace import TracingSettings, attempt_trace\n"
+        f"attempt_trace({report.model!r}, modality={report.modality!r}, "
+        f"tracing=TracingSettings(tracing_ignore=[{quoted}]{extra_py}))\n\n"
         "# recipe.yaml\n"
         "tracing:\n"
         f"  tracing_ignore: [{quoted}]\n{extra_yaml}"

@@ -96,19 +96,23 @@ def search_fixes(
             refusal = fix.refusal
             if not refusal:
                 try:
-                    trial = retry([n for f in applied for n in f.ignore] + list(fix.ignore))
+                    trial = retry(
+                        [n for f in applied for n in f.tracing_ignore] + list(fix.tracing_ignore)
+                    )
                 except BadInputError as err:  # the fix's own entry cannot be installed
                     refusal = err.message
             if refusal:
                 tried.append(
-                    FixAttempt(fix.description, list(fix.ignore), "refused", "", refusal, rewrites)
+                    FixAttempt(
+                        fix.description, list(fix.tracing_ignore), "refused", "", refusal, rewrites
+                    )
                 )
                 continue
             moved_on = trial.failure is not None and trial.failure.location != failure.location
             tried.append(
                 FixAttempt(
                     fix.description,
-                    list(fix.ignore),
+                    list(fix.tracing_ignore),
                     _outcome(trial, moved_on),
                     fix.cost,
                     trial.failure.exception if trial.failure else "",
@@ -125,7 +129,7 @@ def search_fixes(
     if applied and result.ok:
         combined = FixAttempt(
             "; ".join(f.description for f in applied),
-            [n for f in applied for n in f.ignore],
+            [n for f in applied for n in f.tracing_ignore],
             "verified",
             "; ".join(f.cost for f in applied if f.cost),
             rewrites=[f.rewrite for f in applied if f.rewrite],
