@@ -1,16 +1,14 @@
-"""One declaration per option: a field of its section's dataclass.
+"""One declaration per option of a compression run: a field of its section's dataclass.
 
 Every option of ``compress`` is a field of one of the dataclasses that make up a request (a
 :class:`~llmc_trace.oneshot.stage.Stage`, or a section of
-:mod:`~llmc_trace.oneshot.settings`), and every tracing option of every command a field of
-:class:`~llmc_trace.tracing.settings.TracingSettings`, declared with :func:`option`: its
-default, its help, the kind of value it takes and, where it differs from the field's name, its
-command-line flag. The command line's options (:mod:`llmc_trace.cli.options`), the recipe's
-keys, type checks and written form (:mod:`~llmc_trace.oneshot.recipe`) and the request's
-keywords (:class:`~llmc_trace.oneshot.request.CompressRequest`) are all derived from these
-fields, so an option is added in one place, plus the code that uses it, and cannot be spelled
-differently in two of them. It lives in ``core`` so that any package, tracing among them, can
-declare its options.
+:mod:`~llmc_trace.oneshot.settings`), declared with :func:`option`: its default, its help, the
+kind of value it takes and, where it differs from the field's name, its command-line flag. The
+command line's options (:mod:`llmc_trace.cli.compress_cmd`), the recipe's keys, type checks and
+written form (:mod:`~llmc_trace.oneshot.recipe`) and the request's keywords
+(:class:`~llmc_trace.oneshot.request.CompressRequest`) are all derived from these fields, so an
+option is added in one place, plus the code that uses it, and cannot be spelled differently in
+two of them.
 
 A *kind* says how a value is written and checked: :meth:`Kind.read` turns what a recipe or a
 command line holds into the field's value (raising :class:`ValueError` with a sentence for

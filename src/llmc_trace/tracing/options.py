@@ -77,7 +77,7 @@ class TracingOptions:
         for pattern in self.sequential_targets or ():
             _check_pattern(pattern, "sequential_targets")
         for pattern in self.ignored_modules:
-            _check_pattern(pattern, "ignore")
+            _check_pattern(pattern, "tracing_ignore")
 
     @classmethod
     def parse(
