@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import supported_modalities
 from llmc_trace.models.source import builtin_names, resolve_model

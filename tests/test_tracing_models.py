@@ -167,7 +167,7 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
 
 def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
     """An opaque call or an autowrapped statement would repeat the write per batch."""
-    from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.attempt.prove import attempt_trace
 
     report = attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert [(fix.description.split()[0], fix.outcome) for fix in report.fixes] == [

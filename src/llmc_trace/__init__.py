@@ -16,9 +16,9 @@ from __future__ import annotations
 from llmc_trace.core.lazy import lazy_attributes
 
 _WHERE = {
-    "attempt_trace": "llmc_trace.attempt.run",
-    "trace_subgraphs": "llmc_trace.attempt.run",
-    "TraceReport": "llmc_trace.attempt.report",
+    "attempt_trace": "llmc_trace.attempt.prove",
+    "trace_subgraphs": "llmc_trace.attempt.prove",
+    "TraceReport": "llmc_trace.attempt.trace_report",
     "compress": "llmc_trace.oneshot.run",
     "CompressRequest": "llmc_trace.oneshot.request",
     "TraceFailure": "llmc_trace.diagnose.failure",

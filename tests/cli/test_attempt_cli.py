@@ -14,7 +14,7 @@ from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.failure import failure_from_exception
 from llmc_trace.errors import TraceStopped
 from llmc_trace.diagnose.fixes import autowrap_fix
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.diagnose.search import FixAttempt
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.fixes import Fix
 from llmc_trace.render import render

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.samples import supported_modalities

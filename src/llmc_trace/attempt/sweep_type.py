@@ -40,7 +40,7 @@ import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from llmc_trace.attempt.run import settle
+from llmc_trace.attempt.prove import settle
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config

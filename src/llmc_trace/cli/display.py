@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.core.sizes import human_bytes
 

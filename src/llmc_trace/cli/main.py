@@ -75,7 +75,7 @@ def attempt(
 
     Exit code 0: traced and verified; 1: not traceable or not verified; 2: bad input.
     """
-    from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.attempt.prove import attempt_trace
     from llmc_trace.cli.display import show_report
 
     with handle_errors(ctx), ctx.progress(f"attempt {model}") as progress:

@@ -24,7 +24,7 @@ from llmc_trace.diagnose.fixes import Fix
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.attempt.swept import swept_fix, swept_transformers
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.weights import check_weight_files
