@@ -108,7 +108,7 @@ def test_a_replay_that_fails_where_eager_runs_is_located_and_fixed() -> None:
     assert failure.location.line == line_of(patterns.NonesPerRow, "x[index] if extra is None")
     assert failure.module_path == "model" and failure.module_class == "NonesPerRow"
     assert settled.attempt.ok and settled.applied is not None
-    assert settled.applied.ignore == ["NonesPerRow.prepare"]
+    assert settled.applied.tracing_ignore == ["NonesPerRow.prepare"]
     with torch.no_grad():
         torch.testing.assert_close(
             replay(model, settled.attempt.traced.subgraphs, sample), model(**sample)

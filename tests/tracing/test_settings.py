@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.fixes import Fix
+from llmc_trace.diagnose.search import FixAttempt
 from llmc_trace.render import render
 from llmc_trace.traced.model import trace_source
 from llmc_trace.tracing.options import TracingOptions
@@ -48,7 +49,10 @@ def test_attempt_trace_and_render_take_the_old_ignore_with_a_warning(
 ) -> None:
     with pytest.deprecated_call(match="tracing_ignore"):
         report = attempt_trace(str(llama_dir), ignore=[NORM], verify=False, decisions=False)
-    assert report.ignore == [NORM]
+    assert report.tracing_ignore == [NORM]
+    assert report.to_json()["ignore"] == [NORM]  # attempt --json keeps its key
+    with pytest.deprecated_call(match="TraceReport.tracing_ignore"):
+        assert report.ignore == [NORM]
     with pytest.deprecated_call(match="tracing_ignore"):
         render(str(llama_dir), tmp_path / "old.svg", view="modules", ignore=[NORM])
     render(
@@ -76,6 +80,10 @@ def test_renamed_methods_and_fields_still_answer_with_a_warning() -> None:
     fix = Fix("opaque", ("f",), "record f as one call")
     with pytest.deprecated_call(match="Fix.tracing_ignore"):
         assert fix.ignore == fix.tracing_ignore == ("f",)
+    tried = FixAttempt(fix.description, ["f"], "verified")
+    with pytest.deprecated_call(match="FixAttempt.tracing_ignore"):
+        assert tried.ignore == tried.tracing_ignore == ["f"]
+    assert tried.to_json()["ignore"] == ["f"] and "tracing_ignore" not in tried.to_json()
 
 
 def test_the_tracing_flags_are_the_declared_options() -> None:

@@ -84,7 +84,7 @@ def coverage_rows(
                 report.traced,
                 report.ok,
                 len(report.subgraphs),
-                ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
+                ", ".join(report.applied_fix.tracing_ignore) if report.applied_fix else "",
                 time.perf_counter() - start,
                 report.timings_s.get("trace_s", 0.0),
                 problem,

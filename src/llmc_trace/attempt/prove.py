@@ -90,7 +90,7 @@ def trace_instance(
             "%s did not trace as written; traced with the verified fix: %s (tracing_ignore=%s)",
             traced.name,
             settled.applied.description,
-            settled.applied.ignore,
+            settled.applied.tracing_ignore,
         )
         return settled.fixed.traced
     raise not_traceable(traced.failure, settled.tried if settled else [], traced.name)

@@ -246,7 +246,7 @@ def _sweep_modality(
     traced = trace_model(twin, sample, options, name=type(twin).__name__)
     settled = settle(traced, verify_on_sample, fix=fix)
     attempt = settled.attempt
-    fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
+    fix_used = ", ".join(settled.applied.tracing_ignore) if settled.applied else ""
     if attempt.ok:
         made = row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
     elif attempt.traced.failure is not None:

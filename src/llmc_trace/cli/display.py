@@ -84,7 +84,7 @@ def failure_panel(failure: TraceFailure) -> Panel:
 def fix_snippet(report: TraceReport) -> str:
     """Python, recipe and command-line text that reproduce the fixed trace (paste any)."""
     assert report.applied_fix is not None
-    ignore = sorted(set(report.ignore) | set(report.applied_fix.ignore))
+    ignore = sorted(set(report.tracing_ignore) | set(report.applied_fix.tracing_ignore))
     quoted = ", ".join(repr(name) for name in ignore)
     extra_py, extra_yaml, extra_cli = "", "", ""
     if report.targets_per_subgraph != 1:

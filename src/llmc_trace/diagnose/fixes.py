@@ -23,11 +23,11 @@ tower's Linear layers now sit in one subgraph.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 
 import torch
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.tracing.autowrap import StatementRewrite, autowrap_entry, preview_rewrite
 from llmc_trace.tracing.rewrite import RewriteRefused
@@ -52,12 +52,7 @@ class Fix:
     @property
     def ignore(self) -> tuple[str, ...]:
         """Deprecated: :attr:`tracing_ignore` (removed in the next release)."""
-        warnings.warn(
-            "Fix.ignore is deprecated and will be removed in the next release; use "
-            "Fix.tracing_ignore",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        renamed("Fix.ignore", "Fix.tracing_ignore")
         return self.tracing_ignore
 
 

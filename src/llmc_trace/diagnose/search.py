@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.fixes import Fix, candidate_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.tracing.autowrap import StatementRewrite
@@ -35,14 +36,23 @@ class FixAttempt:
     """One fix tried, and what came of it."""
 
     description: str
-    ignore: list[str]
+    tracing_ignore: list[str]
     outcome: str  # "verified", "fails further on", "still fails", "verification failed", "refused"
     cost: str = ""
     detail: str = ""
     rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrap's before/after
 
+    @property
+    def ignore(self) -> list[str]:
+        """Deprecated: :attr:`tracing_ignore` (removed in the next release)."""
+        renamed("FixAttempt.ignore", "FixAttempt.tracing_ignore")
+        return self.tracing_ignore
+
     def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+        """As ``attempt --json`` prints it (the tracing list under its key ``ignore``)."""
+        document = {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+        document["ignore"] = document.pop("tracing_ignore")
+        return document
 
 
 class Trial(Protocol):

@@ -27,12 +27,12 @@ import difflib
 import inspect
 import logging
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.errors import BadInputError
 from llmc_trace.tracing.autowrap import is_autowrap_entry, parse_entry
 from llmc_trace.tracing.definitions import is_definition_entry
@@ -131,21 +131,13 @@ class TracingOptions:
 
     def ignore_list(self) -> list[str]:
         """Deprecated: :meth:`tracing_ignore` (removed in the next release)."""
-        _renamed("TracingOptions.ignore_list()", "TracingOptions.tracing_ignore()")
+        renamed("TracingOptions.ignore_list()", "TracingOptions.tracing_ignore()")
         return self.tracing_ignore()
 
     def with_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
         """Deprecated: :meth:`with_tracing_ignore` (removed in the next release)."""
-        _renamed("TracingOptions.with_ignore()", "TracingOptions.with_tracing_ignore()")
+        renamed("TracingOptions.with_ignore()", "TracingOptions.with_tracing_ignore()")
         return self.with_tracing_ignore(model, entries)
-
-
-def _renamed(old: str, new: str) -> None:
-    warnings.warn(
-        f"{old} is deprecated and will be removed in the next release; use {new}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
 
 
 def known_ignore(model: torch.nn.Module, ignore: str | Sequence[str]) -> list[str]:

@@ -14,11 +14,11 @@ Torch-free at import, as the declarations are (``--help`` imports no torch).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.core.declare import Int, Names, normalize, option
+from llmc_trace.core.deprecation import renamed
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,6 @@ def tracing_settings(
         ("tracing_ignore" if name == "ignore" else name): value for name, value in given.items()
     }
     spelled = ", ".join(f"{name}=..." for name in fields)
-    warnings.warn(
-        f"{caller}({', '.join(f'{name}=' for name in given)}) is deprecated and will be removed "
-        f"in the next release; pass tracing=TracingSettings({spelled})"
-        + (" (the tracing list is tracing_ignore)" if "ignore" in given else ""),
-        DeprecationWarning,
-        stacklevel=3,
-    )
+    old = ", ".join(f"{name}=" for name in given)
+    renamed(f"{caller}({old})", f"tracing=TracingSettings({spelled})", stacklevel=4)
     return TracingSettings(**fields)
