@@ -176,4 +176,4 @@ def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
         ("trace", "verified"),
     ]
     assert report.applied_fix is not None
-    assert report.applied_fix.ignore == ["tracing_models:RwkvModel"]
+    assert report.applied_fix.tracing_ignore == ["tracing_models:RwkvModel"]
