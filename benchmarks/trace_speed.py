@@ -120,7 +120,7 @@ def measure_ours(what: str, model_name: str, sample_path: str, targets: list[str
     """Timed calls of llmc-trace in this process: ``trace`` twice or ``attempt`` once."""
     import torch
 
-    from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.attempt.prove import attempt_trace
     from llmc_trace.graph.partition import partition_trace
     from llmc_trace.models.build import build_meta_model
     from llmc_trace.models.source import resolve_model

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import supported_modalities
 from llmc_trace.models.source import builtin_names, resolve_model
@@ -102,7 +102,7 @@ def test_builtin_traces_and_verifies_or_fails_where_expected(name: str, modality
         assert report.verification.max_abs_diff <= report.verification.tolerance
         if (name, modality) in FIXED_BY:
             assert report.applied_fix is not None
-            [entry] = report.applied_fix.ignore
+            [entry] = report.applied_fix.tracing_ignore
             assert entry.startswith(FIXED_BY[(name, modality)])
         return
     assert not report.ok

@@ -83,20 +83,14 @@ def module_name(path: Path) -> str:
 
 
 def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The llmc_trace modules that ``path`` imports, at module level or inside a function (a
-    cycle through a deferred import is one all the same: each module still needs the other).
-    Imports under ``if TYPE_CHECKING:`` never run and are left out. ``from package import
+    """The llmc_trace modules that ``path`` imports, at module level, inside a function or
+    under ``if TYPE_CHECKING:`` (a cycle through a deferred or a type-only import is one all the
+    same: each module still needs the other to be read or checked). ``from package import
     name`` counts as importing the submodule ``name`` when there is one."""
     found = set()
     pending: list[ast.AST] = [ast.parse(path.read_text())]
     while pending:
         node = pending.pop()
-        if isinstance(node, ast.If) and ast.unparse(node.test) in (
-            "TYPE_CHECKING",
-            "typing.TYPE_CHECKING",
-        ):
-            pending.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module in modules:
@@ -119,8 +113,9 @@ def test_no_import_cycle_between_modules() -> None:
     assert sorted(sorted(cycle) for cycle in nx.simple_cycles(graph)) == []
 
 
-def test_the_import_walk_sees_deferred_imports_and_skips_type_checking(tmp_path: Path) -> None:
-    """The cycle core/experts.py and core/linear.py had: one import inside a function."""
+def test_the_import_walk_sees_deferred_and_type_checking_imports(tmp_path: Path) -> None:
+    """The cycle core/experts.py and core/linear.py had (one import inside a function), and
+    the one tracing/proxy.py and tracing/tracer.py had (one under ``TYPE_CHECKING``)."""
     linear = tmp_path / "linear.py"
     linear.write_text("from llmc_trace.core.experts import ExpertProjection\n")
     experts = tmp_path / "experts.py"
@@ -131,7 +126,7 @@ def test_the_import_walk_sees_deferred_imports_and_skips_type_checking(tmp_path:
     )
     modules = {f"llmc_trace.core{name}" for name in ("", ".experts", ".linear", ".names")}
     assert imported_modules(linear, modules) == {"llmc_trace.core.experts"}
-    assert imported_modules(experts, modules) == {"llmc_trace.core.linear"}
+    assert imported_modules(experts, modules) == {"llmc_trace.core.linear", "llmc_trace.core.names"}
 
 
 @pytest.mark.parametrize(

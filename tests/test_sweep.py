@@ -120,7 +120,7 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     import torch
     from transformers import PretrainedConfig
 
-    from llmc_trace.attempt import run
+    from llmc_trace.attempt import prove
     from llmc_trace.traced.model import trace_model
     from llmc_trace.traced.twin import verify_on_sample
     from llmc_trace.tracing.options import TracingOptions
@@ -130,14 +130,14 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     model.config = PretrainedConfig()
     model.config.model_type = "toy"
     offered = {("toy", "text"): ["ValueBranch.prepare"]}
-    monkeypatch.setattr(run, "swept_fix", lambda t, m: offered.get((t, m), []))
+    monkeypatch.setattr(prove, "swept_fix", lambda t, m: offered.get((t, m), []))
     sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 3]])}
     options = TracingOptions(sequential_targets=("Block",))
     traced = trace_model(model, sample, options, name="toy")
     assert traced.failure is not None
-    settled = run.settle(traced, verify_on_sample, fix=True)
+    settled = prove.settle(traced, verify_on_sample, fix=True)
     assert settled.attempt.ok
-    assert [t.ignore for t in settled.tried] == [["ValueBranch.prepare"]]
+    assert [t.tracing_ignore for t in settled.tried] == [["ValueBranch.prepare"]]
     assert "coverage --all" in settled.tried[0].description
 
 

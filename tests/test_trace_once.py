@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.oneshot import CompressRequest, compress
 from llmc_trace.tracing.tracer import LlmcTracer
 

@@ -59,10 +59,10 @@ def test_definition_is_the_last_candidate_and_replays_like_the_original(register
     assert [f.kind for f in candidates] == ["autowrap", "definition"]
     assert candidates[0].refusal  # the early return cannot be autowrapped
     fix = candidates[-1]
-    assert fix.ignore == ("tracing_models:EarlyReturn",)
+    assert fix.tracing_ignore == ("tracing_models:EarlyReturn",)
 
     trace = trace_graph(
-        original, sample([1, 2, 2]), TracingOptions.parse(original, fix.ignore, ["Block"])
+        original, sample([1, 2, 2]), TracingOptions.parse(original, fix.tracing_ignore, ["Block"])
     )
     assert trace.definitions == ["<root>"]
     assert type(original) is patterns.EarlyReturn  # its own class back after the trace
@@ -167,7 +167,7 @@ def test_compress_refuses_a_model_whose_definition_changes_its_weights(tmp_path)
 
 def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
     """An opaque call or an autowrapped statement would repeat the write per batch."""
-    from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.attempt.prove import attempt_trace
 
     report = attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert [(fix.description.split()[0], fix.outcome) for fix in report.fixes] == [
@@ -176,4 +176,4 @@ def test_a_weight_write_is_never_fixed_by_recording_it() -> None:
         ("trace", "verified"),
     ]
     assert report.applied_fix is not None
-    assert report.applied_fix.ignore == ["tracing_models:RwkvModel"]
+    assert report.applied_fix.tracing_ignore == ["tracing_models:RwkvModel"]

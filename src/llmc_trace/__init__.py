@@ -3,7 +3,8 @@
 The public API: :func:`attempt_trace` (trace, partition and verify a model named by hub id,
 folder or built-in), :func:`trace_subgraphs` and :func:`topological_partition` (the
 llm-compressor contract), :func:`trace_source` and :class:`TracedModel` (one trace shared by
-every step), :func:`compress` with its :class:`CompressRequest`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
+every step), :class:`TracingSettings` (how any of them traces), :func:`compress` with its
+:class:`CompressRequest`, :class:`Subgraph`, :class:`TraceReport`, :class:`TraceFailure`
 and the errors.
 
 Names are imported when first used (PEP 562), so ``import llmc_trace`` and ``llmc-trace
@@ -15,9 +16,9 @@ from __future__ import annotations
 from llmc_trace.core.lazy import lazy_attributes
 
 _WHERE = {
-    "attempt_trace": "llmc_trace.attempt.run",
-    "trace_subgraphs": "llmc_trace.attempt.run",
-    "TraceReport": "llmc_trace.attempt.report",
+    "attempt_trace": "llmc_trace.attempt.prove",
+    "trace_subgraphs": "llmc_trace.attempt.prove",
+    "TraceReport": "llmc_trace.attempt.trace_report",
     "compress": "llmc_trace.oneshot.run",
     "CompressRequest": "llmc_trace.oneshot.request",
     "TraceFailure": "llmc_trace.diagnose.failure",
@@ -25,6 +26,7 @@ _WHERE = {
     "Subgraph": "llmc_trace.graph.subgraph",
     "TracedModel": "llmc_trace.traced.model",
     "trace_source": "llmc_trace.traced.model",
+    "TracingSettings": "llmc_trace.tracing.settings",
     "BadInputError": "llmc_trace.errors",
     "LlmcTraceError": "llmc_trace.errors",
     "VerificationError": "llmc_trace.errors",

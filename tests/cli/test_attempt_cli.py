@@ -14,7 +14,7 @@ from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.failure import failure_from_exception
 from llmc_trace.errors import TraceStopped
 from llmc_trace.diagnose.fixes import autowrap_fix
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.diagnose.search import FixAttempt
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import trace_graph
@@ -102,11 +102,13 @@ def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
         )
     fix = autowrap_fix(failure_from_exception(info.value), model)
     assert fix is not None and fix.rewrite is not None
-    applied = FixAttempt(fix.description, list(fix.ignore), "verified", rewrites=[fix.rewrite])
+    applied = FixAttempt(
+        fix.description, list(fix.tracing_ignore), "verified", rewrites=[fix.rewrite]
+    )
     report = TraceReport(
         "local", "ForwardBranch", "text", [], [], 1, True, [], {}, applied_fix=applied
     )
     snippet = fix_snippet(report)
-    assert f"ignore=[{fix.ignore[0]!r}]" in snippet
+    assert f"tracing=TracingSettings(tracing_ignore=[{fix.tracing_ignore[0]!r}])" in snippet
     assert "# before:\n#   if grid.sum() > 4:\n#       x = x * 2\n# after:\n" in snippet
     assert f"#   x = {fix.rewrite.after.splitlines()[-1].split(' = ', 1)[1]}" in snippet

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from llmc_trace import attempt_trace
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.render import render_trace
 from llmc_trace.traced.model import TracedModel
 from tests.patterns import untraceable as patterns

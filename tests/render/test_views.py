@@ -21,6 +21,7 @@ from llmc_trace.render.modules import MAX_MODULES
 from llmc_trace.render.roles import module_role
 from llmc_trace.errors import TraceStopped
 from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.settings import TracingSettings
 from llmc_trace.tracing.trace import trace_graph
 from llmc_trace.tracing.targets import LEAF_IGNORED, LEAF_NO_TARGET, LEAF_TARGET
 from tests.patterns import untraceable as patterns
@@ -215,7 +216,9 @@ def test_a_huge_module_tree_is_folded_even_when_expanded(tmp_path: Path) -> None
 
 def test_modules_view_colours_each_called_module_by_why_it_is_a_leaf(llama_dir: Path) -> None:
     """The tracer records why it did not walk into each module it called: the colours agree."""
-    trace = trace_source(str(llama_dir), ignore=["re:model\\.norm"])
+    trace = trace_source(
+        str(llama_dir), tracing=TracingSettings(tracing_ignore=("re:model\\.norm",))
+    )
     nodes = svg_nodes(render_svg(draw(trace, "modules")))
     expected = {
         LEAF_TARGET: COLORS["target"],

@@ -87,10 +87,14 @@ def test_autowrap_traces_and_replays_like_eager(
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
     forward, code = cls.forward, cls.forward.__code__
     fix = autowrap_fix_for(model, sample(grids[0]))
-    assert fix.ignore == (autowrap_entry(f"{cls.__name__}.forward", line_in_forward(cls, text)),)
+    assert fix.tracing_ignore == (
+        autowrap_entry(f"{cls.__name__}.forward", line_in_forward(cls, text)),
+    )
     assert fix.rewrite is not None and fix.rewrite.before.startswith(text.split(" ")[0])
 
-    trace = trace_graph(model, sample(grids[0]), TracingOptions.parse(model, fix.ignore, ["Block"]))
+    trace = trace_graph(
+        model, sample(grids[0]), TracingOptions.parse(model, fix.tracing_ignore, ["Block"])
+    )
     recorded = [
         n
         for n in trace.graph.nodes
@@ -120,7 +124,7 @@ def test_replayed_assert_still_checks_real_batches() -> None:
     model = build(patterns.ForwardAssert, True)
     fix = autowrap_fix_for(model, sample([1, 2, 2]))
     trace = trace_graph(
-        model, sample([1, 2, 2]), TracingOptions.parse(model, fix.ignore, ["Block"])
+        model, sample([1, 2, 2]), TracingOptions.parse(model, fix.tracing_ignore, ["Block"])
     )
     bad = sample([1, -1, 2])
     values = dict(bad)
@@ -162,4 +166,6 @@ def test_a_statement_that_calls_a_target_is_refused() -> None:
     model = build(patterns.BranchAroundLayer, True)
     fix = autowrap_fix_for(model, sample([1, 2, 2]))
     with pytest.raises(BadInputError, match=r"hides the sequential targets model\.layers\.0"):
-        trace_graph(model, sample([1, 2, 2]), TracingOptions.parse(model, fix.ignore, ["Block"]))
+        trace_graph(
+            model, sample([1, 2, 2]), TracingOptions.parse(model, fix.tracing_ignore, ["Block"])
+        )

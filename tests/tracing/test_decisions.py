@@ -26,6 +26,7 @@ from llmc_trace.pipelines.sequential import check_batches_fit
 from llmc_trace.traced.model import trace_model, trace_source
 from llmc_trace.tracing.decisions import Decision
 from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.settings import TracingSettings
 from llmc_trace.tracing.trace import trace_graph
 from llmc_trace.errors import TraceStopped
 from tests.patterns.untraceable import ShapeBranch, Wrapper
@@ -110,7 +111,7 @@ def test_qwen2_vl_image_features_are_inserted_and_the_rope_index_stopped_the_tra
     fixed = trace_source(
         "Qwen/Qwen2-VL-2B-Instruct",
         modality="image",
-        ignore=["Qwen2VLModel.get_rope_index"],
+        tracing=TracingSettings(tracing_ignore=("Qwen2VLModel.get_rope_index",)),
         record_decisions=True,
     )
     assert fixed.traced

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import fx
 
-from llmc_trace.attempt.run import trace_subgraphs
+from llmc_trace.attempt.prove import trace_subgraphs
 from llmc_trace.graph.verify import verify_subgraphs
 from llmc_trace.models.build import build_meta_model, build_twin
 from llmc_trace.models.samples import SampleOptions, make_sample

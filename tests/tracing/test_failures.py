@@ -93,7 +93,7 @@ def test_every_kind_is_tested() -> None:
 def test_a_replay_that_fails_where_eager_runs_is_located_and_fixed() -> None:
     """A trace that holds but replays into a value the trace fixed (a list of ``None`` sized by
     the batch) is located at the model's line and fixed by the search like a trace failure."""
-    from llmc_trace.attempt.run import settle
+    from llmc_trace.attempt.prove import settle
     from llmc_trace.traced.model import trace_model
     from llmc_trace.traced.twin import verify_on_sample
     from llmc_trace.tracing.options import TracingOptions
@@ -108,7 +108,7 @@ def test_a_replay_that_fails_where_eager_runs_is_located_and_fixed() -> None:
     assert failure.location.line == line_of(patterns.NonesPerRow, "x[index] if extra is None")
     assert failure.module_path == "model" and failure.module_class == "NonesPerRow"
     assert settled.attempt.ok and settled.applied is not None
-    assert settled.applied.ignore == ["NonesPerRow.prepare"]
+    assert settled.applied.tracing_ignore == ["NonesPerRow.prepare"]
     with torch.no_grad():
         torch.testing.assert_close(
             replay(model, settled.attempt.traced.subgraphs, sample), model(**sample)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from llmc_trace.attempt.run import attempt_trace
+from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.samples import supported_modalities
@@ -84,7 +84,7 @@ def coverage_rows(
                 report.traced,
                 report.ok,
                 len(report.subgraphs),
-                ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
+                ", ".join(report.applied_fix.tracing_ignore) if report.applied_fix else "",
                 time.perf_counter() - start,
                 report.timings_s.get("trace_s", 0.0),
                 problem,

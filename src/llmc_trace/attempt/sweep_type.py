@@ -40,7 +40,7 @@ import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from llmc_trace.attempt.run import settle
+from llmc_trace.attempt.prove import settle
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
@@ -246,7 +246,7 @@ def _sweep_modality(
     traced = trace_model(twin, sample, options, name=type(twin).__name__)
     settled = settle(traced, verify_on_sample, fix=fix)
     attempt = settled.attempt
-    fix_used = ", ".join(settled.applied.ignore) if settled.applied else ""
+    fix_used = ", ".join(settled.applied.tracing_ignore) if settled.applied else ""
     if attempt.ok:
         made = row(modality, "verified", "", fix_used, len(attempt.traced.subgraphs))
     elif attempt.traced.failure is not None:

@@ -10,10 +10,10 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT, split_list
+from llmc_trace.cli.options import SHOW_DEFAULT, declared_option, split_list
+from llmc_trace.core.declare import Declared, declared
 from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
 from llmc_trace.oneshot import settings
-from llmc_trace.oneshot.declare import Declared, Float, Int, declared
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,7 @@ def compress_command() -> click.Command:
     command: Callable[..., None] = pass_cli(_compress)  # a new function: options attach to it
     for entry in reversed(_declared()):
         if entry.flag is not None:
-            command = click.option(*_flags(entry), entry.name, **_click_settings(entry))(command)
+            command = declared_option(entry)(command)
     for decorator in reversed(_RUN_OPTIONS):
         command = decorator(command)
     return click.command(name="compress")(command)
@@ -166,36 +166,6 @@ def _declared() -> list[Declared]:
     return [entry for section in settings.SECTIONS.values() for entry in declared(section)]
 
 
-def _flags(entry: Declared) -> list[str]:
-    assert entry.flag is not None
-    if entry.kind.is_flag:
-        return [f"{entry.flag}/--no-{entry.flag.removeprefix('--')}"]
-    return [entry.flag, *([entry.option.short] if entry.option.short else [])]
-
-
-def _click_settings(entry: Declared) -> dict[str, Any]:
-    """How click reads the option: its own types where they check as well (integers with a
-    minimum, numbers, choices, flags, lists), the text otherwise (the kind reads it). The
-    declared default is shown; only typed flags override the defaults and a recipe."""
-    kind = entry.kind
-    found: dict[str, Any] = {"help": entry.help, "show_default": True}
-    if kind.is_flag:
-        return {**found, "default": entry.default}
-    if kind.is_list:
-        return {**found, "multiple": True}
-    shown = kind.write(entry.default)
-    if shown is None and kind.choices and AUTO in kind.choices:
-        shown = AUTO
-    found["default"] = shown
-    if kind.choices:
-        found["type"] = click.Choice(kind.choices)
-    elif isinstance(kind, Int):
-        found["type"] = click.INT if kind.minimum is None else click.IntRange(kind.minimum)
-    elif isinstance(kind, Float):
-        found["type"] = click.FLOAT
-    return found
-
-
 def _given_on_command_line(context: click.Context, options: dict[str, Any]) -> dict[str, Any]:
     """The options whose flags were typed (not defaults), by name: they override a recipe and
     the declared defaults. Lists typed as ``a,b`` or repeated are split."""
@@ -285,7 +255,7 @@ def _column_options(command: Callable[..., None]) -> Callable[..., None]:
     (one definition of each: its flag, help and kind)."""
     entries = [e for e in declared(settings.CalibrationSettings) if e.name in _COLUMN_OPTIONS]
     for entry in reversed(entries):
-        command = click.option(*_flags(entry), entry.name, **_click_settings(entry))(command)
+        command = declared_option(entry)(command)
     return command
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.core.sizes import human_bytes
 
@@ -84,7 +84,7 @@ def failure_panel(failure: TraceFailure) -> Panel:
 def fix_snippet(report: TraceReport) -> str:
     """Python, recipe and command-line text that reproduce the fixed trace (paste any)."""
     assert report.applied_fix is not None
-    ignore = sorted(set(report.ignore) | set(report.applied_fix.ignore))
+    ignore = sorted(set(report.tracing_ignore) | set(report.applied_fix.tracing_ignore))
     quoted = ", ".join(repr(name) for name in ignore)
     extra_py, extra_yaml, extra_cli = "", "", ""
     if report.targets_per_subgraph != 1:
@@ -98,9 +98,9 @@ def fix_snippet(report: TraceReport) -> str:
         extra_cli += "".join(f" -t '{t}'" for t in report.requested_targets)
     return (
         "# Python\n"
-        "from llmc_trace import attempt_trace\n"
-        f"attempt_trace({report.model!r}, modality={report.modality!r}, ignore=[{quoted}]"
-        f"{extra_py})\n\n"
+        "from llmc_trace import TracingSettings, attempt_trace\n"
+        f"attempt_trace({report.model!r}, modality={report.modality!r}, "
+        f"tracing=TracingSettings(tracing_ignore=[{quoted}]{extra_py}))\n\n"
         "# recipe.yaml\n"
         "tracing:\n"
         f"  tracing_ignore: [{quoted}]\n{extra_yaml}"

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import model_options, split_list, tracing_ignore_list
+from llmc_trace.cli.options import model_options
+
+if TYPE_CHECKING:
+    from llmc_trace.tracing.settings import TracingSettings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -57,10 +61,7 @@ def attempt(
     ctx: CliContext,
     model: str,
     modality: str,
-    sequential_targets: tuple[str, ...],
-    tracing_ignore: tuple[str, ...],
-    renamed_ignore: tuple[str, ...],
-    targets_per_subgraph: int,
+    tracing: TracingSettings,
     seq_len: int,
     image_size: int | None,
     no_verify: bool,
@@ -74,16 +75,14 @@ def attempt(
 
     Exit code 0: traced and verified; 1: not traceable or not verified; 2: bad input.
     """
-    from llmc_trace.attempt.run import attempt_trace
+    from llmc_trace.attempt.prove import attempt_trace
     from llmc_trace.cli.display import show_report
 
     with handle_errors(ctx), ctx.progress(f"attempt {model}") as progress:
         report = attempt_trace(
             model,
+            tracing=tracing,
             modality=modality,
-            sequential_targets=split_list(sequential_targets),
-            ignore=tracing_ignore_list(tracing_ignore, renamed_ignore),
-            targets_per_subgraph=targets_per_subgraph,
             seq_len=seq_len,
             image_size=image_size,
             verify=not no_verify,
@@ -95,8 +94,7 @@ def attempt(
         if mappings and report.traced:
             from llmc_trace.cli.mappings_view import pairs_of
 
-            ignore = tracing_ignore_list(tracing_ignore, renamed_ignore)
-            pairs = pairs_of(ctx.err, model, modality, ignore)
+            pairs = pairs_of(ctx.err, model, modality, tracing)
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 

@@ -10,16 +10,19 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from llmc_trace.traced.mappings import MappingSet
+    from llmc_trace.tracing.settings import TracingSettings
 
 
-def pairs_of(err: Console, model: str, modality: str, ignore: list[str]) -> MappingSet | None:
+def pairs_of(
+    err: Console, model: str, modality: str, tracing: TracingSettings
+) -> MappingSet | None:
     """The model's pairs, or ``None`` with a line on ``err`` saying why there are none: the
     trace into its layers, which finds them, stopped."""
     from llmc_trace.errors import TraceStopped
     from llmc_trace.traced.mappings import source_mappings
 
     try:
-        return source_mappings(model, modality=modality, ignore=ignore)
+        return source_mappings(model, modality=modality, tracing=tracing)
     except TraceStopped as stopped:
         err.print(f"no smooth -> balance pairs: the trace into the layers stopped ({stopped})")
         return None

@@ -3,36 +3,41 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import split_list
+from llmc_trace.cli.options import declared_option, tracing_options
+from llmc_trace.core.declare import declared
 from llmc_trace.core.names import MODALITIES
+from llmc_trace.oneshot.settings import CalibrationSettings
 
 if TYPE_CHECKING:
     from llmc_trace.plan import MemoryPlan
     from llmc_trace.plan.estimate import ExpertHessians
+    from llmc_trace.tracing.settings import TracingSettings
+
+#: the calibration options a plan is for, as ``compress`` declares them (the same defaults)
+_SIZES = ("samples", "seq_len", "batch_size")
+
+
+def _calibration_sizes(fn):  # type: ignore[no-untyped-def]
+    """``--samples``, ``--seq-len`` and ``--batch-size``, derived from their declaration in
+    :class:`~llmc_trace.oneshot.settings.CalibrationSettings`: ``plan`` plans the run
+    ``compress`` makes with the same flags."""
+    for entry in reversed([e for e in declared(CalibrationSettings) if e.name in _SIZES]):
+        fn = declared_option(entry)(fn)
+    return fn
 
 
 @click.command()
 @click.option("--model", "-m", required=True, help="Built-in name, hub id, or local folder.")
-@click.option(
-    "--samples", default=512, show_default=True, type=click.IntRange(1), help="Calibration samples."
-)
-@click.option(
-    "--seq-len", default=2048, show_default=True, type=click.IntRange(1), help="Tokens per sample."
-)
-@click.option(
-    "--batch-size",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Samples per forward pass.",
-)
+@_calibration_sizes
 @click.option(
     "--device-memory",
     default=None,
@@ -48,11 +53,7 @@ if TYPE_CHECKING:
     type=click.Choice(MODALITIES),
     help="Calibration data of this modality (image: the vision tower's activations count).",
 )
-@click.option(
-    "--tracing-ignore",
-    multiple=True,
-    help="Tracing fixes (as `attempt --fix` prints them) added to the default ignore list.",
-)
+@tracing_options
 @click.option(
     "--ranks",
     default=1,
@@ -65,7 +66,8 @@ if TYPE_CHECKING:
     "-r",
     default=None,
     type=click.Path(path_type=Path),
-    help="Plan every stage of this recipe (its samples, seq-len and batch size unless given).",
+    help="Plan every stage of this recipe (its samples, seq-len, batch size and tracing "
+    "settings unless given).",
 )
 @click.option(
     "--expert-group",
@@ -90,7 +92,7 @@ def plan(
     host_memory: str | None,
     data_free: bool,
     modality: str,
-    tracing_ignore: tuple[str, ...],
+    tracing: TracingSettings,
     recipe: Path | None,
     ranks: int,
     expert_group: int | None,
@@ -115,7 +117,7 @@ def plan(
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
         device = parse_bytes(device_memory, "device_memory") if device_memory else None
         host = parse_bytes(host_memory, "host_memory") if host_memory else None
-        sizes = {"samples": samples, "seq_len": seq_len, "batch_size": batch_size}
+        sizes = dict(zip(_SIZES, (samples, seq_len, batch_size), strict=True))
         stages: list[tuple[str, bool, bool]] = [("", not data_free, True)]
         attention = CalibrationSettings().attn_implementation
         if recipe is not None:
@@ -123,8 +125,10 @@ def plan(
             attention = read.calibration.attn_implementation
             given = click.get_current_context().get_parameter_source
             for name in sizes:
-                if given(name) != click.core.ParameterSource.COMMANDLINE:
+                if given(name) != ParameterSource.COMMANDLINE:
                     sizes[name] = getattr(read.calibration, name)
+            typed = {name for name in vars(tracing) if given(name) == ParameterSource.COMMANDLINE}
+            tracing = replace(read.tracing, **{name: getattr(tracing, name) for name in typed})
             stages = [
                 (f"stage {i + 1}: {s.method}", s.method in CALIBRATED_METHODS, s.quantizes)
                 for i, s in enumerate(read.stages)
@@ -153,7 +157,7 @@ def plan(
                 for _, needs_data, quantizes in stages
             ],
             modality=modality,
-            tracing_ignore=split_list(tracing_ignore),
+            tracing=tracing,
             device_memory=device,
             host_memory=host,
         )
@@ -161,7 +165,7 @@ def plan(
         if mappings:
             from llmc_trace.cli.mappings_view import pairs_of
 
-            pairs = pairs_of(ctx.err, model, modality, split_list(tracing_ignore))
+            pairs = pairs_of(ctx.err, model, modality, tracing)
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 

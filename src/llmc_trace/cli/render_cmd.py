@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT, model_options, split_list, tracing_ignore_list
+from llmc_trace.cli.options import SHOW_DEFAULT, model_options
 from llmc_trace.core.names import VIEWS
+
+if TYPE_CHECKING:
+    from llmc_trace.tracing.settings import TracingSettings
 
 _INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -93,10 +97,7 @@ def render(
     ctx: CliContext,
     model: str | None,
     modality: str,
-    sequential_targets: tuple[str, ...],
-    tracing_ignore: tuple[str, ...],
-    renamed_ignore: tuple[str, ...],
-    targets_per_subgraph: int,
+    tracing: TracingSettings,
     seq_len: int,
     image_size: int | None,
     out: Path,
@@ -126,10 +127,8 @@ def render(
             view=view,
             subgraphs=subgraphs,
             expand=expand,
+            tracing=tracing,
             modality=modality,
-            sequential_targets=split_list(sequential_targets),
-            ignore=tracing_ignore_list(tracing_ignore, renamed_ignore),
-            targets_per_subgraph=targets_per_subgraph,
             seq_len=seq_len,
             image_size=image_size,
             progress=progress,

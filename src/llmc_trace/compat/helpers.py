@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from llmc_trace.attempt.run import trace_subgraphs as trace_llmc_subgraphs
+from llmc_trace.attempt.prove import trace_subgraphs as trace_llmc_subgraphs
 from llmc_trace.errors import BadInputError
 from llmc_trace.graph import partition
 from llmc_trace.graph.subgraph import MODEL_OUTPUT

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from llmc_trace.attempt.run import trace_instance
+from llmc_trace.attempt.prove import trace_instance
 from llmc_trace.compat.arguments import pipeline_arguments
 from llmc_trace.compat.callbacks import CalibrationCallbacks, Listening, hooks_disabled
 from llmc_trace.compat.dispatch import onload_device

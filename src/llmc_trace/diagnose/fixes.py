@@ -1,6 +1,6 @@
 """Fixes for an untraceable model, each proven by re-tracing and verifying.
 
-Tried in this order, each as an entry in ``ignore`` so a recipe can carry it:
+Tried in this order, each as an entry in ``tracing_ignore`` so a recipe can carry it:
 
 * **opaque**: the innermost function or method around the failing line that is not a
   module's ``forward`` is recorded as one graph node, which runs for real at calibration
@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.tracing.autowrap import StatementRewrite, autowrap_entry, preview_rewrite
 from llmc_trace.tracing.rewrite import RewriteRefused
@@ -35,18 +36,24 @@ from llmc_trace.tracing.definitions import definition_entry, definitions_for
 
 @dataclass(frozen=True)
 class Fix:
-    """One candidate fix: what to add to ``ignore``, and what it changes.
+    """One candidate fix: what to add to ``tracing_ignore``, and what it changes.
 
     ``rewrite`` holds the before/after source of an autowrapped statement. A candidate with a
     ``refusal`` cannot be applied; the reason is reported instead of an outcome.
     """
 
     kind: str  # "opaque", "autowrap", "definition", or "swept" (a seed, see diagnose.search)
-    ignore: tuple[str, ...]
+    tracing_ignore: tuple[str, ...]
     description: str
     cost: str = ""
     rewrite: StatementRewrite | None = None
     refusal: str = ""
+
+    @property
+    def ignore(self) -> tuple[str, ...]:
+        """Deprecated: :attr:`tracing_ignore` (removed in the next release)."""
+        renamed("Fix.ignore", "Fix.tracing_ignore")
+        return self.tracing_ignore
 
 
 def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:

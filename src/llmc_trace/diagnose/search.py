@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from llmc_trace.diagnose.failure import TraceFailure
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.fixes import Fix, candidate_fixes
 from llmc_trace.errors import BadInputError
 from llmc_trace.tracing.autowrap import StatementRewrite
@@ -35,14 +36,23 @@ class FixAttempt:
     """One fix tried, and what came of it."""
 
     description: str
-    ignore: list[str]
+    tracing_ignore: list[str]
     outcome: str  # "verified", "fails further on", "still fails", "verification failed", "refused"
     cost: str = ""
     detail: str = ""
     rewrites: list[StatementRewrite] = field(default_factory=list)  # autowrap's before/after
 
+    @property
+    def ignore(self) -> list[str]:
+        """Deprecated: :attr:`tracing_ignore` (removed in the next release)."""
+        renamed("FixAttempt.ignore", "FixAttempt.tracing_ignore")
+        return self.tracing_ignore
+
     def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+        """As ``attempt --json`` prints it (the tracing list under its key ``ignore``)."""
+        document = {**vars(self), "rewrites": [r.to_json() for r in self.rewrites]}
+        document["ignore"] = document.pop("tracing_ignore")
+        return document
 
 
 class Trial(Protocol):
@@ -96,19 +106,23 @@ def search_fixes(
             refusal = fix.refusal
             if not refusal:
                 try:
-                    trial = retry([n for f in applied for n in f.ignore] + list(fix.ignore))
+                    trial = retry(
+                        [n for f in applied for n in f.tracing_ignore] + list(fix.tracing_ignore)
+                    )
                 except BadInputError as err:  # the fix's own entry cannot be installed
                     refusal = err.message
             if refusal:
                 tried.append(
-                    FixAttempt(fix.description, list(fix.ignore), "refused", "", refusal, rewrites)
+                    FixAttempt(
+                        fix.description, list(fix.tracing_ignore), "refused", "", refusal, rewrites
+                    )
                 )
                 continue
             moved_on = trial.failure is not None and trial.failure.location != failure.location
             tried.append(
                 FixAttempt(
                     fix.description,
-                    list(fix.ignore),
+                    list(fix.tracing_ignore),
                     _outcome(trial, moved_on),
                     fix.cost,
                     trial.failure.exception if trial.failure else "",
@@ -125,7 +139,7 @@ def search_fixes(
     if applied and result.ok:
         combined = FixAttempt(
             "; ".join(f.description for f in applied),
-            [n for f in applied for n in f.ignore],
+            [n for f in applied for n in f.tracing_ignore],
             "verified",
             "; ".join(f.cost for f in applied if f.cost),
             rewrites=[f.rewrite for f in applied if f.rewrite],

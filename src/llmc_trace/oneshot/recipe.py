@@ -13,7 +13,7 @@ One format both ways::
 
 A recipe is a request's options, serialised: each section is one of
 :data:`~llmc_trace.oneshot.settings.SECTIONS` and its keys are that section's declared options
-(:mod:`~llmc_trace.oneshot.declare`), the same names as ``compress``'s flags; a scheme is a
+(:mod:`~llmc_trace.core.declare`), the same names as ``compress``'s flags; a scheme is a
 preset's name or the full mapping a written recipe holds. ``versions`` (written, never
 required) records what made the checkpoint. A key under an earlier name (``ignore`` under
 ``tracing``) is read with a warning naming the new one. Every mistake is bad input that names
@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from llmc_trace.errors import BadInputError
-from llmc_trace.oneshot.declare import Declared, declared
+from llmc_trace.core.declare import Declared, declared
 from llmc_trace.oneshot.settings import (
     SECTIONS,
     CalibrationSettings,

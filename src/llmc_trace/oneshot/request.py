@@ -25,7 +25,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weights import check_weight_files
-from llmc_trace.oneshot.declare import Declared, declared
+from llmc_trace.core.declare import Declared, declared
 from llmc_trace.oneshot.recipe import RECIPE_HEADER, Recipe, read_recipe
 from llmc_trace.oneshot.settings import (
     SECTIONS,

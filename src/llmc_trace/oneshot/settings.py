@@ -3,7 +3,7 @@
 Torch-free at import, as the declarations are (the command line builds its options from them
 and answers ``--help`` without importing torch).
 
-Each is a dataclass whose fields are the run's options (:mod:`~llmc_trace.oneshot.declare`),
+Each is a dataclass whose fields are the run's options (:mod:`~llmc_trace.core.declare`),
 and each is a section of a recipe under the same name; :data:`SECTIONS` lists them in the
 order a recipe writes them, the stages last.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES, TEXT_LISTS
-from llmc_trace.oneshot.declare import Int, Names, Parsed, Text, normalize, option
+from llmc_trace.core.declare import Int, Parsed, Text, normalize, option
 from llmc_trace.oneshot.stage import Stage
+from llmc_trace.tracing.settings import TracingSettings
 
 if TYPE_CHECKING:
     import torch
@@ -86,30 +87,6 @@ class CalibrationSettings:
         from llmc_trace.data.columns import Columns
 
         return Columns(self.text_column, self.image_column, self.audio_column, self.text_lists)
-
-
-@dataclass(frozen=True)
-class TracingSettings:
-    """How the model is traced, as for ``attempt`` (the fixes a trace needs are searched and
-    added either way)."""
-
-    sequential_targets: tuple[str, ...] | None = option(
-        None,
-        "Target class names or 're:' path patterns. Default: the language model's repeated blocks.",
-        Names(optional=True),
-        short="-t",
-    )
-    targets_per_subgraph: int = option(1, "Consecutive targets grouped into one subgraph.", Int(1))
-    tracing_ignore: tuple[str, ...] = option(
-        (),
-        "Modules (class or 're:' pattern) to keep as leaves, or functions to record as opaque "
-        "calls, while tracing. Default: transformers' mask builders.",
-        Names(),
-        renamed_from=("ignore",),
-    )
-
-    def __post_init__(self) -> None:
-        normalize(self)
 
 
 @dataclass(frozen=True)

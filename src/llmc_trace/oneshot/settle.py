@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from llmc_trace.attempt.run import settle
+from llmc_trace.attempt.prove import settle
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
-from llmc_trace.oneshot.settings import TracingSettings
+from llmc_trace.tracing.settings import TracingSettings
 from llmc_trace.traced.model import TracedModel, display_name, trace_model
 from llmc_trace.traced.twin import TwinCheck, verify_on_twin
 from llmc_trace.tracing.options import TracingOptions
@@ -57,7 +57,7 @@ class RunTrace:
     def ignore_list(self) -> list[str]:
         """The tracing ignore list as settled, fixes included (what ``recipe.yaml`` records)."""
         assert self.options is not None, "no stage has traced yet"
-        return self.options.ignore_list()
+        return self.options.tracing_ignore()
 
 
 def trace_for_calibration(

@@ -6,7 +6,7 @@ model, then GPTQ over the pruned one), so a later stage's Hessians see the earli
 weights. A stage that prunes comes first; one that quantizes ends the run, because quantized
 integers are what the checkpoint stores and a later stage would have to change them again.
 
-Every field is an option of ``compress`` (:mod:`~llmc_trace.oneshot.declare`): its flag, its
+Every field is an option of ``compress`` (:mod:`~llmc_trace.core.declare`): its flag, its
 key in a recipe's stage and its keyword in a request are the field's name. Torch-free at
 import (the schemes load when a stage is made), so the command line answers ``--help`` fast.
 """
@@ -34,7 +34,7 @@ from llmc_trace.core.names import (
     SPARSEGPT,
 )
 from llmc_trace.errors import BadInputError
-from llmc_trace.oneshot.declare import Flag, Float, Int, Names, Parsed, Text, normalize, option
+from llmc_trace.core.declare import Flag, Float, Int, Names, Parsed, Text, normalize, option
 
 if TYPE_CHECKING:
     from llmc_trace.algorithms.scheme import QuantizationScheme

@@ -19,6 +19,7 @@ from llmc_trace.plan.estimate import estimate_pipelines, moe_layer_hessians
 from llmc_trace.plan.invariants import sample_invariant_names
 from llmc_trace.traced.model import TracedModel, trace_source
 from llmc_trace.traced.twin import verify_on_twin
+from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 
 
 def available_device_memory(device_is_host: bool) -> int:
@@ -84,20 +85,22 @@ def plan_source(
     settings: Sequence[RunSettings],
     *,
     modality: str = "text",
-    tracing_ignore: Sequence[str] | None = None,
+    tracing: TracingSettings | None = None,
     device_memory: int | None = None,
     host_memory: int | None = None,
+    tracing_ignore: Sequence[str] | None = None,
 ) -> list[MemoryPlan]:
     """Trace ``model`` once on ``meta`` at the planning sizes (which collide with no model
     width, so every sequence and batch dimension can be told apart and scaled) and plan it for
     each of ``settings`` (one per stage of a recipe), with the model's own dtype for storage
     and the compute dtype of the device each names. A ``modality`` other than text traces on
-    the config's own sample of it (a vision tower's patches are then counted), with
-    ``tracing_ignore`` (the fixes ``attempt --fix`` finds) added to the default ignore list."""
+    the config's own sample of it (a vision tower's patches are then counted), traced as
+    ``tracing`` says (its ``tracing_ignore``: the fixes ``attempt --fix`` finds, added to the
+    default list). ``tracing_ignore`` alone is the deprecated spelling of ``tracing``'s."""
     traced = trace_source(
         model,
+        tracing=tracing_settings(tracing, "plan_source", {"tracing_ignore": tracing_ignore}),
         modality=modality,
-        ignore=list(tracing_ignore) if tracing_ignore else None,
         sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
     )
     storage = parameter_dtype(traced.model) or torch.float32

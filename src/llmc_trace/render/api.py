@@ -30,6 +30,7 @@ from llmc_trace.render.source import source_page
 from llmc_trace.render.svg import inline_svg, render_svg
 from llmc_trace.render.unfold import unfolding_page
 from llmc_trace.traced.model import TracedModel, trace_source
+from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 
 FORMATS = (".svg", ".html")
 
@@ -177,15 +178,18 @@ def render(
     subgraphs: Sequence[int] | None = None,
     expand: bool = False,
     overlay: Overlay | None = None,
+    tracing: TracingSettings | None = None,
     modality: str = "text",
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
-    targets_per_subgraph: int = 1,
     seq_len: int = 32,
     image_size: int | None = None,
     progress: Progress | None = None,
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int | None = None,
 ) -> RenderResult:
-    """Trace ``model`` (built-in, hub id or folder) and draw one view of it into ``out``.
+    """Trace ``model`` (built-in, hub id or folder) as ``tracing`` says and draw one view of
+    it into ``out``. ``sequential_targets``, ``ignore`` and ``targets_per_subgraph`` are
+    deprecated spellings of ``tracing``'s fields.
 
     Views: ``overview`` (subgraphs and the values between them), ``detail`` (the operations
     of ``subgraphs``, default all), ``modules`` (the module tree by tracing role),
@@ -201,15 +205,22 @@ def render(
     >>> result.num_nodes                                            # doctest: +SKIP
     6
     """
+    settings = tracing_settings(
+        tracing,
+        "render",
+        {
+            "sequential_targets": sequential_targets,
+            "ignore": ignore,
+            "targets_per_subgraph": targets_per_subgraph,
+        },
+    )
     report = progress or no_progress
     check_request(out, view, subgraphs, overlay)
     report("trace", 0, 2)
     trace = trace_source(
         model,
+        tracing=settings,
         modality=modality,
-        sequential_targets=sequential_targets,
-        ignore=ignore,
-        targets_per_subgraph=targets_per_subgraph,
         sample_options=SampleOptions(seq_len=seq_len, image_size=image_size),
         # the source view shows them, the overview's page lists them; a picture has no place
         record_decisions=view == "source"

@@ -27,6 +27,7 @@ from llmc_trace.layers.linear import is_linear
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
 from llmc_trace.tracing.options import TracingOptions
+from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 from llmc_trace.tracing.trace import TraceResult, trace_graph
 
 #: largest change of the twin's output, relative to its largest value, a proved fold may make
@@ -231,12 +232,15 @@ def source_mappings(
     model: str | ModelSource,
     *,
     modality: str = "text",
-    ignore: list[str] | None = None,
+    tracing: TracingSettings | None = None,
     sample_options: SampleOptions | None = None,
+    ignore: list[str] | None = None,
 ) -> MappingSet:
     """The pairs of a model named as the command line names it (built on ``meta`` at full
-    size), proved on its twin, for the default scheme's targets (every linear layer but
-    ``lm_head``): what ``plan --mappings`` and ``attempt --mappings`` show."""
+    size, traced as ``tracing`` says), proved on its twin, for the default scheme's targets
+    (every linear layer but ``lm_head``): what ``plan --mappings`` and ``attempt --mappings``
+    show. ``ignore`` is the deprecated spelling of ``tracing.tracing_ignore``."""
+    settings = tracing_settings(tracing, "source_mappings", {"ignore": ignore})
     from llmc_trace.algorithms.scheme import DEFAULT_SCHEME
     from llmc_trace.models.build import build_meta_model, build_twin
     from llmc_trace.models.source import resolve_model
@@ -246,13 +250,15 @@ def source_mappings(
     options = sample_options or SampleOptions()
     full = build_meta_model(source)
     twin = build_twin(source)
-    tracing = TracingOptions.parse(full, ignore or [])
+    parsed = TracingOptions.parse(
+        full, settings.tracing_ignore, settings.sequential_targets, settings.targets_per_subgraph
+    )
     named = dict(full.named_modules())
     return find_mappings(
         full,
         sample_for(full, modality, options),
         twin,
         sample_for(twin, modality, options),
-        tracing,
+        parsed,
         lambda name: DEFAULT_SCHEME.is_target(name, named[name]),
     )

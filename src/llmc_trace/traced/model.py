@@ -32,6 +32,7 @@ from llmc_trace.traced.summary import SubgraphSummary, summarize
 from llmc_trace.tracing.decisions import Decision
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.proxy import DataDependentQuestion
+from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 from llmc_trace.tracing.targets import LeafPlan
 from llmc_trace.tracing.trace import TraceResult, trace_graph
 
@@ -131,24 +132,36 @@ def trace_model(
 def trace_source(
     model: str | ModelSource,
     *,
+    tracing: TracingSettings | None = None,
     modality: str = "text",
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
-    targets_per_subgraph: int = 1,
     sample_options: SampleOptions | None = None,
     record_decisions: bool = False,
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int | None = None,
 ) -> TracedModel:
     """Build ``model`` at full size on ``meta`` (no memory, no initialisation), make a sample
-    of ``modality`` from its config, and trace it once (recording the branches its code
-    takes with ``record_decisions``, see :mod:`~llmc_trace.tracing.decisions`).
+    of ``modality`` from its config, and trace it once as ``tracing`` says (recording the
+    branches its code takes with ``record_decisions``, see
+    :mod:`~llmc_trace.tracing.decisions`). ``sequential_targets``, ``ignore`` and
+    ``targets_per_subgraph`` are deprecated spellings of ``tracing``'s fields.
 
-    Bad input (unknown model or modality, targets or ignore entries that match nothing) raises
-    :class:`~llmc_trace.errors.BadInputError` before tracing.
+    Bad input (unknown model or modality, targets or tracing_ignore entries that match
+    nothing) raises :class:`~llmc_trace.errors.BadInputError` before tracing.
 
     >>> traced = trace_source("meta-llama/Llama-2-7b-hf")   # doctest: +SKIP
     >>> len(traced.subgraphs)                               # doctest: +SKIP
     33
     """
+    settings = tracing_settings(
+        tracing,
+        "trace_source",
+        {
+            "sequential_targets": sequential_targets,
+            "ignore": ignore,
+            "targets_per_subgraph": targets_per_subgraph,
+        },
+    )
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     options = sample_options or SampleOptions()
     config = source.config()
@@ -157,10 +170,15 @@ def trace_source(
     start = time.perf_counter()
     full = build_meta_model(source)
     built_s = time.perf_counter() - start
-    tracing = TracingOptions.parse(full, ignore or [], sequential_targets, targets_per_subgraph)
-    tracing = dataclasses.replace(tracing, record_decisions=record_decisions)
+    parsed = TracingOptions.parse(
+        full,
+        settings.tracing_ignore,
+        settings.sequential_targets,
+        settings.targets_per_subgraph,
+    )
+    parsed = dataclasses.replace(parsed, record_decisions=record_decisions)
     sample = sample_for(full, modality, options)
-    traced = trace_model(full, sample, tracing, name=display_name(source), source=source)
+    traced = trace_model(full, sample, parsed, name=display_name(source), source=source)
     return dataclasses.replace(traced, timings_s={"build_s": built_s, **traced.timings_s})
 
 

@@ -1,6 +1,9 @@
-"""``TracingOptions``: what to trace and how, typed; the ``ignore`` strings are parsed here only.
+"""``TracingOptions``: what to trace and how, typed; the ``tracing_ignore`` strings are parsed
+here only.
 
-On the command line and in recipes, one ``ignore`` list names everything tracing should leave
+:class:`~llmc_trace.tracing.settings.TracingSettings` is what a user asks for; these options
+are what it resolves to against one model. On the command line, in recipes and in
+``TracingSettings``, one ``tracing_ignore`` list names everything tracing should leave
 alone, as llm-compressor's does: module classes (``Qwen2VisionTransformerPretrainedModel``),
 ``re:`` patterns on module paths, functions and methods to record as one call
 (``Qwen2VLModel.get_rope_index``), statements to move into a recorded call
@@ -8,7 +11,7 @@ alone, as llm-compressor's does: module classes (``Qwen2VisionTransformerPretrai
 (``tracing_models:RwkvModel``). :meth:`TracingOptions.parse` sorts those strings into typed
 fields against the model, and a name that matches nothing in the model is bad input that
 names the closest matches (a mistyped class name must not silently become a function name).
-:meth:`TracingOptions.ignore_list` gives the strings back, for reports and recipes.
+:meth:`TracingOptions.tracing_ignore` gives the strings back, for reports and recipes.
 
 A program's list is another matter: llm-compressor's contract is one ``tracing_ignore`` for
 every model (its default names functions of a dozen architectures), so :func:`known_ignore`
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.errors import BadInputError
 from llmc_trace.tracing.autowrap import is_autowrap_entry, parse_entry
 from llmc_trace.tracing.definitions import is_definition_entry
@@ -73,25 +77,26 @@ class TracingOptions:
         for pattern in self.sequential_targets or ():
             _check_pattern(pattern, "sequential_targets")
         for pattern in self.ignored_modules:
-            _check_pattern(pattern, "ignore")
+            _check_pattern(pattern, "tracing_ignore")
 
     @classmethod
     def parse(
         cls,
         model: torch.nn.Module,
-        ignore: Sequence[str] = (),
+        tracing_ignore: Sequence[str] = (),
         sequential_targets: Sequence[str] | None = None,
         targets_per_subgraph: int = 1,
     ) -> TracingOptions:
-        """Sort the ``ignore`` strings into typed fields, checking each against ``model``: an
-        entry naming nothing of it is bad input (see :func:`known_ignore` for a program's)."""
+        """Sort the ``tracing_ignore`` strings into typed fields, checking each against
+        ``model``: an entry naming nothing of it is bad input (see :func:`known_ignore` for a
+        program's)."""
         classes = _class_names(model)
         sorted_into: dict[str, list[str]] = {kind: [] for kind in _KINDS}
-        for entry in dict.fromkeys(ignore):  # keep order, drop repeats
+        for entry in dict.fromkeys(tracing_ignore):  # keep order, drop repeats
             kind = _kind(model, entry, classes)
             if kind is None:
                 raise BadInputError(
-                    f"{entry!r} in ignore matches no module class, function or method of "
+                    f"{entry!r} in tracing_ignore matches no module class, function or method of "
                     f"{type(model).__name__}.",
                     hint=_closest(entry, model, classes),
                     param="tracing_ignore",
@@ -109,19 +114,30 @@ class TracingOptions:
             targets_per_subgraph=targets_per_subgraph,
         )
 
-    def ignore_list(self) -> list[str]:
-        """The ``ignore`` strings these options were parsed from (recipe and CLI form)."""
+    def tracing_ignore(self) -> list[str]:
+        """The ``tracing_ignore`` strings these options were parsed from (recipe and CLI
+        form)."""
         return [*self.ignored_modules, *self.opaque_calls, *self.autowraps, *self.definitions]
 
-    def with_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
-        """These options with ``entries`` added to ``ignore`` (a fix being tried)."""
+    def with_tracing_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
+        """These options with ``entries`` added to ``tracing_ignore`` (a fix being tried)."""
         parsed = TracingOptions.parse(
             model,
-            [*self.ignore_list(), *entries],
+            [*self.tracing_ignore(), *entries],
             self.sequential_targets,
             self.targets_per_subgraph,
         )
         return dataclasses.replace(parsed, record_decisions=self.record_decisions)
+
+    def ignore_list(self) -> list[str]:
+        """Deprecated: :meth:`tracing_ignore` (removed in the next release)."""
+        renamed("TracingOptions.ignore_list()", "TracingOptions.tracing_ignore()")
+        return self.tracing_ignore()
+
+    def with_ignore(self, model: torch.nn.Module, entries: Sequence[str]) -> TracingOptions:
+        """Deprecated: :meth:`with_tracing_ignore` (removed in the next release)."""
+        renamed("TracingOptions.with_ignore()", "TracingOptions.with_tracing_ignore()")
+        return self.with_tracing_ignore(model, entries)
 
 
 def known_ignore(model: torch.nn.Module, ignore: str | Sequence[str]) -> list[str]:

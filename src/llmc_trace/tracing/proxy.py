@@ -21,13 +21,10 @@ import inspect
 import operator
 from collections.abc import Iterator
 from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx
-
-if TYPE_CHECKING:
-    from llmc_trace.tracing.tracer import LlmcTracer
 
 #: Attributes whose answer is fixed by the input signature, returned as plain Python values.
 CONCRETE_ATTRIBUTES = frozenset({"dtype", "ndim"})
@@ -53,10 +50,23 @@ def set_field(obj: Any, name: str, value: Any) -> Any:
     return obj
 
 
+class AnsweringTracer(Protocol):
+    """What a :class:`MetaProxy` asks of its tracer (``tracing.tracer.LlmcTracer`` is one):
+    declared here so that the proxy needs nothing from the module that builds it."""
+
+    def create_proxy(
+        self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> MetaProxy: ...
+
+    def answer(self, proxy: fx.Proxy, question: str, *extra: Any) -> Any: ...
+
+    def iter(self, obj: fx.Proxy) -> Iterator[Any]: ...
+
+
 class MetaProxy(fx.Proxy):
     """Proxy whose node holds an example value; see the module docstring."""
 
-    tracer: LlmcTracer
+    tracer: AnsweringTracer  # type: ignore[assignment]
 
     def __getattr__(self, name: str) -> Any:
         value = self.node.meta.get("val")

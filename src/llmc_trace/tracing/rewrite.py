@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.errors import LlmcTraceError
-from llmc_trace.tracing.names import statement_names
+from llmc_trace.tracing.statement_names import statement_names
 
 #: Prefix of every extracted function's name (``_llmc_autowrap_forward_L2692``).
 EXTRACTED_PREFIX = "_llmc_autowrap_"

@@ -6,6 +6,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.diagnose.search import FixAttempt
 from llmc_trace.errors import DotNotFoundError
@@ -29,7 +30,7 @@ class TraceReport:
     architecture: str
     modality: str
     sequential_targets: list[str]
-    ignore: list[str]
+    tracing_ignore: list[str]
     targets_per_subgraph: int
     traced: bool
     subgraphs: list[SubgraphSummary]
@@ -69,7 +70,7 @@ class TraceReport:
             sequential_targets=list(traced.leaves.targets)
             if trace
             else list(requested_targets or []),
-            ignore=traced.options.ignore_list(),
+            tracing_ignore=traced.options.tracing_ignore(),
             targets_per_subgraph=traced.options.targets_per_subgraph,
             traced=traced.traced,
             subgraphs=traced.summaries,
@@ -92,7 +93,7 @@ class TraceReport:
         (the plain repr) for a report without its traced model."""
         if self.traced_model is None:
             return None
-        # here, not at the top: compress imports this module with attempt.run (for ``settle``)
+        # here, not at the top: compress imports this module with attempt.prove (for ``settle``)
         # and needs neither the render package nor Graphviz
         from llmc_trace.render import iframe, render_page
 
@@ -109,6 +110,12 @@ class TraceReport:
             and self.verification.ok
             and (self.structure is None or self.structure.matches)
         )
+
+    @property
+    def ignore(self) -> list[str]:
+        """Deprecated: :attr:`tracing_ignore` (removed in the next release)."""
+        renamed("TraceReport.ignore", "TraceReport.tracing_ignore")
+        return self.tracing_ignore
 
     def to_json(self) -> dict[str, Any]:
         verification = None
@@ -136,7 +143,7 @@ class TraceReport:
             "architecture": self.architecture,
             "modality": self.modality,
             "sequential_targets": self.sequential_targets,
-            "ignore": self.ignore,
+            "ignore": self.tracing_ignore,
             "targets_per_subgraph": self.targets_per_subgraph,
             "traced": self.traced,
             "num_subgraphs": len(self.subgraphs),

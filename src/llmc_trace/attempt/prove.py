@@ -24,7 +24,7 @@ from llmc_trace.diagnose.fixes import Fix
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
-from llmc_trace.attempt.report import TraceReport
+from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.attempt.swept import swept_fix, swept_transformers
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.weights import check_weight_files
@@ -38,6 +38,7 @@ from llmc_trace.traced.twin import (
     verify_on_weights,
 )
 from llmc_trace.tracing.options import TracingOptions, known_ignore
+from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,10 @@ def trace_instance(
     settled = settle(traced, verify_instance, fix=True) if fix else None
     if settled is not None and settled.applied is not None:
         logger.warning(
-            "%s did not trace as written; traced with the verified fix: %s (ignore=%s)",
+            "%s did not trace as written; traced with the verified fix: %s (tracing_ignore=%s)",
             traced.name,
             settled.applied.description,
-            settled.applied.ignore,
+            settled.applied.tracing_ignore,
         )
         return settled.fixed.traced
     raise not_traceable(traced.failure, settled.tried if settled else [], traced.name)
@@ -163,7 +164,7 @@ def settle(
         return Attempt(candidate, verified)
 
     def retry(entries: list[str]) -> Attempt:
-        options = traced.options.with_ignore(traced.model, entries)
+        options = traced.options.with_tracing_ignore(traced.model, entries)
         return prove(
             trace_model(
                 traced.model, traced.sample, options, name=traced.name, source=traced.source
@@ -194,10 +195,8 @@ def _swept_seeds(traced: TracedModel) -> list[Fix]:
 def attempt_trace(
     model: str | ModelSource,
     *,
+    tracing: TracingSettings | None = None,
     modality: str = "text",
-    sequential_targets: list[str] | None = None,
-    ignore: list[str] | None = None,
-    targets_per_subgraph: int = 1,
     seq_len: int = 32,
     image_size: int | None = None,
     verify: bool = True,
@@ -206,8 +205,13 @@ def attempt_trace(
     seed: int = 0,
     decisions: bool = True,
     progress: Progress | None = None,
+    sequential_targets: list[str] | None = None,
+    ignore: list[str] | None = None,
+    targets_per_subgraph: int | None = None,
 ) -> TraceReport:
-    """Trace, partition and verify ``model``; never raises for an untraceable model.
+    """Trace, partition and verify ``model`` as ``tracing`` says; never raises for an
+    untraceable model. ``sequential_targets``, ``ignore`` and ``targets_per_subgraph`` are
+    deprecated spellings of ``tracing``'s fields.
 
     Bad input (unknown model, unsupported modality, targets that match nothing) raises
     :class:`~llmc_trace.errors.BadInputError` before any tracing. An untraceable model gives a
@@ -223,6 +227,15 @@ def attempt_trace(
     >>> report.ok, len(report.subgraphs)                              # doctest: +SKIP
     (True, 33)
     """
+    settings = tracing_settings(
+        tracing,
+        "attempt_trace",
+        {
+            "sequential_targets": sequential_targets,
+            "ignore": ignore,
+            "targets_per_subgraph": targets_per_subgraph,
+        },
+    )
     report_progress = progress or no_progress
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     if real_weights and source.folder is None:
@@ -237,10 +250,8 @@ def attempt_trace(
     report_progress("trace", 0, 3)
     traced = trace_source(
         source,
+        tracing=settings,
         modality=modality,
-        sequential_targets=sequential_targets,
-        ignore=ignore,
-        targets_per_subgraph=targets_per_subgraph,
         sample_options=options,
         record_decisions=decisions,
     )
@@ -254,7 +265,7 @@ def attempt_trace(
     settled = settle(traced, check if verify else None, fix=fix)
     report_progress("done", 3, 3)
     final = settled.attempt
-    report = TraceReport.of(final.traced, final.check, modality, sequential_targets)
+    report = TraceReport.of(final.traced, final.check, modality, settings.sequential_targets)
     return dataclasses.replace(
         report,
         timings_s={"build_s": traced.timings_s["build_s"], **report.timings_s},
