@@ -29,7 +29,8 @@ def mappings_document(found: MappingSet) -> dict[str, object]:
     """The pairs as ``--json`` prints them: every pair, unfolded."""
     return {
         "mappings": [
-            {"smooth": m.smooth, "balance": list(m.balance), "rows": m.rows} for m in found.mappings
+            {"smooth": m.smooth, "balance": list(m.balance), "kept": list(m.kept), "rows": m.rows}
+            for m in found.mappings
         ],
         "skipped": [
             {"smooth": s.smooth, "balance": list(s.balance), "reason": s.reason}

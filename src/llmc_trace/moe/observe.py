@@ -91,12 +91,15 @@ def _register_implementation() -> None:
 def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
     """Install :class:`ExpertProjection` modules on every fused experts module of ``model``
     and route its forward through :func:`observed_forward` (see the module docstring); on exit
-    the model is as it was, with whatever the projections wrote into its fused weights."""
+    the model is as it was, with whatever the projections wrote into its fused weights.
+    Experts already observed (an enclosing call) are left to that call."""
     _register_implementation()
     installed: list[ObservedExperts] = []
     saved: list[tuple[torch.nn.Module, object]] = []
     try:
         for path, module in fused_experts(model):
+            if hasattr(module, "_llmc_observed"):
+                continue
             names = per_expert_names(model, path)
             leaves = names or ExpertNames("gate_proj", "up_proj", "down_proj")
             projections = []

@@ -8,6 +8,13 @@ seeded weights) each pair gets a scale drawn in [0.5, 2] per channel folded in
 (:func:`~llmc_trace.algorithms.smoothing.fold_scales`), and the model's output must stay what
 it was. A pair of the model whose twin counterpart (the same module names up to layer
 numbers) failed, or has none, is skipped with the reason, never smoothed.
+
+Fused experts are seen as their projections (:func:`~llmc_trace.moe.observe.observe_experts`)
+while the pairs are read and proved, and the experts modules stay single calls in the trace
+(the experts a token reaches are a data-dependent loop): a mixture's norm reaches its router
+and every expert's gate and up projection, and each expert's up projection its down
+projection (:mod:`llmc_trace.moe.pairs`). The router is not quantized, but reads the norm's
+channels as the experts do: the scales are folded into it too, so the routing stays the same.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from llmc_trace.graph.mappings import Mapping, SkippedMapping, derive_mappings
 from llmc_trace.layers.linear import is_linear
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
+from llmc_trace.moe import fused_experts, observe_experts
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.trace import TraceResult, trace_graph
 
@@ -66,12 +74,16 @@ def linear_trace(
     model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions
 ) -> TraceResult:
     """A trace of ``model(**sample)`` with every linear layer a sequential target, so each is
-    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps).
+    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps),
+    and every fused experts module one call too.
 
     The trace walks through attention, so it runs with eager attention: the same channels
     reach ``o_proj`` as through a fused kernel (``probs @ v``), and the fused kernels'
     wrappers ask questions of the inputs' sizes that a trace cannot answer."""
-    classes = sorted({type(m).__name__ for m in model.modules() if is_linear(m)})
+    classes = sorted(
+        {type(m).__name__ for m in model.modules() if is_linear(m)}
+        | {type(m).__name__ for _, m in fused_experts(model)}
+    )
     linear = dataclasses.replace(options, sequential_targets=tuple(classes))
     with _eager_attention(model):
         return trace_graph(model, sample, linear)
@@ -100,8 +112,9 @@ def derive(
     is_target: Callable[[str], bool],
 ) -> tuple[list[Mapping], list[SkippedMapping]]:
     """The pairs the graph of ``model`` shows (unproved)."""
-    trace = linear_trace(model, sample, options)
-    return derive_mappings(trace.graph, model, is_linear, is_target)
+    with observe_experts(model):
+        trace = linear_trace(model, sample, options)
+        return derive_mappings(trace.graph, model, is_linear, is_target)
 
 
 def find_mappings(
@@ -134,6 +147,16 @@ def prove(
 ) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
     """Fold a scale into each of ``twin``'s pairs in turn (:func:`fold_changes`). Returns the
     proved pairs' shapes, the failed ones' reasons and the smooth norms' offsets."""
+    with observe_experts(twin):
+        return _prove(twin, sample, options, is_target)
+
+
+def _prove(
+    twin: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions,
+    is_target: Callable[[str], bool],
+) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
     found, _ = derive(twin, sample, options, is_target)
     offsets: dict[str, float] = {}
     proved: set[tuple[Any, ...]] = set()
@@ -172,7 +195,7 @@ def fold_changes(
     if expected is None:
         expected = _output(model, sample)
     smooth = model.get_submodule(mapping.smooth)
-    balance = [model.get_submodule(name) for name in mapping.balance]
+    balance = [model.get_submodule(name) for name in mapping.readers]
     saved = _saved((smooth, *balance))
     lo, hi = mapping.rows or (0, _width(smooth))
     generator = torch.Generator().manual_seed(seed)
@@ -219,8 +242,9 @@ def _width(module: torch.nn.Module) -> int:
 def _shape(mapping: Mapping) -> tuple[Any, ...]:
     """A pair with its layer and expert numbers taken out: what carries from the twin (a
     few layers, few experts) to the model."""
-    names = (mapping.smooth, *sorted(set(map(numberless, mapping.balance))))
-    return (numberless(mapping.smooth), *names[1:], mapping.rows is None)
+    balance = sorted(set(map(numberless, mapping.balance)))
+    kept = sorted(set(map(numberless, mapping.kept)))
+    return (numberless(mapping.smooth), *balance, "kept:", *kept, mapping.rows is None)
 
 
 def numberless(path: str) -> str:
