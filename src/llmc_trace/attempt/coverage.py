@@ -19,6 +19,11 @@ class CoverageRow:
     ``seconds`` is the whole attempt (fix search and verification included); ``trace_s`` the
     trace of the model that settled it (with the fix, when one was applied), as
     ``attempt --json`` reports it.
+
+    ``pairs`` counts the smooth -> balance pairs AWQ and SmoothQuant would scale, found in the
+    graph and proved on the twin (``plan --mappings`` lists them), for a text row that traced
+    (``None`` otherwise); ``pairs_skipped`` those left out, ``pairs_note`` why (one line per
+    kind of pair, or why none were counted), ``pairs_s`` what counting them took.
     """
 
     model: str
@@ -31,6 +36,10 @@ class CoverageRow:
     seconds: float
     trace_s: float
     problem: str
+    pairs: int | None = None
+    pairs_skipped: int = 0
+    pairs_note: str = ""
+    pairs_s: float = 0.0
 
 
 def coverage_rows(
@@ -76,6 +85,9 @@ def coverage_rows(
             problem = "; ".join(report.verification.problems)[:200]
         elif report.structure is not None and not report.structure.matches:
             problem = "; ".join(report.structure.differences)[:200]
+        fixes = list(report.applied_fix.ignore) if report.applied_fix else []
+        elapsed = time.perf_counter() - start
+        counted = _pair_counts(name, fixes) if report.traced and modality == "text" else {}
         rows.append(
             CoverageRow(
                 name,
@@ -84,14 +96,41 @@ def coverage_rows(
                 report.traced,
                 report.ok,
                 len(report.subgraphs),
-                ", ".join(report.applied_fix.ignore) if report.applied_fix else "",
-                time.perf_counter() - start,
+                ", ".join(fixes),
+                elapsed,
                 report.timings_s.get("trace_s", 0.0),
                 problem,
+                **counted,
             )
         )
     report_progress("done", len(jobs), len(jobs))
     return rows
+
+
+def _pair_counts(name: str, ignore: list[str]) -> dict[str, object]:
+    """The ``pairs*`` fields of a text row that traced (with the fix it needed)."""
+    from llmc_trace.traced.mappings import source_mappings
+
+    start = time.perf_counter()
+    try:
+        found = source_mappings(name, ignore=ignore)
+    except Exception as err:  # the trace into every layer can stop where the layers' did not
+        message = err.message if isinstance(err, LlmcTraceError) else f"{type(err).__name__}"
+        note = f"not counted: {str(message)[:160]}"
+        return {"pairs_note": note, "pairs_s": time.perf_counter() - start}
+    return {
+        "pairs": len(found.mappings),
+        "pairs_skipped": len(found.skipped),
+        "pairs_note": "; ".join(found.skipped_lines()),
+        "pairs_s": time.perf_counter() - start,
+    }
+
+
+def pairs_text(row: CoverageRow) -> str:
+    """A row's pairs as a table cell: ``84 (+2 skipped)``, empty where none were counted."""
+    if row.pairs is None:
+        return ""
+    return f"{row.pairs} (+{row.pairs_skipped} skipped)" if row.pairs_skipped else str(row.pairs)
 
 
 def coverage_markdown(rows: list[CoverageRow]) -> str:
@@ -99,14 +138,15 @@ def coverage_markdown(rows: list[CoverageRow]) -> str:
     the reason where it did not verify."""
     lines = [
         "| model | architecture | modality | traced | verified | subgraphs | fix used "
-        "| trace s | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| trace s | seconds | smoothing pairs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fix = f"`{r.fix}`" if r.fix else ""
         verdict = "yes" if r.verified else f"no: {r.problem}" if r.problem else "no"
         lines.append(
             f"| {r.model} | {r.model_type} | {r.modality} | {'yes' if r.traced else 'no'} "
-            f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} |"
+            f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} "
+            f"| {pairs_text(r)} |"
         )
     return "\n".join(lines)

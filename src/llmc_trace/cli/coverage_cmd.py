@@ -81,7 +81,7 @@ def coverage(
     if every_type:
         _sweep_all(ctx, list(models) or None, not no_fix, workers, markdown, as_json)
         return
-    from llmc_trace.attempt.coverage import coverage_markdown, coverage_rows
+    from llmc_trace.attempt.coverage import coverage_markdown, coverage_rows, pairs_text
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
         rows = coverage_rows(
@@ -107,6 +107,7 @@ def coverage(
             "fix used",
             "trace s",
             "s",
+            "smoothing pairs",
         ):
             table.add_column(column)
         for r in rows:
@@ -120,6 +121,7 @@ def coverage(
                 r.fix,
                 f"{r.trace_s:.2f}",
                 f"{r.seconds:.1f}",
+                pairs_text(r),
             )
         ctx.out.print(table)
     sys.exit(0 if all(r.verified for r in rows) else 1)

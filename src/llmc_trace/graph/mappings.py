@@ -34,6 +34,7 @@ by folding a scale on the tiny twin.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def derive_mappings(
     found: list[Mapping] = []
     skipped: list[SkippedMapping] = []
     linear_calls = _linear_calls(graph, model, is_linear)
+    is_target = functools.cache(is_target)  # asked of each of a mixture's experts thrice
 
     def add(smooth: str, names: tuple[str, ...], rows: tuple[int, int], narrowed: bool) -> None:
         reason = _refusal(model, names, rows, is_target)

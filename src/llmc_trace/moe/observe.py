@@ -12,6 +12,7 @@ sent it; only routed tokens reach the output either way.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
@@ -96,11 +97,14 @@ def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
     _register_implementation()
     installed: list[ObservedExperts] = []
     saved: list[tuple[torch.nn.Module, object]] = []
+    #: per path without layer numbers: reading transformers' mapping walks the whole model
+    known: dict[str, ExpertNames | None] = {}
     try:
         for path, module in fused_experts(model):
             if hasattr(module, "_llmc_observed"):
                 continue
-            names = per_expert_names(model, path)
+            key = re.sub(r"\.\d+(?=\.|$)", ".#", path)
+            names = known[key] if key in known else known.setdefault(key, per_expert_names(model, path))
             leaves = names or ExpertNames("gate_proj", "up_proj", "down_proj")
             projections = []
             for expert in range(int(module.down_proj.shape[0])):

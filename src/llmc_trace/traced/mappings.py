@@ -125,9 +125,12 @@ def find_mappings(
     options: TracingOptions,
     is_target: Callable[[str], bool],
 ) -> MappingSet:
-    """``model``'s pairs, each proved on ``twin`` (see the module docstring)."""
-    found, skipped = derive(model, sample, options, is_target)
-    proved, failed, offsets = prove(twin, twin_sample, options, is_target)
+    """``model``'s pairs, each proved on ``twin`` (see the module docstring); ``is_target``
+    is asked of the model's modules and the twin's by name, with the experts of both
+    observed."""
+    with observe_experts(model):
+        found, skipped = derive(model, sample, options, is_target)
+        proved, failed, offsets = prove(twin, twin_sample, options, is_target)
     kept: list[Mapping] = []
     for mapping in found:
         shape = _shape(mapping)
@@ -145,8 +148,10 @@ def prove(
     options: TracingOptions,
     is_target: Callable[[str], bool],
 ) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
-    """Fold a scale into each of ``twin``'s pairs in turn (:func:`fold_changes`). Returns the
-    proved pairs' shapes, the failed ones' reasons and the smooth norms' offsets."""
+    """Fold scales into ``twin``'s pairs (:func:`fold_changes`): into all of them at once
+    first, one forward for a model whose pairs all hold, then, where the output changed, into
+    each in turn. Returns the proved pairs' shapes, the failed ones' reasons and the smooth
+    norms' offsets."""
     with observe_experts(twin):
         return _prove(twin, sample, options, is_target)
 
@@ -163,11 +168,16 @@ def _prove(
     failed: dict[tuple[Any, ...], str] = {}
     with torch.no_grad():
         expected = _output(twin, sample)
-    for number, mapping in enumerate(found):
+    folds = []
+    for mapping in found:
         smooth = twin.get_submodule(mapping.smooth)
         offset = 0.0
         if not is_linear(smooth):
             offset = offsets.setdefault(type(smooth).__name__, norm_offset(smooth))
+        folds.append((mapping, offset))
+    if folds and _changes(twin, sample, folds, seed=0, expected=expected) <= PROOF_TOLERANCE:
+        return {_shape(mapping) for mapping in found}, failed, offsets
+    for number, (mapping, offset) in enumerate(folds):
         change = fold_changes(twin, sample, mapping, offset, seed=number, expected=expected)
         if change <= PROOF_TOLERANCE:
             proved.add(_shape(mapping))
@@ -194,14 +204,34 @@ def fold_changes(
     were afterwards."""
     if expected is None:
         expected = _output(model, sample)
-    smooth = model.get_submodule(mapping.smooth)
-    balance = [model.get_submodule(name) for name in mapping.readers]
-    saved = _saved((smooth, *balance))
-    lo, hi = mapping.rows or (0, _width(smooth))
+    return _changes(model, sample, [(mapping, offset)], seed=seed, expected=expected)
+
+
+@torch.no_grad()
+def _changes(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    folds: list[tuple[Mapping, float]],
+    *,
+    seed: int,
+    expected: torch.Tensor,
+) -> float:
+    """The output's change with scales folded into every ``(mapping, offset)`` of ``folds``
+    together (folds of true pairs compose: each keeps the function); weights restored."""
+    modules = {
+        id(module): module
+        for mapping, _ in folds
+        for module in map(model.get_submodule, (mapping.smooth, *mapping.readers))
+    }
+    saved = _saved(tuple(modules.values()))
     generator = torch.Generator().manual_seed(seed)
-    scales = 0.5 * 4 ** torch.rand(hi - lo, generator=generator)
     try:
-        fold_scales(smooth, balance, scales, rows=mapping.rows, offset=offset)
+        for mapping, offset in folds:
+            smooth = model.get_submodule(mapping.smooth)
+            lo, hi = mapping.rows or (0, _width(smooth))
+            scales = 0.5 * 4 ** torch.rand(hi - lo, generator=generator)
+            readers = [model.get_submodule(name) for name in mapping.readers]
+            fold_scales(smooth, readers, scales, rows=mapping.rows, offset=offset)
         return _relative_change(_output(model, sample), expected)
     finally:
         for module, name, tensor in saved:
@@ -271,12 +301,11 @@ def source_mappings(
     full = build_meta_model(source)
     twin = build_twin(source)
     tracing = TracingOptions.parse(full, ignore or [])
-    named = dict(full.named_modules())
     return find_mappings(
         full,
         sample_for(full, modality, options),
         twin,
         sample_for(twin, modality, options),
         tracing,
-        lambda name: DEFAULT_SCHEME.is_target(name, named[name]),
+        lambda name: DEFAULT_SCHEME.is_target(name, full.get_submodule(name)),
     )
