@@ -35,13 +35,18 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
     with why; ``summary``: how many models have pairs, and what counting them costs."""
     figures = result["figures"]
     rows = figures["rows"]
-    lines = ["| model | architecture | pairs proved | left out | why left out |", "|---|---|---|---|---|"]
+    lines = [
+        "| model | architecture | pairs proved | left out | why left out |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         if not r["traced"]:
             continue
         proved = "" if r["pairs"] is None else str(r["pairs"])
         why = r["pairs_note"].replace("|", "\\|").replace("not smoothed: ", "")
-        lines.append(f"| {r['model']} | {r['model_type']} | {proved} | {r['pairs_skipped']} | {why} |")
+        lines.append(
+            f"| {r['model']} | {r['model_type']} | {proved} | {r['pairs_skipped']} | {why} |"
+        )
     traced = [r for r in rows if r["traced"]]
     counted = [r for r in traced if r["pairs"]]
     summary = [

@@ -104,7 +104,9 @@ def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
             if hasattr(module, "_llmc_observed"):
                 continue
             key = re.sub(r"\.\d+(?=\.|$)", ".#", path)
-            names = known[key] if key in known else known.setdefault(key, per_expert_names(model, path))
+            if key not in known:
+                known[key] = per_expert_names(model, path)
+            names = known[key]
             leaves = names or ExpertNames("gate_proj", "up_proj", "down_proj")
             projections = []
             for expert in range(int(module.down_proj.shape[0])):

@@ -35,7 +35,9 @@ def expert_pairs(path: str, module: torch.nn.Module) -> list[tuple[str, str]]:
     experts with a gate; ``act(up(x))`` passes no scale)."""
     if not is_fused_experts(module) or not module.has_gate:
         return []
-    parts = dict(((name.rpartition(".")[0], part), name) for name, part in _projections(path, module))
+    parts = dict(
+        ((name.rpartition(".")[0], part), name) for name, part in _projections(path, module)
+    )
     experts = dict.fromkeys(expert for expert, _ in parts)
     return [(parts[(e, UP)], parts[(e, DOWN)]) for e in experts]
 

@@ -3,7 +3,8 @@
 While the sequential pipeline calibrates a subgraph, a forward pre-hook on one balance layer of
 each pair inside it sees the inputs the balance layers share (padding rows left out, as for the
 Hessians; a mixture's router rather than an expert, since it reads every token, and an
-expert's down projection with the expert run on every token, as its Hessian would be): SmoothQuant keeps their absolute maximum per channel, AWQ the inputs
+expert's down projection with the expert run on every token, as its Hessian would be):
+SmoothQuant keeps their absolute maximum per channel, AWQ the inputs
 magnitude per channel and their Gram matrix (its search's loss is a quadratic form in it,
 :mod:`llmc_trace.algorithms.awq`). When the subgraph is calibrated, each pair's scales are
 computed (:mod:`llmc_trace.algorithms.smoothquant`, :mod:`llmc_trace.algorithms.awq`) and
