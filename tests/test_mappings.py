@@ -222,3 +222,26 @@ def test_moe_pairs_keep_the_function_at_scale_2_only_with_the_router_balanced(
         wrong = Mapping(expert + "gate_proj", (expert + "down_proj",))
         assert fold_changes(fresh, sample, true) < PROOF_TOLERANCE / 100
         assert fold_changes(fresh, sample, wrong) > PROOF_TOLERANCE
+
+
+def test_coverage_counts_the_pairs_of_a_built_in(one_thread: None) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llmc_trace.cli.main import cli
+    from llmc_trace.models.source import resolve_model
+
+    name = "Qwen/Qwen3-0.6B"
+    result = CliRunner().invoke(
+        cli, ["--quiet", "coverage", "-m", name, "--modality", "text", "--no-fix", "--json"]
+    )
+    (row,) = json.loads(result.output)["rows"]
+    layers = resolve_model(name).config().num_hidden_layers
+    # llm-compressor's default table per layer, v_proj -> o_proj left out: 8 key/value heads
+    # for 16 query heads (grouped-query attention), as is model.norm -> lm_head (not quantized)
+    assert row["pairs"] == 3 * layers
+    assert row["pairs_skipped"] == layers + 1
+    assert f"grouped-query attention); {layers - 1} more like it" in row["pairs_note"]
+    assert "lm_head is not quantized" in row["pairs_note"]
+    assert 0 < row["pairs_s"]
