@@ -68,7 +68,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     run = Run("smoothing_pairs")
-    command = [str(CLI), "--quiet", "coverage", "--json", "--modality", "text"]
+    command = [str(CLI), "--quiet", "coverage", "--json", "--modality", "text", "--pairs"]
     for model in args.models:
         command += ["--model", model]
     stdout, measured = run_measured(command, "coverage")

@@ -98,14 +98,14 @@ MOE_AWQ = {
 
 
 def _pairs(
-    cls: type, config: object, is_target: Callable[[str], bool] | None = None
+    cls: type, config: object, is_target: Callable[[str, torch.nn.Module], bool] | None = None
 ) -> tuple[MappingSet, torch.nn.Module]:
     twin = twin_of_class(cls, config)  # type: ignore[arg-type]
     sample = sample_for(twin, "text", SampleOptions())
     options = TracingOptions.parse(twin, [], None, 1)
     found = find_mappings(
         twin, sample, twin, sample, options,
-        is_target or (lambda name: not name.endswith("lm_head")),
+        is_target or (lambda name, _: not name.endswith("lm_head")),
     )  # fmt: skip
     return found, twin
 
@@ -161,17 +161,10 @@ def test_the_proof_refuses_a_pair_that_does_not_keep_the_function(one_thread: No
         assert torch.equal(value, before[key]), key  # every fold undone
 
 
-def _default_targets(twin: torch.nn.Module) -> Callable[[str], bool]:
-    """What ``compress`` quantizes by default: every linear layer and expert projection but
-    ``lm_head`` (a router is no linear layer: it stays in full precision)."""
-    with observe_experts(twin):
-        named = dict(twin.named_modules())
-    return lambda name: DEFAULT_SCHEME.is_target(name, named[name])
-
-
 def test_moe_pairs_equal_llm_compressors_moe_table_router_kept(one_thread: None) -> None:
-    twin = twin_of_class(T.Qwen3MoeForCausalLM, QWEN3_MOE)
-    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, _default_targets(twin))
+    # what compress quantizes by default: every linear layer and expert projection but
+    # lm_head (a router is no linear layer: it stays in full precision)
+    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, DEFAULT_SCHEME.is_target)
     layer0 = {
         (m.smooth.replace(".0.", ".#.", 1), frozenset(r.replace(".0.", ".#.", 1) for r in m.readers))
         for m in found.mappings
@@ -193,7 +186,7 @@ def test_moe_pairs_keep_the_function_at_scale_2_only_with_the_router_balanced(
 ) -> None:
     twin = twin_of_class(T.Qwen3MoeForCausalLM, QWEN3_MOE)
     sample = sample_for(twin, "text", SampleOptions())
-    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, _default_targets(twin))
+    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, DEFAULT_SCHEME.is_target)
     expected = twin(**sample).logits
     largest = float(expected.abs().max())
     with observe_experts(twin):
@@ -234,7 +227,8 @@ def test_coverage_counts_the_pairs_of_a_built_in(one_thread: None) -> None:
 
     name = "Qwen/Qwen3-0.6B"
     result = CliRunner().invoke(
-        cli, ["--quiet", "coverage", "-m", name, "--modality", "text", "--no-fix", "--json"]
+        cli,
+        ["--quiet", "coverage", "-m", name, "--modality", "text", "--no-fix", "--pairs", "--json"],
     )
     (row,) = json.loads(result.output)["rows"]
     layers = resolve_model(name).config().num_hidden_layers

@@ -47,8 +47,12 @@ def coverage_rows(
     modalities: list[str] | None = None,
     fix: bool = True,
     progress: Progress | None = None,
+    pairs: bool = False,
 ) -> list[CoverageRow]:
-    """Attempt every (model, modality); with ``fix``, failures are retried with the fix search."""
+    """Attempt every (model, modality); with ``fix``, failures are retried with the fix search;
+    with ``pairs``, each text row that traced counts its smooth -> balance pairs (a trace into
+    every linear layer of the full model and one of the twin, then the folds: it about triples
+    the run, so it is asked for)."""
     report_progress = progress or no_progress
     jobs = []
     for name in names or builtin_names():
@@ -87,7 +91,9 @@ def coverage_rows(
             problem = "; ".join(report.structure.differences)[:200]
         fixes = list(report.applied_fix.ignore) if report.applied_fix else []
         elapsed = time.perf_counter() - start
-        counted = _pair_counts(name, fixes) if report.traced and modality == "text" else {}
+        counted = (
+            _pair_counts(name, fixes) if pairs and report.traced and modality == "text" else {}
+        )
         rows.append(
             CoverageRow(
                 name,
@@ -115,8 +121,8 @@ def _pair_counts(name: str, ignore: list[str]) -> dict[str, object]:
     try:
         found = source_mappings(name, ignore=ignore)
     except Exception as err:  # the trace into every layer can stop where the layers' did not
-        message = err.message if isinstance(err, LlmcTraceError) else f"{type(err).__name__}"
-        note = f"not counted: {str(message)[:160]}"
+        message = err.message if isinstance(err, LlmcTraceError) else f"{type(err).__name__}: {err}"
+        note = f"not counted: {message[:200]}"
         return {"pairs_note": note, "pairs_s": time.perf_counter() - start}
     return {
         "pairs": len(found.mappings),

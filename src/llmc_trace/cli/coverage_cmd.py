@@ -53,6 +53,12 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Print the README's Markdown table from a saved `coverage --all --json` and exit.",
 )
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="Count each text model's smooth -> balance pairs (AWQ, SmoothQuant), found and proved "
+    "(about triples the run).",
+)
 @click.option("--markdown", is_flag=True, help="Print a Markdown table (the README's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout only.")
 @pass_cli
@@ -64,6 +70,7 @@ def coverage(
     every_type: bool,
     workers: int,
     table_from: Path | None,
+    pairs: bool,
     markdown: bool,
     as_json: bool,
 ) -> None:
@@ -85,7 +92,11 @@ def coverage(
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
         rows = coverage_rows(
-            list(models) or None, list(modalities) or None, fix=not no_fix, progress=progress
+            list(models) or None,
+            list(modalities) or None,
+            fix=not no_fix,
+            progress=progress,
+            pairs=pairs,
         )
     if as_json:
         ctx.print_json({"rows": [vars(r) for r in rows]})

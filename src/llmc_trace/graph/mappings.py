@@ -125,12 +125,12 @@ def derive_mappings(
     graph: fx.Graph,
     model: torch.nn.Module,
     is_linear: Callable[[torch.nn.Module], bool],
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[list[Mapping], list[SkippedMapping]]:
     """Every smooth -> balance pair of ``graph`` (see the module docstring), in graph order.
 
     ``is_linear`` says which modules are linear layers (a path stops there); ``is_target``
-    which of them are quantized (a pair reaching none is skipped: smoothing it would change
+    (asked with a name and its module) which of them are quantized (a pair reaching none is skipped: smoothing it would change
     layers left in full precision for nothing, or an ``lm_head`` tied to the embeddings).
     Fused experts must be observed (:func:`~llmc_trace.moe.observe.observe_experts`): their
     pairs name the projections it installs.
@@ -138,15 +138,15 @@ def derive_mappings(
     found: list[Mapping] = []
     skipped: list[SkippedMapping] = []
     linear_calls = _linear_calls(graph, model, is_linear)
-    is_target = functools.cache(is_target)  # asked of each of a mixture's experts thrice
+    target = functools.cache(lambda name: is_target(name, model.get_submodule(name)))
 
     def add(smooth: str, names: tuple[str, ...], rows: tuple[int, int], narrowed: bool) -> None:
-        reason = _refusal(model, names, rows, is_target)
+        reason = _refusal(model, names, rows, target)
         if reason is not None:
             skipped.append(SkippedMapping(smooth, names, reason))
             return
-        balance = tuple(n for n in names if is_target(n))
-        kept = tuple(n for n in names if not is_target(n))
+        balance = tuple(n for n in names if target(n))
+        kept = tuple(n for n in names if not target(n))
         found.append(Mapping(smooth, balance, rows if narrowed else None, kept))
 
     for node in graph.nodes:

@@ -109,7 +109,7 @@ def derive(
     model: torch.nn.Module,
     sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[list[Mapping], list[SkippedMapping]]:
     """The pairs the graph of ``model`` shows (unproved)."""
     with observe_experts(model):
@@ -123,11 +123,10 @@ def find_mappings(
     twin: torch.nn.Module,
     twin_sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> MappingSet:
     """``model``'s pairs, each proved on ``twin`` (see the module docstring); ``is_target``
-    is asked of the model's modules and the twin's by name, with the experts of both
-    observed."""
+    is asked of the model's modules and the twin's, with the experts of both observed."""
     with observe_experts(model):
         found, skipped = derive(model, sample, options, is_target)
         proved, failed, offsets = prove(twin, twin_sample, options, is_target)
@@ -146,7 +145,7 @@ def prove(
     twin: torch.nn.Module,
     sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
     """Fold scales into ``twin``'s pairs (:func:`fold_changes`): into all of them at once
     first, one forward for a model whose pairs all hold, then, where the output changed, into
@@ -160,7 +159,7 @@ def _prove(
     twin: torch.nn.Module,
     sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
     found, _ = derive(twin, sample, options, is_target)
     offsets: dict[str, float] = {}
@@ -307,5 +306,5 @@ def source_mappings(
         twin,
         sample_for(twin, modality, options),
         tracing,
-        lambda name: DEFAULT_SCHEME.is_target(name, full.get_submodule(name)),
+        DEFAULT_SCHEME.is_target,
     )
