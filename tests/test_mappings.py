@@ -3,13 +3,18 @@ tables, each proved by folding a scale on the twin, and the wrong ones refused."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import transformers as T
 
+from llmc_trace.algorithms.scheme import DEFAULT_SCHEME
+from llmc_trace.algorithms.smoothing import fold_scales
 from llmc_trace.graph.mappings import Mapping
 from llmc_trace.models.build import twin_of_class
 from llmc_trace.models.samples import SampleOptions
+from llmc_trace.moe import observe_experts
 from llmc_trace.traced.mappings import (
     PROOF_TOLERANCE,
     MappingSet,
@@ -69,26 +74,39 @@ CASES = {
         GEMMA2,
     ),
     "phi3": (T.Phi3ForCausalLM, T.Phi3Config(**COMMON, num_key_value_heads=4, pad_token_id=0), PHI3),
-    # the experts of a mixture are calls inside a data-dependent loop, which no trace into the
-    # layer records: its attention pairs are found, the router and expert pairs are not
-    "qwen3_moe": (
-        T.Qwen3MoeForCausalLM,
-        T.Qwen3MoeConfig(
-            **COMMON, num_key_value_heads=4, head_dim=16, num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32,
-        ),
-        ATTENTION,
-    ),
 }  # fmt: skip
 
+EXPERTS = 4
+QWEN3_MOE = T.Qwen3MoeConfig(
+    **COMMON, num_key_value_heads=4, head_dim=16, num_experts=EXPERTS, num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)  # fmt: skip
+# llm-compressor 0.14's AWQ table for Qwen3-MoE (_moe_default_mappings), layer 0, its patterns
+# expanded over the twin's experts: the router (mlp.gate) is balanced with the experts' gate and
+# up projections, and every up_proj (each expert's) smooths its down_proj
+E = [f"{L}mlp.experts.{e}." for e in range(EXPERTS)]
+MOE_AWQ = {
+    (L + "input_layernorm", frozenset({L + "self_attn.q_proj", L + "self_attn.k_proj", L + "self_attn.v_proj"})),
+    (L + "self_attn.v_proj", frozenset({L + "self_attn.o_proj"})),
+    (L + "post_attention_layernorm", frozenset({L + "mlp.gate", *(e + p for e in E for p in ("gate_proj", "up_proj"))})),
+    *((e + "up_proj", frozenset({e + "down_proj"})) for e in E),
+}  # fmt: skip
+# its SmoothQuant table for Qwen3-MoE (QWEN_MOE_SMOOTHQUANT_MAPPINGS) keeps only
+# input_layernorm -> q/k/v, as for every model it smooths norms only; it leaves the MLP norm out
+# by choice (one scale for all experts measured worse there). Here both methods scale the same
+# pairs, each proved to keep the function, as for the dense models above.
 
-def _pairs(cls: type, config: object) -> tuple[MappingSet, torch.nn.Module]:
+
+def _pairs(
+    cls: type, config: object, is_target: Callable[[str, torch.nn.Module], bool] | None = None
+) -> tuple[MappingSet, torch.nn.Module]:
     twin = twin_of_class(cls, config)  # type: ignore[arg-type]
     sample = sample_for(twin, "text", SampleOptions())
     options = TracingOptions.parse(twin, [], None, 1)
     found = find_mappings(
-        twin, sample, twin, sample, options, lambda name: not name.endswith("lm_head")
-    )
+        twin, sample, twin, sample, options,
+        is_target or (lambda name, _: not name.endswith("lm_head")),
+    )  # fmt: skip
     return found, twin
 
 
@@ -141,3 +159,83 @@ def test_the_proof_refuses_a_pair_that_does_not_keep_the_function(one_thread: No
     assert fold_changes(twin, sample, wrong) > 5 * PROOF_TOLERANCE
     for key, value in twin.state_dict().items():
         assert torch.equal(value, before[key]), key  # every fold undone
+
+
+def test_moe_pairs_equal_llm_compressors_moe_table_router_kept(one_thread: None) -> None:
+    # what compress quantizes by default: every linear layer and expert projection but
+    # lm_head (a router is no linear layer: it stays in full precision)
+    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, DEFAULT_SCHEME.is_target)
+    layer0 = {
+        (m.smooth.replace(".0.", ".#.", 1), frozenset(r.replace(".0.", ".#.", 1) for r in m.readers))
+        for m in found.mappings
+        if m.smooth.startswith("model.layers.0.")
+    }  # fmt: skip
+    assert layer0 == MOE_AWQ
+    assert len(found.mappings) == 2 * len(MOE_AWQ)
+    norm = next(m for m in found.mappings if m.smooth.endswith("0.post_attention_layernorm"))
+    # llm-compressor lists the router among the balance layers and ignores it when quantizing;
+    # here it is kept apart: scaled with the experts, left out of the scales' choice
+    assert norm.kept == ("model.layers.0.mlp.gate",)
+    assert len(norm.balance) == 2 * EXPERTS
+    assert [s.smooth for s in found.skipped] == ["model.norm"]
+
+
+@torch.no_grad()
+def test_moe_pairs_keep_the_function_at_scale_2_only_with_the_router_balanced(
+    one_thread: None,
+) -> None:
+    twin = twin_of_class(T.Qwen3MoeForCausalLM, QWEN3_MOE)
+    sample = sample_for(twin, "text", SampleOptions())
+    found, _ = _pairs(T.Qwen3MoeForCausalLM, QWEN3_MOE, DEFAULT_SCHEME.is_target)
+    expected = twin(**sample).logits
+    largest = float(expected.abs().max())
+    with observe_experts(twin):
+        for mapping in found.mappings:  # every pair at once, a scale of 2 on every channel
+            smooth = twin.get_submodule(mapping.smooth)
+            readers = [twin.get_submodule(n) for n in mapping.readers]
+            width = readers[0].weight.shape[1]
+            fold_scales(smooth, readers, torch.full((width,), 2.0))
+        folded = twin(**sample).logits
+    assert float((folded - expected).abs().max()) < 1e-5 * largest
+    assert not torch.equal(twin.model.layers[0].mlp.gate.weight, twin_of_class(
+        T.Qwen3MoeForCausalLM, QWEN3_MOE).model.layers[0].mlp.gate.weight)  # fmt: skip
+
+    # the norm scaled with the experts but not the router: the routing changes
+    fresh = twin_of_class(T.Qwen3MoeForCausalLM, QWEN3_MOE)
+    norm = next(m for m in found.mappings if m.smooth.endswith("0.post_attention_layernorm"))
+    with observe_experts(fresh):
+        experts_only = Mapping(norm.smooth, norm.balance)
+        with_router = Mapping(norm.smooth, norm.balance, kept=norm.kept)
+        assert fold_changes(fresh, sample, with_router) < PROOF_TOLERANCE / 100
+        assert fold_changes(fresh, sample, experts_only) > 5 * PROOF_TOLERANCE
+        # an expert's gate output goes through its activation before down_proj: refused (one
+        # expert of one layer reaches few tokens, so its change is smaller than the norm's)
+        expert = "model.layers.0.mlp.experts.1."
+        true = Mapping(expert + "up_proj", (expert + "down_proj",))
+        wrong = Mapping(expert + "gate_proj", (expert + "down_proj",))
+        assert fold_changes(fresh, sample, true) < PROOF_TOLERANCE / 100
+        assert fold_changes(fresh, sample, wrong) > PROOF_TOLERANCE
+
+
+def test_coverage_counts_the_pairs_of_a_built_in(one_thread: None) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llmc_trace.cli.main import cli
+    from llmc_trace.models.source import resolve_model
+
+    name = "Qwen/Qwen3-0.6B"
+    result = CliRunner().invoke(
+        cli,
+        ["--quiet", "coverage", "-m", name, "--modality", "text", "--no-fix", "--pairs", "--json"],
+    )
+    (row,) = json.loads(result.output)["rows"]
+    layers = resolve_model(name).config().num_hidden_layers
+    # llm-compressor's default table per layer, v_proj -> o_proj left out: 8 key/value heads
+    # for 16 query heads (grouped-query attention), as is model.norm -> lm_head (not quantized)
+    assert row["pairs"] == 3 * layers
+    assert row["pairs_skipped"] == layers + 1
+    assert f"grouped-query attention); {layers - 1} more like it" in row["pairs_note"]
+    assert "lm_head is not quantized" in row["pairs_note"]
+    assert 0 < row["pairs_s"]

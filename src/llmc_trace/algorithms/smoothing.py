@@ -5,7 +5,9 @@ layer's output channels are divided by ``s`` and the balance layers' input colum
 by it, in the weights themselves, so the checkpoint is an ordinary one with nothing to undo at
 load time. A linear smooth layer divides its rows (and bias); a norm divides the factor it
 multiplies each channel by, which is ``weight`` for most norms and ``1 + weight`` for Gemma's
-(the ``offset``, measured by :func:`norm_offset`), and its bias.
+(the ``offset``, measured by :func:`norm_offset`), and its bias. A balance layer is a linear
+layer (one expert's projection writes into its fused parameter) or a router, whose ``(out, in)``
+weight is multiplied the same way.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def fold_scales(
             bias.copy_((bias.float() / s).to(bias.dtype))
     for module in balance:
         target = as_linear(module)
-        assert target is not None, "a balance layer is a linear layer"
-        target.set_matrix(target.matrix(torch.float32) * s[None, :])
+        if target is not None:
+            target.set_matrix(target.matrix(torch.float32) * s[None, :])
+        else:  # a router: logits = x Wᵀ with its own (out, in) weight
+            weight = module.weight
+            weight.copy_((weight.float() * s[None, :]).to(weight.dtype))
 
 
 @torch.no_grad()

@@ -19,6 +19,11 @@ class CoverageRow:
     ``seconds`` is the whole attempt (fix search and verification included); ``trace_s`` the
     trace of the model that settled it (with the fix, when one was applied), as
     ``attempt --json`` reports it.
+
+    ``pairs`` counts the smooth -> balance pairs AWQ and SmoothQuant would scale, found in the
+    graph and proved on the twin (``plan --mappings`` lists them), for a text row that traced
+    (``None`` otherwise); ``pairs_skipped`` those left out, ``pairs_note`` why (one line per
+    kind of pair, or why none were counted), ``pairs_s`` what counting them took.
     """
 
     model: str
@@ -31,6 +36,10 @@ class CoverageRow:
     seconds: float
     trace_s: float
     problem: str
+    pairs: int | None = None
+    pairs_skipped: int = 0
+    pairs_note: str = ""
+    pairs_s: float = 0.0
 
 
 def coverage_rows(
@@ -38,8 +47,12 @@ def coverage_rows(
     modalities: list[str] | None = None,
     fix: bool = True,
     progress: Progress | None = None,
+    pairs: bool = False,
 ) -> list[CoverageRow]:
-    """Attempt every (model, modality); with ``fix``, failures are retried with the fix search."""
+    """Attempt every (model, modality); with ``fix``, failures are retried with the fix search;
+    with ``pairs``, each text row that traced counts its smooth -> balance pairs (a trace into
+    every linear layer of the full model and one of the twin, then the folds: it about triples
+    the run, so it is asked for)."""
     report_progress = progress or no_progress
     jobs = []
     for name in names or builtin_names():
@@ -76,6 +89,11 @@ def coverage_rows(
             problem = "; ".join(report.verification.problems)[:200]
         elif report.structure is not None and not report.structure.matches:
             problem = "; ".join(report.structure.differences)[:200]
+        fixes = list(report.applied_fix.tracing_ignore) if report.applied_fix else []
+        elapsed = time.perf_counter() - start
+        counted = (
+            _pair_counts(name, fixes) if pairs and report.traced and modality == "text" else {}
+        )
         rows.append(
             CoverageRow(
                 name,
@@ -84,14 +102,42 @@ def coverage_rows(
                 report.traced,
                 report.ok,
                 len(report.subgraphs),
-                ", ".join(report.applied_fix.tracing_ignore) if report.applied_fix else "",
-                time.perf_counter() - start,
+                ", ".join(fixes),
+                elapsed,
                 report.timings_s.get("trace_s", 0.0),
                 problem,
+                **counted,
             )
         )
     report_progress("done", len(jobs), len(jobs))
     return rows
+
+
+def _pair_counts(name: str, tracing_ignore: list[str]) -> dict[str, object]:
+    """The ``pairs*`` fields of a text row that traced (with the fix it needed)."""
+    from llmc_trace.traced.mappings import source_mappings
+    from llmc_trace.tracing.settings import TracingSettings
+
+    start = time.perf_counter()
+    try:
+        found = source_mappings(name, tracing=TracingSettings(tracing_ignore=tuple(tracing_ignore)))
+    except Exception as err:  # the trace into every layer can stop where the layers' did not
+        message = err.message if isinstance(err, LlmcTraceError) else f"{type(err).__name__}: {err}"
+        note = f"not counted: {message[:200]}"
+        return {"pairs_note": note, "pairs_s": time.perf_counter() - start}
+    return {
+        "pairs": len(found.mappings),
+        "pairs_skipped": len(found.skipped),
+        "pairs_note": "; ".join(found.skipped_lines()),
+        "pairs_s": time.perf_counter() - start,
+    }
+
+
+def pairs_text(row: CoverageRow) -> str:
+    """A row's pairs as a table cell: ``84 (+2 skipped)``, empty where none were counted."""
+    if row.pairs is None:
+        return ""
+    return f"{row.pairs} (+{row.pairs_skipped} skipped)" if row.pairs_skipped else str(row.pairs)
 
 
 def coverage_markdown(rows: list[CoverageRow]) -> str:
@@ -99,14 +145,15 @@ def coverage_markdown(rows: list[CoverageRow]) -> str:
     the reason where it did not verify."""
     lines = [
         "| model | architecture | modality | traced | verified | subgraphs | fix used "
-        "| trace s | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| trace s | seconds | smoothing pairs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fix = f"`{r.fix}`" if r.fix else ""
         verdict = "yes" if r.verified else f"no: {r.problem}" if r.problem else "no"
         lines.append(
             f"| {r.model} | {r.model_type} | {r.modality} | {'yes' if r.traced else 'no'} "
-            f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} |"
+            f"| {verdict} | {r.subgraphs} | {fix} | {r.trace_s:.2f} | {r.seconds:.1f} "
+            f"| {pairs_text(r)} |"
         )
     return "\n".join(lines)

@@ -53,6 +53,12 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Print the README's Markdown table from a saved `coverage --all --json` and exit.",
 )
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="Count each text model's smooth -> balance pairs (AWQ, SmoothQuant), found and proved "
+    "(about triples the run).",
+)
 @click.option("--markdown", is_flag=True, help="Print a Markdown table (the README's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout only.")
 @pass_cli
@@ -64,6 +70,7 @@ def coverage(
     every_type: bool,
     workers: int,
     table_from: Path | None,
+    pairs: bool,
     markdown: bool,
     as_json: bool,
 ) -> None:
@@ -81,11 +88,15 @@ def coverage(
     if every_type:
         _sweep_all(ctx, list(models) or None, not no_fix, workers, markdown, as_json)
         return
-    from llmc_trace.attempt.coverage import coverage_markdown, coverage_rows
+    from llmc_trace.attempt.coverage import coverage_markdown, coverage_rows, pairs_text
 
     with handle_errors(ctx), ctx.progress("coverage") as progress:
         rows = coverage_rows(
-            list(models) or None, list(modalities) or None, fix=not no_fix, progress=progress
+            list(models) or None,
+            list(modalities) or None,
+            fix=not no_fix,
+            progress=progress,
+            pairs=pairs,
         )
     if as_json:
         ctx.print_json({"rows": [vars(r) for r in rows]})
@@ -107,6 +118,7 @@ def coverage(
             "fix used",
             "trace s",
             "s",
+            "smoothing pairs",
         ):
             table.add_column(column)
         for r in rows:
@@ -120,6 +132,7 @@ def coverage(
                 r.fix,
                 f"{r.trace_s:.2f}",
                 f"{r.seconds:.1f}",
+                pairs_text(r),
             )
         ctx.out.print(table)
     sys.exit(0 if all(r.verified for r in rows) else 1)

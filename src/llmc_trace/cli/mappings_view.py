@@ -3,6 +3,7 @@ would scale, as a table (the same pair of every layer on one row), and the pairs
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -32,7 +33,8 @@ def mappings_document(found: MappingSet) -> dict[str, object]:
     """The pairs as ``--json`` prints them: every pair, unfolded."""
     return {
         "mappings": [
-            {"smooth": m.smooth, "balance": list(m.balance), "rows": m.rows} for m in found.mappings
+            {"smooth": m.smooth, "balance": list(m.balance), "kept": list(m.kept), "rows": m.rows}
+            for m in found.mappings
         ],
         "skipped": [
             {"smooth": s.smooth, "balance": list(s.balance), "reason": s.reason}
@@ -47,8 +49,13 @@ def show_mappings(out: Console, found: MappingSet) -> None:
 
     rows: dict[str, list[str]] = {}
     for mapping in found.mappings:
-        key = numberless(mapping.describe())
-        rows.setdefault(key, []).append(mapping.smooth)
+        # a mixture's experts once: model.layers.#.mlp.experts.#.up_proj
+        names = dataclasses.replace(
+            mapping,
+            balance=tuple(dict.fromkeys(map(numberless, mapping.balance))),
+            kept=tuple(dict.fromkeys(map(numberless, mapping.kept))),
+        )
+        rows.setdefault(numberless(names.describe()), []).append(mapping.smooth)
     table = Table(
         title="smooth -> balance pairs (AWQ, SmoothQuant), each proved on the twin",
         title_justify="left",

@@ -18,23 +18,31 @@ from each call of a module with a weight, it follows the value forward
   narrows the scaled channels to that range (a fused ``qkv_proj`` whose ``v`` part reaches
   ``o_proj``, a ``gate_up_proj`` whose ``up`` half reaches ``down_proj``),
 
-and stops at the first linear layer on each path. A path into anything else (an activation, a
+and stops at the first linear layer on each path. Two other calls end a path as linear layers
+do: a module that reads its input only through ``F.linear`` with its own weight (a router:
+``softmax(x Wᵀ)``, then top-k), read from a trace of the module alone, and a fused experts
+module, which stands for every expert's gate and up projection; inside it, each expert's up ->
+down is a pair as well (:mod:`llmc_trace.moe.pairs`). A path into anything else (an activation, a
 norm, a residual add, softmax, the model's output) blocks the channels it carries; a norm
 needs all its channels to reach linear layers, a linear layer at least one range. What comes
-out is a :class:`Mapping` per smooth layer whose balance layers are all targets, or a
-:class:`SkippedMapping` saying why not (a balance layer that is not quantized, widths that do
-not match). Only the graph is read here: :mod:`llmc_trace.traced.mappings` proves each pair
+out is a :class:`Mapping` per smooth layer with at least one quantized balance layer (the
+others, a router or an ignored layer, are scaled too, or the function would change, and stay in
+full precision), or a :class:`SkippedMapping` saying why not (no balance layer quantized,
+widths that do not match). Only the graph is read here: :mod:`llmc_trace.traced.mappings` proves each pair
 by folding a scale on the tiny twin.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import fx
+
+from llmc_trace.moe.pairs import expert_inputs, expert_pairs
 
 #: methods and functions that move channels without mixing them, or only read shapes
 _MOVES = frozenset(
@@ -71,16 +79,26 @@ class Mapping:
     """A smooth layer and the balance layers its output reaches, channel for channel.
 
     ``rows`` is the range of the smooth layer's output channels that reaches them (``None``:
-    all of them; a range for a fused projection whose other parts go elsewhere).
+    all of them; a range for a fused projection whose other parts go elsewhere). ``kept``
+    are layers reading the same channels that are not quantized (a mixture's router): the
+    scales are folded into them too, so the function stays the same, but chosen for
+    ``balance`` alone.
     """
 
     smooth: str
     balance: tuple[str, ...]
     rows: tuple[int, int] | None = None
+    kept: tuple[str, ...] = ()
 
     def describe(self) -> str:
         rows = f"[{self.rows[0]}:{self.rows[1]}]" if self.rows else ""
-        return f"{self.smooth}{rows} -> {', '.join(self.balance)}"
+        kept = f" (+ {', '.join(self.kept)}, not quantized)" if self.kept else ""
+        return f"{self.smooth}{rows} -> {', '.join(self.balance)}{kept}"
+
+    @property
+    def readers(self) -> tuple[str, ...]:
+        """Every layer the scales are folded into: the balance layers and the kept ones."""
+        return (*self.balance, *self.kept)
 
 
 @dataclass(frozen=True)
@@ -107,27 +125,38 @@ def derive_mappings(
     graph: fx.Graph,
     model: torch.nn.Module,
     is_linear: Callable[[torch.nn.Module], bool],
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[list[Mapping], list[SkippedMapping]]:
     """Every smooth -> balance pair of ``graph`` (see the module docstring), in graph order.
 
     ``is_linear`` says which modules are linear layers (a path stops there); ``is_target``
-    which of them are quantized (a pair reaching any other is skipped: smoothing it would
-    change a layer left in full precision for nothing, or an ``lm_head`` tied to the
-    embeddings).
+    (asked with a name and its module) which of them are quantized (a pair reaching none is skipped: smoothing it would change
+    layers left in full precision for nothing, or an ``lm_head`` tied to the embeddings).
+    Fused experts must be observed (:func:`~llmc_trace.moe.observe.observe_experts`): their
+    pairs name the projections it installs.
     """
     found: list[Mapping] = []
     skipped: list[SkippedMapping] = []
-    linear_calls = {
-        node: str(node.target)
-        for node in graph.nodes
-        if node.op == "call_module" and is_linear(model.get_submodule(str(node.target)))
-    }
+    linear_calls = _linear_calls(graph, model, is_linear)
+    target = functools.cache(lambda name: is_target(name, model.get_submodule(name)))
+
+    def add(smooth: str, names: tuple[str, ...], rows: tuple[int, int], narrowed: bool) -> None:
+        reason = _refusal(model, names, rows, target)
+        if reason is not None:
+            skipped.append(SkippedMapping(smooth, names, reason))
+            return
+        balance = tuple(n for n in names if target(n))
+        kept = tuple(n for n in names if not target(n))
+        found.append(Mapping(smooth, balance, rows if narrowed else None, kept))
+
     for node in graph.nodes:
         if node.op != "call_module":
             continue
         path = str(node.target)
         module = model.get_submodule(path)
+        for up, down in expert_pairs(path, module):
+            width = _in_features(model.get_submodule(down))
+            add(up, (down,), (0, width), narrowed=False)
         width = _output_width(module, is_linear(module))
         if width is None:
             continue
@@ -137,16 +166,79 @@ def derive_mappings(
         balance, rows = reached
         if not is_linear(module) and rows != (0, width):
             continue  # a norm smooths all its channels or none
-        names = tuple(dict.fromkeys(linear_calls[n] for n in balance))
-        if len(set(names)) != len(balance):
+        names = tuple(name for n in balance for name in linear_calls[n])
+        if len(set(names)) != len(names):
             continue  # a layer called twice on different values: no one input to balance
-        narrowed = None if rows == (0, width) else rows
-        reason = _refusal(model, names, rows, is_target)
-        if reason is not None:
-            skipped.append(SkippedMapping(path, names, reason))
-        else:
-            found.append(Mapping(path, names, narrowed))
+        add(path, names, rows, narrowed=rows != (0, width))
     return found, skipped
+
+
+def _linear_calls(
+    graph: fx.Graph, model: torch.nn.Module, is_linear: Callable[[torch.nn.Module], bool]
+) -> dict[fx.Node, tuple[str, ...]]:
+    """The calls a path stops at, with the layers that read their input: a linear layer
+    itself, a router (a module reading its input through its weight alone), every expert's
+    gate and up projection for a fused experts module."""
+    calls: dict[fx.Node, tuple[str, ...]] = {}
+    readers: dict[type, bool] = {}
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        path = str(node.target)
+        module = model.get_submodule(path)
+        experts = expert_inputs(path, module)
+        if experts is not None:
+            calls[node] = experts
+        elif is_linear(module):
+            calls[node] = (path,)
+        elif readers.setdefault(type(module), _reads_through_weight(module)):
+            calls[node] = (path,)
+    return calls
+
+
+def _reads_through_weight(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (no linear layer, no children) reads its first input only through
+    ``F.linear`` with its own 2-D ``weight``, the channels on the last dimension: a router's
+    logits, ``x Wᵀ``, before its softmax and top-k. Read from a trace of the module alone;
+    a module that does not trace so is not one."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or next(module.children(), None):
+        return False
+    try:
+        graph = fx.symbolic_trace(module).graph
+    except Exception:  # noqa: BLE001 - any failure to trace means "not known to be one"
+        return False
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    frontier, reached = inputs[:1], False
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            name = _op_name(user)
+            if name in _READS_SHAPE or (name == "getattr" and user.args[1] in _READS_SHAPE):
+                continue
+            if name in _KEEPS_SHAPE or name in ("view", "reshape"):
+                frontier.append(user)
+                continue
+            weight_arg = user.args[1] if len(user.args) > 1 else None
+            if (
+                name == "linear"
+                and user.args[0] is node
+                and isinstance(weight_arg, fx.Node)
+                and weight_arg.op == "get_attr"
+                and weight_arg.target == "weight"
+            ):
+                reached = True
+                continue
+            return False
+    return reached
+
+
+def _in_features(module: torch.nn.Module) -> int:
+    """How many input columns a balance layer has: a linear layer's, a router's weight's."""
+    from llmc_trace.layers.linear import as_linear
+
+    layer = as_linear(module)
+    return layer.in_features if layer is not None else int(module.weight.shape[1])
 
 
 def _output_width(module: torch.nn.Module, linear: bool) -> int | None:
@@ -164,7 +256,7 @@ def _output_width(module: torch.nn.Module, linear: bool) -> int | None:
 
 
 def _follow(
-    model: torch.nn.Module, start: fx.Node, width: int, linear_calls: dict[fx.Node, str]
+    model: torch.nn.Module, start: fx.Node, width: int, linear_calls: dict[fx.Node, tuple[str, ...]]
 ) -> tuple[list[fx.Node], tuple[int, int]] | None:
     """The linear calls ``start``'s output reaches and the channel range that reaches them;
     ``None`` when no channel reaches a linear layer without being blocked on another path."""
@@ -201,7 +293,7 @@ def _step(
     value: _Value,
     user: fx.Node,
     carried: dict[fx.Node, tuple[int, int]],
-    linear_calls: dict[fx.Node, str],
+    linear_calls: dict[fx.Node, tuple[str, ...]],
 ) -> _Value | str | None:
     """What ``user`` does with ``value``: ``"balance"`` (a linear layer reads it), the value
     it passes on, ``"ignore"`` (it reads only the shape), or ``None`` (it blocks the scale)."""
@@ -292,21 +384,18 @@ def _refusal(
     rows: tuple[int, int],
     is_target: Callable[[str], bool],
 ) -> str | None:
-    """Why a pair the graph shows is not smoothed (``None``: it is): a balance layer left in
-    full precision, or inputs wider than the scaled channels (grouped-query attention repeats
+    """Why a pair the graph shows is not smoothed (``None``: it is): no balance layer is
+    quantized, or inputs wider than the scaled channels (grouped-query attention repeats
     each value head for several query heads, so ``o_proj`` reads each ``v_proj`` channel in
     several columns, where no per-column scale can undo one per channel)."""
-    from llmc_trace.layers.linear import as_linear
-
-    kept = [name for name in balance if not is_target(name)]
-    if kept:
-        return f"{kept[0]} is not quantized"
+    if not any(is_target(name) for name in balance):
+        return f"{balance[0]} is not quantized"
     width = rows[1] - rows[0]
     for name in balance:
-        layer = as_linear(model.get_submodule(name))
-        if layer is not None and layer.in_features != width:
+        columns = _in_features(model.get_submodule(name))
+        if columns != width:
             return (
-                f"{name} reads {layer.in_features} inputs from {width} scaled channels "
+                f"{name} reads {columns} inputs from {width} scaled channels "
                 "(repeated heads: grouped-query attention)"
             )
     return None

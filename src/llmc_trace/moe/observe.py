@@ -12,6 +12,7 @@ sent it; only routed tokens reach the output either way.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
@@ -91,13 +92,21 @@ def _register_implementation() -> None:
 def observe_experts(model: torch.nn.Module) -> Iterator[list[ObservedExperts]]:
     """Install :class:`ExpertProjection` modules on every fused experts module of ``model``
     and route its forward through :func:`observed_forward` (see the module docstring); on exit
-    the model is as it was, with whatever the projections wrote into its fused weights."""
+    the model is as it was, with whatever the projections wrote into its fused weights.
+    Experts already observed (an enclosing call) are left to that call."""
     _register_implementation()
     installed: list[ObservedExperts] = []
     saved: list[tuple[torch.nn.Module, object]] = []
+    #: per path without layer numbers: reading transformers' mapping walks the whole model
+    known: dict[str, ExpertNames | None] = {}
     try:
         for path, module in fused_experts(model):
-            names = per_expert_names(model, path)
+            if hasattr(module, "_llmc_observed"):
+                continue
+            key = re.sub(r"\.\d+(?=\.|$)", ".#", path)
+            if key not in known:
+                known[key] = per_expert_names(model, path)
+            names = known[key]
             leaves = names or ExpertNames("gate_proj", "up_proj", "down_proj")
             projections = []
             for expert in range(int(module.down_proj.shape[0])):

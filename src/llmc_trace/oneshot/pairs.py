@@ -30,13 +30,12 @@ def stage_mappings(
         )
     options = run.trace.options
     assert options is not None, "the stage traces the model before it looks for pairs"
-    named = dict(model.named_modules())
     twin = twin_of_class(type(model), model.config)  # type: ignore[arg-type]
     twin_sample = sample_for(twin, run.trace.modality, SampleOptions())
     try:
         found = find_mappings(
             model, batch, twin, twin_sample, options,
-            lambda name: compressor.is_target(name, named[name]),
+            compressor.is_target,
         )  # fmt: skip
     except TraceStopped as stopped:
         raise BadInputError(

@@ -1,13 +1,16 @@
 """The pipeline callbacks of SmoothQuant and AWQ: observe each pair's inputs, fold its scales.
 
-While the sequential pipeline calibrates a subgraph, a forward pre-hook on the first balance
-layer of each pair inside it sees the inputs the balance layers share (padding rows left out,
-as for the Hessians): SmoothQuant keeps their absolute maximum per channel, AWQ the inputs
+While the sequential pipeline calibrates a subgraph, a forward pre-hook on one balance layer of
+each pair inside it sees the inputs the balance layers share (padding rows left out, as for the
+Hessians; a mixture's router rather than an expert, since it reads every token, and an
+expert's down projection with the expert run on every token, as its Hessian would be):
+SmoothQuant keeps their absolute maximum per channel, AWQ the inputs
 magnitude per channel and their Gram matrix (its search's loss is a quadratic form in it,
 :mod:`llmc_trace.algorithms.awq`). When the subgraph is calibrated, each pair's scales are
 computed (:mod:`llmc_trace.algorithms.smoothquant`, :mod:`llmc_trace.algorithms.awq`) and
-folded into its weights (:mod:`llmc_trace.algorithms.smoothing`), in graph order, before the
-pipeline propagates: later subgraphs see the smoothed model, whose outputs are the same.
+folded into its weights (:mod:`llmc_trace.algorithms.smoothing`; a pair's kept layers, a
+router, take them too, chosen for the quantized ones), in graph order, before the pipeline
+propagates: later subgraphs see the smoothed model, whose outputs are the same.
 
 A pair is smoothed only when the pipeline brings all its modules in together (they sit in one
 subgraph): a smooth layer in a subgraph that already ran, and was perhaps already written to
@@ -29,6 +32,7 @@ from llmc_trace.algorithms.smoothing import fold_scales
 from llmc_trace.algorithms.smoothquant import smoothquant_scales
 from llmc_trace.graph.mappings import Mapping
 from llmc_trace.layers.linear import as_linear
+from llmc_trace.moe import ExpertProjection
 from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.pipelines.callbacks import NamedModules
 from llmc_trace.traced.mappings import MappingSet
@@ -62,19 +66,25 @@ class Smoother:
     #: per pair (by smooth layer): absmax, or AWQ's magnitude sum, Gram matrix and tokens
     _seen: dict[str, list[Any]] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
+    #: expert projections observed on every token while their pair is calibrated
+    _experts: list[ExpertProjection] = field(default_factory=list)
     _mask: torch.Tensor | None = None
 
     def pairs_in(self, modules: NamedModules) -> list[Mapping]:
         """The pairs whose modules all sit in ``modules``."""
         names = {name for name, _ in modules}
-        return [m for m in self.mappings.mappings if m.smooth in names and set(m.balance) <= names]
+        return [m for m in self.mappings.mappings if m.smooth in names and set(m.readers) <= names]
 
     def start(self, modules: NamedModules) -> None:
         by_name = dict(modules)
         self._active = self.pairs_in(modules)
         for mapping in self._active:
+            reader = _reader([by_name[name] for name in mapping.readers])
+            if isinstance(reader, ExpertProjection):
+                reader.state.observed = reader.state.observed | {reader.expert}
+                self._experts.append(reader)
             hook = self._observe(mapping.smooth)
-            self._handles.append(by_name[mapping.balance[0]].register_forward_pre_hook(hook))
+            self._handles.append(reader.register_forward_pre_hook(hook))
 
     def see_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self._mask = batch.get("attention_mask")
@@ -87,12 +97,11 @@ class Smoother:
             if seen is None:
                 continue  # no token reached it (a pass of experts that skipped it)
             smooth = by_name[mapping.smooth]
-            balance = [by_name[name] for name in mapping.balance]
-            weights = [_matrix(module) for module in balance]
+            weights = [_matrix(by_name[name]) for name in mapping.balance]
             pair = self._scales(mapping, seen, weights)
             fold_scales(
                 smooth,
-                balance,
+                [by_name[name] for name in mapping.readers],
                 pair[0].to(weights[0].device),
                 rows=mapping.rows,
                 offset=self.mappings.offset(smooth),
@@ -113,6 +122,9 @@ class Smoother:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for expert in self._experts:
+            expert.state.observed = frozenset()
+        self._experts.clear()
         self._active = []
         self._seen.clear()
 
@@ -136,6 +148,8 @@ class Smoother:
         def observe(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
             mask = self._mask
+            if mask is not None and mask.shape != x.shape[:-1] and x.dim() == 2:
+                mask = mask.reshape(-1)  # a mixture's flattened tokens
             if mask is not None and mask.shape == x.shape[:-1]:
                 x = x[mask.to(device=x.device, dtype=torch.bool)]
             x = x.reshape(-1, x.shape[-1]).float()  # (tokens, in)
@@ -152,6 +166,12 @@ class Smoother:
             seen[2] += x.shape[0]
 
         return observe
+
+
+def _reader(modules: list[torch.nn.Module]) -> torch.nn.Module:
+    """The layer whose inputs a pair's hook observes: one that reads every token (not an
+    expert the router sends only some to), else the first."""
+    return next((m for m in modules if not isinstance(m, ExpertProjection)), modules[0])
 
 
 def _matrix(module: torch.nn.Module) -> torch.Tensor:

@@ -8,6 +8,13 @@ seeded weights) each pair gets a scale drawn in [0.5, 2] per channel folded in
 (:func:`~llmc_trace.algorithms.smoothing.fold_scales`), and the model's output must stay what
 it was. A pair of the model whose twin counterpart (the same module names up to layer
 numbers) failed, or has none, is skipped with the reason, never smoothed.
+
+Fused experts are seen as their projections (:func:`~llmc_trace.moe.observe.observe_experts`)
+while the pairs are read and proved, and the experts modules stay single calls in the trace
+(the experts a token reaches are a data-dependent loop): a mixture's norm reaches its router
+and every expert's gate and up projection, and each expert's up projection its down
+projection (:mod:`llmc_trace.moe.pairs`). The router is not quantized, but reads the norm's
+channels as the experts do: the scales are folded into it too, so the routing stays the same.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from llmc_trace.graph.mappings import Mapping, SkippedMapping, derive_mappings
 from llmc_trace.layers.linear import is_linear
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
+from llmc_trace.moe import fused_experts, observe_experts
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 from llmc_trace.tracing.trace import TraceResult, trace_graph
@@ -67,12 +75,16 @@ def linear_trace(
     model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions
 ) -> TraceResult:
     """A trace of ``model(**sample)`` with every linear layer a sequential target, so each is
-    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps).
+    its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps),
+    and every fused experts module one call too.
 
     The trace walks through attention, so it runs with eager attention: the same channels
     reach ``o_proj`` as through a fused kernel (``probs @ v``), and the fused kernels'
     wrappers ask questions of the inputs' sizes that a trace cannot answer."""
-    classes = sorted({type(m).__name__ for m in model.modules() if is_linear(m)})
+    classes = sorted(
+        {type(m).__name__ for m in model.modules() if is_linear(m)}
+        | {type(m).__name__ for _, m in fused_experts(model)}
+    )
     linear = dataclasses.replace(options, sequential_targets=tuple(classes))
     with _eager_attention(model):
         return trace_graph(model, sample, linear)
@@ -98,11 +110,12 @@ def derive(
     model: torch.nn.Module,
     sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[list[Mapping], list[SkippedMapping]]:
     """The pairs the graph of ``model`` shows (unproved)."""
-    trace = linear_trace(model, sample, options)
-    return derive_mappings(trace.graph, model, is_linear, is_target)
+    with observe_experts(model):
+        trace = linear_trace(model, sample, options)
+        return derive_mappings(trace.graph, model, is_linear, is_target)
 
 
 def find_mappings(
@@ -111,11 +124,13 @@ def find_mappings(
     twin: torch.nn.Module,
     twin_sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> MappingSet:
-    """``model``'s pairs, each proved on ``twin`` (see the module docstring)."""
-    found, skipped = derive(model, sample, options, is_target)
-    proved, failed, offsets = prove(twin, twin_sample, options, is_target)
+    """``model``'s pairs, each proved on ``twin`` (see the module docstring); ``is_target``
+    is asked of the model's modules and the twin's, with the experts of both observed."""
+    with observe_experts(model):
+        found, skipped = derive(model, sample, options, is_target)
+        proved, failed, offsets = prove(twin, twin_sample, options, is_target)
     kept: list[Mapping] = []
     for mapping in found:
         shape = _shape(mapping)
@@ -131,21 +146,38 @@ def prove(
     twin: torch.nn.Module,
     sample: dict[str, Any],
     options: TracingOptions,
-    is_target: Callable[[str], bool],
+    is_target: Callable[[str, torch.nn.Module], bool],
 ) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
-    """Fold a scale into each of ``twin``'s pairs in turn (:func:`fold_changes`). Returns the
-    proved pairs' shapes, the failed ones' reasons and the smooth norms' offsets."""
+    """Fold scales into ``twin``'s pairs (:func:`fold_changes`): into all of them at once
+    first, one forward for a model whose pairs all hold, then, where the output changed, into
+    each in turn. Returns the proved pairs' shapes, the failed ones' reasons and the smooth
+    norms' offsets."""
+    with observe_experts(twin):
+        return _prove(twin, sample, options, is_target)
+
+
+def _prove(
+    twin: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions,
+    is_target: Callable[[str, torch.nn.Module], bool],
+) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
     found, _ = derive(twin, sample, options, is_target)
     offsets: dict[str, float] = {}
     proved: set[tuple[Any, ...]] = set()
     failed: dict[tuple[Any, ...], str] = {}
     with torch.no_grad():
         expected = _output(twin, sample)
-    for number, mapping in enumerate(found):
+    folds = []
+    for mapping in found:
         smooth = twin.get_submodule(mapping.smooth)
         offset = 0.0
         if not is_linear(smooth):
             offset = offsets.setdefault(type(smooth).__name__, norm_offset(smooth))
+        folds.append((mapping, offset))
+    if folds and _changes(twin, sample, folds, seed=0, expected=expected) <= PROOF_TOLERANCE:
+        return {_shape(mapping) for mapping in found}, failed, offsets
+    for number, (mapping, offset) in enumerate(folds):
         change = fold_changes(twin, sample, mapping, offset, seed=number, expected=expected)
         if change <= PROOF_TOLERANCE:
             proved.add(_shape(mapping))
@@ -172,14 +204,34 @@ def fold_changes(
     were afterwards."""
     if expected is None:
         expected = _output(model, sample)
-    smooth = model.get_submodule(mapping.smooth)
-    balance = [model.get_submodule(name) for name in mapping.balance]
-    saved = _saved((smooth, *balance))
-    lo, hi = mapping.rows or (0, _width(smooth))
+    return _changes(model, sample, [(mapping, offset)], seed=seed, expected=expected)
+
+
+@torch.no_grad()
+def _changes(
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    folds: list[tuple[Mapping, float]],
+    *,
+    seed: int,
+    expected: torch.Tensor,
+) -> float:
+    """The output's change with scales folded into every ``(mapping, offset)`` of ``folds``
+    together (folds of true pairs compose: each keeps the function); weights restored."""
+    modules = {
+        id(module): module
+        for mapping, _ in folds
+        for module in map(model.get_submodule, (mapping.smooth, *mapping.readers))
+    }
+    saved = _saved(tuple(modules.values()))
     generator = torch.Generator().manual_seed(seed)
-    scales = 0.5 * 4 ** torch.rand(hi - lo, generator=generator)
     try:
-        fold_scales(smooth, balance, scales, rows=mapping.rows, offset=offset)
+        for mapping, offset in folds:
+            smooth = model.get_submodule(mapping.smooth)
+            lo, hi = mapping.rows or (0, _width(smooth))
+            scales = 0.5 * 4 ** torch.rand(hi - lo, generator=generator)
+            readers = [model.get_submodule(name) for name in mapping.readers]
+            fold_scales(smooth, readers, scales, rows=mapping.rows, offset=offset)
         return _relative_change(_output(model, sample), expected)
     finally:
         for module, name, tensor in saved:
@@ -220,8 +272,9 @@ def _width(module: torch.nn.Module) -> int:
 def _shape(mapping: Mapping) -> tuple[Any, ...]:
     """A pair with its layer and expert numbers taken out: what carries from the twin (a
     few layers, few experts) to the model."""
-    names = (mapping.smooth, *sorted(set(map(numberless, mapping.balance))))
-    return (numberless(mapping.smooth), *names[1:], mapping.rows is None)
+    balance = sorted(set(map(numberless, mapping.balance)))
+    kept = sorted(set(map(numberless, mapping.kept)))
+    return (numberless(mapping.smooth), *balance, "kept:", *kept, mapping.rows is None)
 
 
 def numberless(path: str) -> str:
@@ -253,12 +306,11 @@ def source_mappings(
     parsed = TracingOptions.parse(
         full, settings.tracing_ignore, settings.sequential_targets, settings.targets_per_subgraph
     )
-    named = dict(full.named_modules())
     return find_mappings(
         full,
         sample_for(full, modality, options),
         twin,
         sample_for(twin, modality, options),
         parsed,
-        lambda name: DEFAULT_SCHEME.is_target(name, named[name]),
+        DEFAULT_SCHEME.is_target,
     )
