@@ -77,6 +77,7 @@ LAYER_KEYS = (
     "num_encoder_layers",
     "num_global_layers",
     "num_blocks",  # xLSTM
+    "num_layers_per_stack",  # HRM's stacks, each this deep
 )
 LAYER_LIST_KEYS = (
     "layer_types",
@@ -172,6 +173,10 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_counts(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_count(v) for v in value)
+
+
 def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: int) -> None:
     attrs = vars(config)
     ratio = _width_ratio(config)
@@ -187,6 +192,11 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
     if ratio < 1:
         for key in WIDTH_KEYS:
             value = attrs.get(key)
+            if _is_counts(value) and all(v * ratio >= 1 for v in value):
+                # one width per layer (Gemma 3n's intermediate_size): each shrinks alike
+                shrunk = (renamed.setdefault(v, int(v * ratio)) for v in value)
+                setattr(config, key, type(value)(shrunk))
+                continue
             if not _is_count(value) or value * ratio < 1:
                 continue
             if value in renamed:  # mirrors a width already shrunk (a tower's output = text width)
@@ -197,10 +207,31 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
         for key in (*HEAD_KEYS, *KV_HEAD_KEYS, "n_groups"):
             if isinstance(attrs.get(key), int):
                 setattr(config, key, max(1, int(attrs[key] * ratio)))
+        for key in _more_widths_and_heads(config):
+            setattr(config, key, max(1, int(attrs[key] * ratio)))
         if head_dim is not None and attrs.get("head_dim") is not None:
             config.head_dim = head_dim
     _shrink_layers(config, min_layers)
     _shrink_experts(config)
+
+
+#: Head counts and feed-forward widths of a block's second kind, named after it (GLM-5 Next's
+#: ``linear_num_heads`` and its indexer's ``index_n_heads``, Qwen3-Next's
+#: ``linear_num_key_heads``, a merger's ``projection_intermediate_size``, LongCat-Flash's
+#: ``expert_ffn_hidden_size``): they scale with the config's widths as the main ones do.
+_OTHER_HEADS = re.compile(
+    r"^((\w+_)?num_(\w+_)?heads|\w+_n_heads|\w+_intermediate_size|\w+_ffn_hidden_size)$"
+)
+
+
+def _more_widths_and_heads(config: PretrainedConfig) -> list[str]:
+    """Fields :data:`_OTHER_HEADS` names that the key lists above do not."""
+    known = {*WIDTH_KEYS, *HEAD_KEYS, *KV_HEAD_KEYS}
+    return [
+        key
+        for key, value in vars(config).items()
+        if key not in known and _OTHER_HEADS.match(key) and _is_count(value) and value > 1
+    ]
 
 
 def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
@@ -408,7 +439,8 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
         for key, vocab in list(vars(sub).items()):
             # every table indexed by ids: vocab_size, and src_/tgt_vocab_size (FSMT), hash
             # n-gram vocabularies (BLT's 500002 rows, six tables of them), ...
-            is_vocabulary = key.endswith(("vocab_size", "_vocab"))
+            # Gemma 3n's per-layer embeddings: vocab_size_per_layer_input rows
+            is_vocabulary = key.endswith(("vocab_size", "_vocab")) or key.startswith("vocab_size_")
             if is_vocabulary and type(vocab) is int and vocab > VOCAB_LIMIT:
                 setattr(sub, key, VOCAB_LIMIT)
                 limit = VOCAB_LIMIT
