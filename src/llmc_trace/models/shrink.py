@@ -64,6 +64,7 @@ WIDTH_KEYS = (
     "attention_hidden_size",
     "lru_width",
     "embedding_dim",  # xLSTM
+    "merged_hidden_size",  # MiniMax-M3-VL's merged patches, followed by _follow_merged_widths
 )
 LAYER_KEYS = (
     "num_hidden_layers",
@@ -241,8 +242,11 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         is_depths = key.endswith("depths") and isinstance(value, (list, tuple))
         if is_depths and all(_is_count(depth) for depth in value):
             # blocks per stage of a convolutional or hierarchical tower: one block runs every
-            # stage's code, and the stage count (each stage's width) stays
+            # stage's code, and the stage count (each stage's width) stays, also where a layer
+            # count counts the stages (Muse Spark's audio tower: four stages, num_hidden_layers 4)
             setattr(config, key, type(value)([1] * len(value)))
+            if any(attrs.get(k) == len(value) for k in LAYER_KEYS):
+                keep = max(keep, len(value))
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:
