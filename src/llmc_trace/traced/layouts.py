@@ -371,6 +371,8 @@ def _audio(
     field, encoder, features = next(found, (None, None, None))
     if key is None or encoder is None or features is None:
         return
+    # low-frame-rate frontends (FunASR's) stack consecutive mel frames into one input frame
+    features *= first_int(vars(encoder).get("num_stacked_frames")) or 1
     # a Whisper encoder (mel bins and source positions in one config) takes exactly the frames
     # its two convolutions turn into its positions; elsewhere positions only bound the length
     positions = first_int(vars(encoder).get("max_source_positions"))
