@@ -119,6 +119,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     _follow_merged_widths(twin, renamed_widths)
     _shrink_vocab(twin)
     _shrink_images(twin)
+    _shrink_conv_towers(twin)
     _retarget_feature_layers(twin)
     _derive_again(twin)
     return twin
@@ -469,6 +470,32 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
                 setattr(sub, key, [moved.get(t, t) if isinstance(t, int) else t for t in value])
             elif isinstance(value, int):
                 setattr(sub, key, moved.get(value, value))
+    _place_code_ranges(config, configs, limit, len(moved))
+
+
+def _place_code_ranges(
+    config: PretrainedConfig, configs: list[PretrainedConfig], limit: int, specials: int
+) -> None:
+    """Discrete media tokens inside the shrunk vocabulary: a medium's codes are ids from
+    ``<medium>_token_offset`` on, one per entry of its tokenizer's codebook (Apertus 1.5's
+    image and audio codes after the text's). The offsets move into the upper half of the
+    vocabulary, below the special ids moved to its top, each with a range its codebook
+    (shrunk to fit) cannot leave."""
+    offsets = sorted(
+        key
+        for key, value in vars(config).items()
+        if key.endswith("_token_offset") and _is_count(value) and value >= limit
+    )
+    if not offsets:
+        return
+    start, end = limit // 2, limit - max(specials, 32)
+    span = (end - start) // len(offsets)
+    for index, key in enumerate(offsets):
+        setattr(config, key, start + index * span)
+    for sub in configs:
+        size = vars(sub).get("codebook_size")
+        if _is_count(size) and size > span:
+            sub.codebook_size = span
 
 
 #: Patches per image side in a twin: divisible by 2, 3, 4 and 6, the merge, pixel-shuffle and
@@ -518,6 +545,21 @@ def _shrink_images(config: PretrainedConfig) -> None:
     scale = attrs.get("scale_factor")
     if isinstance(attrs.get("image_seq_len"), int) and isinstance(scale, int) and scale > 0:
         config.image_seq_len = (TWIN_PATCHES_PER_SIDE // scale) ** 2
+
+
+#: Channels of a convolutional image tokenizer's first stage in a twin: GroupNorm's 32 groups.
+CONV_BASE_CHANNELS = 32
+
+
+def _shrink_conv_towers(config: PretrainedConfig) -> None:
+    """A convolutional image tokenizer (a VQ-GAN encoder: ``base_channels`` times each stage's
+    multiplier, ``num_res_blocks`` per stage) with its narrowest channels and one block per
+    stage: at 256 channels its convolutions cost more than the rest of the twin together."""
+    for sub in [config, *_sub_configs(config)]:
+        attrs = vars(sub)
+        if _is_count(attrs.get("base_channels")) and _is_count(attrs.get("num_res_blocks")):
+            sub.base_channels = min(sub.base_channels, CONV_BASE_CHANNELS)
+            sub.num_res_blocks = 1
 
 
 def _retarget_feature_layers(config: PretrainedConfig) -> None:

@@ -74,11 +74,15 @@ def layouts(
 
 
 def _geometry(config: PretrainedConfig, options: SampleOptions) -> Geometry | None:
-    vision = first_config_with(config, "patch_size")
+    # a vision transformer's patches, or a VQ tokenizer's cells (Apertus 1.5's: one code per
+    # spatial_scale_factor pixels, of any picture of whole cells)
+    vision = first_config_with(config, "patch_size") or first_config_with(
+        config, "spatial_scale_factor"
+    )
     if vision is None:
         return None
     fields = vars(vision)
-    patch = first_int(fields.get("patch_size"))
+    patch = first_int(fields.get("patch_size")) or first_int(fields.get("spatial_scale_factor"))
     merge = first_int(fields.get("spatial_merge_size")) or 1
     size = first_int(fields.get("image_size"))
     grid_side = 2 * merge * patch if "spatial_merge_size" in fields else None
