@@ -481,11 +481,12 @@ def _place_code_ranges(
     image and audio codes after the text's). The offsets move into the upper half of the
     vocabulary, below the special ids moved to its top, each with a range its codebook
     (shrunk to fit) cannot leave."""
-    offsets = sorted(
-        key
+    found = {
+        key: value
         for key, value in vars(config).items()
         if key.endswith("_token_offset") and _is_count(value) and value >= limit
-    )
+    }
+    offsets = sorted(found, key=found.__getitem__)  # in their full-size order
     if not offsets:
         return
     start, end = limit // 2, limit - max(specials, 32)
