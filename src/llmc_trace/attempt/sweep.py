@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
+from llmc_trace.attempt.swept import swept_seconds
 from llmc_trace.attempt.sweep_type import SweepRow, sweep_type
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.models.defaults import generative_types
@@ -52,8 +53,12 @@ def sweep(
             torch.set_num_threads(threads)
     else:
         context = multiprocessing.get_context("fork")  # the parent's imports come for free
+        # the longest types first (as the shipped sweep timed them; a new type first of all):
+        # none is left alone at the end while the other workers idle
+        took = swept_seconds()
+        first = sorted(chosen, key=lambda t: -took.get(t, float("inf")))
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
-            futures = [pool.submit(sweep_type, t, known[t], fix=fix) for t in chosen]
+            futures = [pool.submit(sweep_type, t, known[t], fix=fix) for t in first]
             for done, future in enumerate(as_completed(futures)):
                 rows.extend(future.result())
                 report_progress(rows[-1].model_type, done + 1, len(chosen))

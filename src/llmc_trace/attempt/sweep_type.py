@@ -146,6 +146,23 @@ def _config_of(model_type: str, config: str) -> Callable[[], PretrainedConfig]:
     return resolve_model(config).config
 
 
+def _built_from(config: PretrainedConfig, cls: type[PreTrainedModel]) -> PretrainedConfig:
+    """The part of ``config`` that ``cls`` is built from: ``config`` itself, or the sub-config
+    of ``cls``'s config class a composite holds (MusicGen's decoder for ``MusicgenForCausalLM``,
+    a published Qwen2.5-Omni config's thinker for the thinker's class)."""
+    wanted = cls.config_class
+    if wanted is None or isinstance(config, wanted):
+        return config
+    pending = [config]
+    while pending:
+        for value in vars(pending.pop(0)).values():
+            if isinstance(value, wanted):
+                return value
+            if isinstance(value, PretrainedConfig):
+                pending.append(value)
+    return config
+
+
 def _timed_out(model_type: str, class_name: str, config: str, start: float) -> SweepRow:
     elapsed = round(time.perf_counter() - start, 2)
     problem = f"over {TYPE_TIMEOUT_S} CPU seconds"
@@ -183,7 +200,7 @@ def _sweep_config(
         )
 
     try:
-        config = make_config()
+        config = _built_from(make_config(), cls)
     except Exception as err:  # noqa: BLE001 - transformers' own verdict on the config
         return [row("-", "transformers", _said(err))]
     try:

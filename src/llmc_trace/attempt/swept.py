@@ -39,3 +39,11 @@ def swept_fix(model_type: str, modality: str) -> list[str]:
 def swept_transformers() -> str:
     """The transformers version the shipped sweep was measured on."""
     return str(_sweep().get("transformers", "unknown"))
+
+
+def swept_seconds() -> dict[str, float]:
+    """Seconds each model type took in the shipped sweep, its modalities together."""
+    seconds: dict[str, float] = {}
+    for row in _sweep()["rows"]:
+        seconds[row["model_type"]] = seconds.get(row["model_type"], 0.0) + row["seconds"]
+    return seconds

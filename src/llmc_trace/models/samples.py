@@ -302,6 +302,18 @@ def dia_text(
     return sample
 
 
+@sample_builder("text", "musicgen_decoder", "musicgen_melody_decoder")
+def musicgen_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """MusicGen's decoder reads audio codes, a row per codebook of each sequence:
+    ``input_ids`` is (batch * num_codebooks, length), the mask (batch, length)."""
+    sample = text_sample(config, options, generator)
+    rows = (options.batch_size * config.num_codebooks, options.seq_len)
+    sample["input_ids"] = random_tokens(config, rows, generator)
+    return sample
+
+
 @sample_builder("text", "speecht5")
 def speecht5_text(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator

@@ -64,6 +64,7 @@ WIDTH_KEYS = (
     "attention_hidden_size",
     "lru_width",
     "embedding_dim",  # xLSTM
+    "merged_hidden_size",  # MiniMax-M3-VL's merged patches, followed by _follow_merged_widths
 )
 LAYER_KEYS = (
     "num_hidden_layers",
@@ -77,6 +78,7 @@ LAYER_KEYS = (
     "num_encoder_layers",
     "num_global_layers",
     "num_blocks",  # xLSTM
+    "num_layers_per_stack",  # HRM's stacks, each this deep
 )
 LAYER_LIST_KEYS = (
     "layer_types",
@@ -117,6 +119,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     _follow_merged_widths(twin, renamed_widths)
     _shrink_vocab(twin)
     _shrink_images(twin)
+    _shrink_conv_towers(twin)
     _retarget_feature_layers(twin)
     _derive_again(twin)
     return twin
@@ -172,6 +175,10 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_counts(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_count(v) for v in value)
+
+
 def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: int) -> None:
     attrs = vars(config)
     ratio = _width_ratio(config)
@@ -187,6 +194,11 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
     if ratio < 1:
         for key in WIDTH_KEYS:
             value = attrs.get(key)
+            if _is_counts(value) and all(v * ratio >= 1 for v in value):
+                # one width per layer (Gemma 3n's intermediate_size): each shrinks alike
+                shrunk = (renamed.setdefault(v, int(v * ratio)) for v in value)
+                setattr(config, key, type(value)(shrunk))
+                continue
             if not _is_count(value) or value * ratio < 1:
                 continue
             if value in renamed:  # mirrors a width already shrunk (a tower's output = text width)
@@ -197,10 +209,31 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
         for key in (*HEAD_KEYS, *KV_HEAD_KEYS, "n_groups"):
             if isinstance(attrs.get(key), int):
                 setattr(config, key, max(1, int(attrs[key] * ratio)))
+        for key in _more_widths_and_heads(config):
+            setattr(config, key, max(1, int(attrs[key] * ratio)))
         if head_dim is not None and attrs.get("head_dim") is not None:
             config.head_dim = head_dim
     _shrink_layers(config, min_layers)
     _shrink_experts(config)
+
+
+#: Head counts and feed-forward widths of a block's second kind, named after it (GLM-5 Next's
+#: ``linear_num_heads`` and its indexer's ``index_n_heads``, Qwen3-Next's
+#: ``linear_num_key_heads``, a merger's ``projection_intermediate_size``, LongCat-Flash's
+#: ``expert_ffn_hidden_size``): they scale with the config's widths as the main ones do.
+_OTHER_HEADS = re.compile(
+    r"^((\w+_)?num_(\w+_)?heads|\w+_n_heads|\w+_intermediate_size|\w+_ffn_hidden_size)$"
+)
+
+
+def _more_widths_and_heads(config: PretrainedConfig) -> list[str]:
+    """Fields :data:`_OTHER_HEADS` names that the key lists above do not."""
+    known = {*WIDTH_KEYS, *HEAD_KEYS, *KV_HEAD_KEYS}
+    return [
+        key
+        for key, value in vars(config).items()
+        if key not in known and _OTHER_HEADS.match(key) and _is_count(value) and value > 1
+    ]
 
 
 def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
@@ -210,8 +243,11 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
         is_depths = key.endswith("depths") and isinstance(value, (list, tuple))
         if is_depths and all(_is_count(depth) for depth in value):
             # blocks per stage of a convolutional or hierarchical tower: one block runs every
-            # stage's code, and the stage count (each stage's width) stays
+            # stage's code, and the stage count (each stage's width) stays, also where a layer
+            # count counts the stages (Muse Spark's audio tower: four stages, num_hidden_layers 4)
             setattr(config, key, type(value)([1] * len(value)))
+            if any(attrs.get(k) == len(value) for k in LAYER_KEYS):
+                keep = max(keep, len(value))
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:
@@ -408,7 +444,8 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
         for key, vocab in list(vars(sub).items()):
             # every table indexed by ids: vocab_size, and src_/tgt_vocab_size (FSMT), hash
             # n-gram vocabularies (BLT's 500002 rows, six tables of them), ...
-            is_vocabulary = key.endswith(("vocab_size", "_vocab"))
+            # Gemma 3n's per-layer embeddings: vocab_size_per_layer_input rows
+            is_vocabulary = key.endswith(("vocab_size", "_vocab")) or key.startswith("vocab_size_")
             if is_vocabulary and type(vocab) is int and vocab > VOCAB_LIMIT:
                 setattr(sub, key, VOCAB_LIMIT)
                 limit = VOCAB_LIMIT
@@ -433,6 +470,33 @@ def _shrink_vocab(config: PretrainedConfig) -> None:
                 setattr(sub, key, [moved.get(t, t) if isinstance(t, int) else t for t in value])
             elif isinstance(value, int):
                 setattr(sub, key, moved.get(value, value))
+    _place_code_ranges(config, configs, limit, len(moved))
+
+
+def _place_code_ranges(
+    config: PretrainedConfig, configs: list[PretrainedConfig], limit: int, specials: int
+) -> None:
+    """Discrete media tokens inside the shrunk vocabulary: a medium's codes are ids from
+    ``<medium>_token_offset`` on, one per entry of its tokenizer's codebook (Apertus 1.5's
+    image and audio codes after the text's). The offsets move into the upper half of the
+    vocabulary, below the special ids moved to its top, each with a range its codebook
+    (shrunk to fit) cannot leave."""
+    found = {
+        key: value
+        for key, value in vars(config).items()
+        if key.endswith("_token_offset") and _is_count(value) and value >= limit
+    }
+    offsets = sorted(found, key=found.__getitem__)  # in their full-size order
+    if not offsets:
+        return
+    start, end = limit // 2, limit - max(specials, 32)
+    span = (end - start) // len(offsets)
+    for index, key in enumerate(offsets):
+        setattr(config, key, start + index * span)
+    for sub in configs:
+        size = vars(sub).get("codebook_size")
+        if _is_count(size) and size > span:
+            sub.codebook_size = span
 
 
 #: Patches per image side in a twin: divisible by 2, 3, 4 and 6, the merge, pixel-shuffle and
@@ -482,6 +546,21 @@ def _shrink_images(config: PretrainedConfig) -> None:
     scale = attrs.get("scale_factor")
     if isinstance(attrs.get("image_seq_len"), int) and isinstance(scale, int) and scale > 0:
         config.image_seq_len = (TWIN_PATCHES_PER_SIDE // scale) ** 2
+
+
+#: Channels of a convolutional image tokenizer's first stage in a twin: GroupNorm's 32 groups.
+CONV_BASE_CHANNELS = 32
+
+
+def _shrink_conv_towers(config: PretrainedConfig) -> None:
+    """A convolutional image tokenizer (a VQ-GAN encoder: ``base_channels`` times each stage's
+    multiplier, ``num_res_blocks`` per stage) with its narrowest channels and one block per
+    stage: at 256 channels its convolutions cost more than the rest of the twin together."""
+    for sub in [config, *_sub_configs(config)]:
+        attrs = vars(sub)
+        if _is_count(attrs.get("base_channels")) and _is_count(attrs.get("num_res_blocks")):
+            sub.base_channels = min(sub.base_channels, CONV_BASE_CHANNELS)
+            sub.num_res_blocks = 1
 
 
 def _retarget_feature_layers(config: PretrainedConfig) -> None:

@@ -80,8 +80,9 @@ def builtin_names() -> list[str]:
 
 
 def builtin_names_of_type(model_type: str) -> list[str]:
-    """Hub ids of the built-ins whose config is of ``model_type``, sorted: published configs
-    to sweep a type from where its config class's defaults cannot run."""
+    """Hub ids of the built-ins whose config is of ``model_type``, or holds a sub-config of it
+    (a published Qwen2.5-Omni config's thinker), sorted: published configs to sweep a type
+    from where its config class's defaults cannot run."""
     return _builtin_types().get(model_type, [])
 
 
@@ -89,10 +90,17 @@ def builtin_names_of_type(model_type: str) -> list[str]:
 def _builtin_types() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for name in builtin_names():
-        model_type = read_json(builtin_root() / name / "config.json").get("model_type")
-        if isinstance(model_type, str):
-            found.setdefault(model_type, []).append(name)
+        for model_type in _model_types(read_json(builtin_root() / name / "config.json")):
+            if name not in found.setdefault(model_type, []):
+                found[model_type].append(name)
     return found
+
+
+def _model_types(config: dict[str, Any]) -> list[str]:
+    """The ``model_type`` of a config's JSON and of each sub-config in it, the top one first."""
+    own = config.get("model_type")
+    nested = [t for v in config.values() if isinstance(v, dict) for t in _model_types(v)]
+    return ([own] if isinstance(own, str) and own else []) + nested
 
 
 def resolve_model(name: str) -> ModelSource:

@@ -74,11 +74,15 @@ def layouts(
 
 
 def _geometry(config: PretrainedConfig, options: SampleOptions) -> Geometry | None:
-    vision = first_config_with(config, "patch_size")
+    # a vision transformer's patches, or a VQ tokenizer's cells (Apertus 1.5's: one code per
+    # spatial_scale_factor pixels, of any picture of whole cells)
+    vision = first_config_with(config, "patch_size") or first_config_with(
+        config, "spatial_scale_factor"
+    )
     if vision is None:
         return None
     fields = vars(vision)
-    patch = first_int(fields.get("patch_size"))
+    patch = first_int(fields.get("patch_size")) or first_int(fields.get("spatial_scale_factor"))
     merge = first_int(fields.get("spatial_merge_size")) or 1
     size = first_int(fields.get("image_size"))
     grid_side = 2 * merge * patch if "spatial_merge_size" in fields else None
@@ -371,6 +375,8 @@ def _audio(
     field, encoder, features = next(found, (None, None, None))
     if key is None or encoder is None or features is None:
         return
+    # low-frame-rate frontends (FunASR's) stack consecutive mel frames into one input frame
+    features *= first_int(vars(encoder).get("num_stacked_frames")) or 1
     # a Whisper encoder (mel bins and source positions in one config) takes exactly the frames
     # its two convolutions turn into its positions; elsewhere positions only bound the length
     positions = first_int(vars(encoder).get("max_source_positions"))

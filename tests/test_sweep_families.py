@@ -1,0 +1,109 @@
+"""Rules of twin, sample and config that hold for a family, each checked on the type that
+showed it in ``coverage --all``: the shrunk config keeps the relations the full-size code relies
+on (checked against the default config's own numbers), and the type verifies end to end.
+
+Each sweep here is one tiny twin of one modality (a second or two), so the rules stay covered
+even where the shipped sweep's CI re-verification would only say "this type broke".
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import transformers
+
+from llmc_trace.attempt.sweep_type import DEFAULT, _built_from, resweep
+from llmc_trace.models.defaults import default_config, generative_types
+from llmc_trace.models.shrink import VOCAB_LIMIT, shrink_config
+from llmc_trace.models.source import builtin_names_of_type
+
+
+def twin_config(model_type: str) -> transformers.PretrainedConfig:
+    return shrink_config(copy.deepcopy(default_config(model_type)))
+
+
+def test_heads_of_a_second_block_kind_shrink_with_the_main_ones() -> None:
+    """GLM-5 Next's linear attention has as many heads as its full attention (64 each at full
+    size): the twin keeps them equal, and its indexer's heads in their full-size proportion."""
+    full = default_config("glm5_next").text_config
+    twin = twin_config("glm5_next").text_config
+    assert full.linear_num_heads == full.num_attention_heads
+    assert twin.linear_num_heads == twin.num_attention_heads < full.num_attention_heads
+    assert twin.index_n_heads * full.num_attention_heads == (
+        full.index_n_heads * twin.num_attention_heads
+    )
+
+
+def test_per_layer_widths_and_vocabularies_shrink() -> None:
+    """Gemma 3n's feed-forward width is a list with one entry per layer, and its per-layer
+    embeddings have their own vocabulary: each entry keeps its ratio to the hidden size, and the
+    per-layer vocabulary is capped as the main one is."""
+    full, twin = default_config("gemma3n_text"), twin_config("gemma3n_text")
+    ratios = {width / full.hidden_size for width in full.intermediate_size}
+    assert {width / twin.hidden_size for width in twin.intermediate_size} == ratios
+    assert twin.hidden_size < full.hidden_size
+    assert full.vocab_size_per_layer_input > VOCAB_LIMIT >= twin.vocab_size_per_layer_input
+
+
+def test_a_layer_count_that_counts_stages_keeps_them() -> None:
+    """Muse Spark's audio tower has one layer per stage (four widths, four layers): the twin
+    keeps every stage, one block in each."""
+    full = default_config("muse_spark").audio_config
+    twin = twin_config("muse_spark").audio_config
+    assert full.num_hidden_layers == len(full.hidden_sizes)
+    assert twin.num_hidden_layers == len(twin.hidden_sizes) == len(full.hidden_sizes)
+    assert set(twin.depths) == {1}
+
+
+def test_merged_widths_follow_their_projector() -> None:
+    """MiniMax-M3-VL's merged patch width is its projector's width times the merge squared."""
+    full, twin = default_config("minimax_m3_vl"), twin_config("minimax_m3_vl")
+    merge = full.vision_config.spatial_merge_size
+    assert full.merged_hidden_size == full.projector_hidden_size * merge**2
+    assert twin.merged_hidden_size == twin.projector_hidden_size * merge**2
+    assert twin.projector_hidden_size < full.projector_hidden_size
+
+
+def test_media_codes_stay_inside_the_shrunk_vocabulary() -> None:
+    """Apertus 1.5 embeds image and audio codes as token ids from an offset per medium: in the
+    twin every code of each codebook is a token id of its vocabulary, the two ranges apart and
+    clear of the special ids."""
+    full, twin = default_config("apertus1p5"), twin_config("apertus1p5")
+    assert full.audio_token_offset + full.audio_config.codebook_size <= full.text_config.vocab_size
+    vocab = twin.text_config.vocab_size
+    image = range(
+        twin.image_token_offset, twin.image_token_offset + twin.vision_config.codebook_size
+    )
+    audio = range(
+        twin.audio_token_offset, twin.audio_token_offset + twin.audio_config.codebook_size
+    )
+    assert vocab == VOCAB_LIMIT and image.stop <= audio.start and audio.stop <= vocab
+    specials = {twin.image_token_id, twin.audio_token_id, twin.text_config.pad_token_id}
+    assert not specials & (set(image) | set(audio))
+
+
+def test_a_class_is_built_from_the_sub_config_of_its_own_config_class() -> None:
+    """MusicGen's causal LM is its composite's decoder; Qwen2.5-Omni's thinker is the published
+    Omni config's thinker_config, so that built-in serves the thinker's type."""
+    musicgen = _built_from(default_config("musicgen"), transformers.MusicgenForCausalLM)
+    assert isinstance(musicgen, transformers.MusicgenDecoderConfig)
+    assert "Qwen/Qwen2.5-Omni-3B" in builtin_names_of_type("qwen2_5_omni_thinker")
+
+
+@pytest.mark.usefixtures("one_thread")  # as in the sweep's workers
+@pytest.mark.parametrize(
+    ("model_type", "config", "modalities"),
+    [
+        ("musicgen", DEFAULT, ["text"]),  # audio codes, a row per codebook
+        ("fun_asr_nano", DEFAULT, ["audio"]),  # mel frames stacked seven to a frame
+        ("muse_spark", DEFAULT, ["audio"]),
+        ("minimax_m3_vl", DEFAULT, ["image"]),
+        ("apertus1p5", DEFAULT, ["audio", "image"]),  # VQ and audio codes as token ids
+        ("qwen2_5_omni_thinker", "Qwen/Qwen2.5-Omni-3B", ["text"]),
+    ],
+)
+def test_the_family_verifies(model_type: str, config: str, modalities: list[str]) -> None:
+    rows = resweep(model_type, generative_types()[model_type], config, modalities)
+    outcomes = sorted((r.modality, r.outcome) for r in rows)
+    assert outcomes == [(m, "verified") for m in sorted(modalities)], [r.problem for r in rows]
