@@ -266,17 +266,18 @@ def test_a_run_that_leaves_the_experts_says_so(tmp_path: Path) -> None:
     assert "were not compressed" in run.output
 
 
-def test_int8_experts_are_stored_as_vllm_reads_them_and_transformers_refusal_is_said(
+def test_int8_experts_are_stored_as_vllm_reads_them_and_reload_with_our_logits(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, one_thread: None
 ) -> None:
     """W8A8 stores each expert's projection as compressed-tensors' int-quantized tensors (int8
     ``weight``, ``weight_scale``), as llm-compressor does and vLLM reads. transformers 5.24
-    decompresses per-expert tensors into fused experts only from FP8 and packed formats, so it
-    cannot load the checkpoint: ``compress`` warns, and ``load_pretrained`` says why."""
+    alone cannot load them into fused experts (it decompresses experts only from FP8 and packed
+    tensors), so ``compress`` warns; ``load_pretrained`` reads them, to our weights."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationScheme as CtScheme
+    from transformers import CompressedTensorsConfig
 
-    from llmc_trace.errors import BadInputError
+    from llmc_trace.models.int8_experts import reading_int8_experts
 
     folder = _tiny_qwen3_moe(tmp_path / "moe", experts=4)
     arguments = dict(dataset=folder / "calib.npy", samples=2, seq_len=8, scheme="W8A8")
@@ -287,8 +288,7 @@ def test_int8_experts_are_stored_as_vllm_reads_them_and_transformers_refusal_is_
     assert len(warned) == 1 and "24 expert projections" in warned[0], caplog.text
     ours = compress(CompressRequest(folder, **arguments)).model
 
-    # the checkpoint: what compressed-tensors' own int-quantized compressor decompresses to
-    # our compressed expert weights
+    # the checkpoint: compressed-tensors' own int-quantized decompressor gives our weights
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["format"] == "int-quantized"
     scheme = CtScheme.model_validate(config["config_groups"]["group_0"])
@@ -301,9 +301,22 @@ def test_int8_experts_are_stored_as_vllm_reads_them_and_transformers_refusal_is_
     expected = ours.model.layers[1].mlp.experts.down_proj[3]
     torch.testing.assert_close(dense.to(expected.dtype), expected, rtol=0, atol=0)
 
-    # transformers 5.24 cannot join int8 experts into the fused parameter
+    # transformers 5.24 alone joins nothing into the fused parameters
     with pytest.raises(RuntimeError, match="automatic conversion of the weights"):
         Qwen3MoeForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
-    with pytest.raises(BadInputError, match="stores its experts as int8 per expert") as err:
-        load_pretrained(resolve_model(str(out)), "eager", torch.bfloat16)
-    assert "vLLM" in (err.value.hint or "") and "W8A16" in (err.value.hint or "")
+    # with the int8 experts read: our fused weights, and decompressed whole, our logits
+    reloaded = load_pretrained(resolve_model(str(out)), "eager", torch.bfloat16)
+    for (_, got), (_, want) in zip(fused_experts(reloaded), fused_experts(ours), strict=True):
+        torch.testing.assert_close(got.gate_up_proj, want.gate_up_proj, rtol=0, atol=0)
+        torch.testing.assert_close(got.down_proj, want.down_proj, rtol=0, atol=0)
+    with reading_int8_experts():
+        whole = Qwen3MoeForCausalLM.from_pretrained(
+            out, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True)
+        )
+    original = Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    _eager_experts(ours, whole, original)
+    ids = torch.as_tensor(np.load(folder / "calib.npy"), dtype=torch.long)
+    with torch.no_grad():
+        got = whole(input_ids=ids).logits
+        torch.testing.assert_close(got, ours.eval()(input_ids=ids).logits, rtol=0, atol=1e-5)
+        assert not torch.allclose(original(input_ids=ids).logits, got)

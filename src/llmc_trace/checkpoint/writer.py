@@ -32,8 +32,8 @@ Three limits of today's loaders, not of the files: an asymmetric `pack-quantized
 the same way; llm-compressor issue #1618). And a W8A8 (`int-quantized`) model loaded compressed
 also rounds its input activations per token, as vLLM does, so its logits differ from those of
 the weight-only fake-quantized model by that activation rounding. And a mixture of experts
-stored `int-quantized` (W8A8, W4A8) does not load in transformers 5.24 at all (see
-:func:`assign_schemes`); vLLM reads it.
+stored `int-quantized` (W8A8, W4A8) does not load in transformers 5.24 alone (see
+:func:`assign_schemes`); vLLM reads it, and so does `load_pretrained`.
 
 Tensor names are the paths of `model.state_dict()`, which are the checkpoint names for
 decoder-only models such as Llama, Qwen or Mistral; models that transformers saves under other
@@ -482,7 +482,7 @@ def assign_schemes(
     layout vLLM and compressed-tensors read, and llm-compressor writes, but transformers' loader
     (5.24, `CompressedTensorsDequantize`) decompresses per-expert tensors only in FP8 and
     packed formats, collects nothing from int8 `weight`s and fails joining the fused
-    parameter."""
+    parameter (`llmc_trace.models.int8_experts` reads them for our own loads)."""
     assignment = {}
     dense, int_experts = [], []
     for name in names:
@@ -517,9 +517,10 @@ def assign_schemes(
     if int_experts:
         logger.warning(
             "%d expert projections (e.g. %s) are stored int-quantized (int8 per expert): vLLM "
-            "loads them, but transformers (5.24) cannot read this checkpoint, because it "
-            "joins per-expert compressed-tensors weights into fused experts only from the "
-            "FP8 and packed formats. A weight-only scheme (W8A16, W4A16) loads in both.",
+            "and llmc-trace evaluate load them, but transformers (5.24) alone cannot read this "
+            "checkpoint, because it joins per-expert compressed-tensors weights into fused "
+            "experts only from the FP8 and packed formats. A weight-only scheme (W8A16, "
+            "W4A16) loads in all three.",
             len(int_experts),
             int_experts[0],
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import re
 from collections.abc import Iterator
 
 import torch
@@ -13,6 +12,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
 from llmc_trace.models.weight_store import WeightStore, stored_names
@@ -187,14 +187,19 @@ def load_pretrained(
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
     checkpoint is decompressed by transformers itself, the path a user's code takes (see
-    :func:`_decompress_at_load` for the one case that must be told to).
+    :func:`_decompress_at_load` for the one case that must be told to); experts stored as
+    int8 (W8A8), which transformers cannot read alone, are decompressed by
+    :func:`~llmc_trace.models.int8_experts.reading_int8_experts`.
     """
     assert source.folder is not None
     store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    int8_experts = (
+        reading_int8_experts() if int8_expert_weights(store) else contextlib.nullcontext()
+    )
     try:
-        with _quiet_transformers():
+        with _quiet_transformers(), int8_experts:
             model, info = cls.from_pretrained(
                 source.folder,
                 dtype=dtype or checkpoint_dtype(source.config(), store),
@@ -204,18 +209,6 @@ def load_pretrained(
                 **_decompress_at_load(source.config()),
             )
     except (RuntimeError, OSError, ValueError) as err:  # shapes that do not fit the config
-        int8_experts = _int8_experts(store)
-        if int8_experts:
-            raise BadInputError(
-                f"{source.folder} stores its experts as int8 per expert ({int8_experts[0]}: "
-                "compressed-tensors' int-quantized format, as W8A8 and W4A8 write it), and "
-                f"transformers {transformers.__version__} cannot join those into {cls.__name__}'s "
-                "fused experts: it decompresses per-expert weights only from FP8 and packed "
-                "formats.",
-                hint="Serve it with vLLM, which reads it, or compress with a weight-only "
-                "scheme (W8A16, W4A16) to load it in transformers.",
-                param="model",
-            ) from err
         expected = {k: tuple(v.shape) for k, v in build_meta_model(source).state_dict().items()}
         # names the model does not have (a compressed checkpoint's packed weights) not compared
         wrong = [
@@ -261,23 +254,6 @@ def _instantiate(
         return cls._from_config(config, experts_implementation="eager", **kwargs)
     except (ValueError, TypeError):
         return cls._from_config(config, **kwargs)
-
-
-def _int8_experts(store: WeightStore) -> list[str]:
-    """The experts' weights a compressed-tensors checkpoint stores as int8, one per expert and
-    projection (`int-quantized`: `experts.3.gate_proj.weight`). transformers (5.24) reads none:
-    its `CompressedTensorsDequantize` decompresses experts only from FP8 `weight`s and
-    `weight_packed` tensors, so it hands the fused parameter's merge nothing to join and fails
-    with "Concatenate on tensors destined for ...gate_up_proj. Ckpt contains: 0". vLLM reads
-    them; llm-compressor writes the same tensors, which fail alike."""
-    return [
-        name
-        for name, tensor in store.tensors.items()
-        if tensor.dtype == torch.int8 and _PER_EXPERT_WEIGHT.search(name)
-    ]
-
-
-_PER_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.[^.]+\.weight$")
 
 
 def _decompress_at_load(config: PretrainedConfig) -> dict[str, object]:
