@@ -152,7 +152,7 @@ def _eager_experts(*models: torch.nn.Module) -> None:
             experts.config._experts_implementation = "eager"
 
 
-def _tiny_qwen3_moe(folder: Path) -> Path:
+def _tiny_qwen3_moe(folder: Path, experts: int = 16) -> Path:
     """A Qwen3-MoE with 16 experts and top-2 routing: 2 rows of 8 tokens leave most experts
     with fewer than 8 routed tokens."""
     config = Qwen3MoeConfig(
@@ -162,7 +162,7 @@ def _tiny_qwen3_moe(folder: Path) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        num_experts=16,
+        num_experts=experts,
         num_experts_per_tok=2,
         vocab_size=256,
     )
@@ -264,3 +264,59 @@ def test_a_run_that_leaves_the_experts_says_so(tmp_path: Path) -> None:
     assert run.exit_code == 0, run.output
     assert "experts 0% of" in run.output
     assert "were not compressed" in run.output
+
+
+def test_int8_experts_are_stored_as_vllm_reads_them_and_reload_with_our_logits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, one_thread: None
+) -> None:
+    """W8A8 stores each expert's projection as compressed-tensors' int-quantized tensors (int8
+    ``weight``, ``weight_scale``), as llm-compressor does and vLLM reads. transformers 5.24
+    alone cannot load them into fused experts (it decompresses experts only from FP8 and packed
+    tensors), so ``compress`` warns; ``load_pretrained`` reads them, to our weights."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme as CtScheme
+    from transformers import CompressedTensorsConfig
+
+    from llmc_trace.models.int8_experts import reading_int8_experts
+
+    folder = _tiny_qwen3_moe(tmp_path / "moe", experts=4)
+    arguments = dict(dataset=folder / "calib.npy", samples=2, seq_len=8, scheme="W8A8")
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="llmc_trace.checkpoint.writer"):
+        compress(CompressRequest(folder, out_dir=out, **arguments))
+    warned = [r.getMessage() for r in caplog.records if "int-quantized" in r.getMessage()]
+    assert len(warned) == 1 and "24 expert projections" in warned[0], caplog.text
+    ours = compress(CompressRequest(folder, **arguments)).model
+
+    # the checkpoint: compressed-tensors' own int-quantized decompressor gives our weights
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "int-quantized"
+    scheme = CtScheme.model_validate(config["config_groups"]["group_0"])
+    compressor = BaseCompressor.get_value_from_registry("int-quantized")
+    prefix = "model.layers.1.mlp.experts.3.down_proj"
+    with safe_open(str(out / "model.safetensors"), "pt") as stored:
+        tensors = {n: stored.get_tensor(f"{prefix}.{n}") for n in ("weight", "weight_scale")}
+    assert tensors["weight"].dtype == torch.int8 and tensors["weight"].shape == (64, 32)
+    dense = compressor.decompress(dict(tensors), scheme)["weight"]
+    expected = ours.model.layers[1].mlp.experts.down_proj[3]
+    torch.testing.assert_close(dense.to(expected.dtype), expected, rtol=0, atol=0)
+
+    # transformers 5.24 alone joins nothing into the fused parameters
+    with pytest.raises(RuntimeError, match="automatic conversion of the weights"):
+        Qwen3MoeForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    # with the int8 experts read: our fused weights, and decompressed whole, our logits
+    reloaded = load_pretrained(resolve_model(str(out)), "eager", torch.bfloat16)
+    for (_, got), (_, want) in zip(fused_experts(reloaded), fused_experts(ours), strict=True):
+        torch.testing.assert_close(got.gate_up_proj, want.gate_up_proj, rtol=0, atol=0)
+        torch.testing.assert_close(got.down_proj, want.down_proj, rtol=0, atol=0)
+    with reading_int8_experts():
+        whole = Qwen3MoeForCausalLM.from_pretrained(
+            out, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True)
+        )
+    original = Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    _eager_experts(ours, whole, original)
+    ids = torch.as_tensor(np.load(folder / "calib.npy"), dtype=torch.long)
+    with torch.no_grad():
+        got = whole(input_ids=ids).logits
+        torch.testing.assert_close(got, ours.eval()(input_ids=ids).logits, rtol=0, atol=1e-5)
+        assert not torch.allclose(original(input_ids=ids).logits, got)

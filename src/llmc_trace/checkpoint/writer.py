@@ -26,12 +26,14 @@ Linear but stored dense, as the weight the compression left, and named in `ignor
 reads it quantized (see `llmc_trace.checkpoint.layout.stores_quantized`), so its compression
 shows in the values, not in the checkpoint's size.
 
-Two limits of today's loaders, not of the files: an asymmetric `pack-quantized` checkpoint
+Three limits of today's loaders, not of the files: an asymmetric `pack-quantized` checkpoint
 (W4A16_ASYM) loads through transformers only with `dequantize=True`, because compressed-tensors
 0.20 prepares compressed modules without packing their zero points (its own checkpoints fail
 the same way; llm-compressor issue #1618). And a W8A8 (`int-quantized`) model loaded compressed
 also rounds its input activations per token, as vLLM does, so its logits differ from those of
-the weight-only fake-quantized model by that activation rounding.
+the weight-only fake-quantized model by that activation rounding. And a mixture of experts
+stored `int-quantized` (W8A8, W4A8) does not load in transformers 5.24 alone (see
+:func:`assign_schemes`); vLLM reads it, and so does `load_pretrained`.
 
 Tensor names are the paths of `model.state_dict()`, which are the checkpoint names for
 decoder-only models such as Llama, Qwen or Mistral; models that transformers saves under other
@@ -54,6 +56,7 @@ from types import TracebackType
 import torch
 
 from llmc_trace.checkpoint.layout import (
+    format_of,
     ignored_modules,
     module_tensor_specs,
     module_tensors,
@@ -65,7 +68,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import DEFAULT_SCHEME, QuantizationScheme, matches
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.checkpoint.shards import DEFAULT_MAX_SHARD_SIZE, ShardedSafetensors
-from llmc_trace.moe import per_expert_tensors
+from llmc_trace.moe import ExpertProjection, per_expert_tensors
 from llmc_trace.core.finite import non_finite
 from llmc_trace.core.sizes import TensorSpec, parameter_dtype
 
@@ -474,9 +477,14 @@ def assign_schemes(
 ) -> dict[str, QuantizationScheme]:
     """The scheme of each module in `names` that the checkpoint stores quantized: the one scheme
     whose `targets` match it. A module no loader reads quantized (`stores_quantized`: a GPT-2
-    `Conv1D`) is left out, with a warning: its compressed weight is stored dense."""
+    `Conv1D`) is left out, with a warning: its compressed weight is stored dense. Experts
+    stored per expert in the `int-quantized` format (W8A8, W4A8) are warned of: that is the
+    layout vLLM and compressed-tensors read, and llm-compressor writes, but transformers' loader
+    (5.24, `CompressedTensorsDequantize`) decompresses per-expert tensors only in FP8 and
+    packed formats, collects nothing from int8 `weight`s and fails joining the fused
+    parameter (`llmc_trace.models.int8_experts` reads them for our own loads)."""
     assignment = {}
-    dense = []
+    dense, int_experts = [], []
     for name in names:
         try:
             module = model.get_submodule(name)
@@ -494,6 +502,8 @@ def assign_schemes(
             )
         if stores_quantized(module):
             assignment[name] = targeting[0]
+            if isinstance(module, ExpertProjection) and format_of(targeting[0]) == "int-quantized":
+                int_experts.append(name)
         else:
             dense.append(f"{name} ({type(module).__name__})")
     if dense:
@@ -503,6 +513,16 @@ def assign_schemes(
             "could not load them packed. The checkpoint is not smaller for them.",
             len(dense),
             dense[0],
+        )
+    if int_experts:
+        logger.warning(
+            "%d expert projections (e.g. %s) are stored int-quantized (int8 per expert): vLLM "
+            "and llmc-trace evaluate load them, but transformers (5.24) alone cannot read this "
+            "checkpoint, because it joins per-expert compressed-tensors weights into fused "
+            "experts only from the FP8 and packed formats. A weight-only scheme (W8A16, "
+            "W4A16) loads in all three.",
+            len(int_experts),
+            int_experts[0],
         )
     return assignment
 

@@ -12,6 +12,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
 from llmc_trace.models.weight_store import WeightStore, stored_names
@@ -186,14 +187,19 @@ def load_pretrained(
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
     checkpoint is decompressed by transformers itself, the path a user's code takes (see
-    :func:`_decompress_at_load` for the one case that must be told to).
+    :func:`_decompress_at_load` for the one case that must be told to); experts stored as
+    int8 (W8A8), which transformers cannot read alone, are decompressed by
+    :func:`~llmc_trace.models.int8_experts.reading_int8_experts`.
     """
     assert source.folder is not None
     store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    int8_experts = (
+        reading_int8_experts() if int8_expert_weights(store) else contextlib.nullcontext()
+    )
     try:
-        with _quiet_transformers():
+        with _quiet_transformers(), int8_experts:
             model, info = cls.from_pretrained(
                 source.folder,
                 dtype=dtype or checkpoint_dtype(source.config(), store),
