@@ -40,17 +40,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _results import Run, goal  # noqa: E402
+from _reference.vllm_fp8_arithmetic import fp8_per_token  # noqa: E402
 from vllm_serving import (  # noqa: E402
     REFMODEL,
     VENV_PYTHON,
     Case,
     Row,
+    Subject,
     cell,
     judge,
     our_perplexity,
@@ -136,9 +140,54 @@ def run_preset(preset: str, scratch: Path, args: argparse.Namespace) -> dict[str
         verdict=row.verdict,
         detail=row.detail,
         load_s=row.numbers.get("load_s"),
-        wall_s=round(time.perf_counter() - start, 1),
     )
+    if row.verdict == "DISAGREES" and fp8_per_token(config):
+        entry.update(arithmetic(folder, subject, row, args.tolerance))
+    entry["wall_s"] = round(time.perf_counter() - start, 1)
     return entry
+
+
+def arithmetic(folder: Path, subject: Subject, row: Row, tolerance: float) -> dict[str, Any]:
+    """Why an FP8-per-token checkpoint's two scores differ: our evaluator's model scored again
+    with vLLM's CPU arithmetic for its linear layers, and with its weights alone. The verdict
+    names vLLM's arithmetic when that lands within ``tolerance`` of vLLM's score, and nearer
+    to it than the weights alone (see
+    ``_reference/vllm_fp8_arithmetic.py``)."""
+    from _reference.vllm_fp8_arithmetic import use_vllm_fp8_arithmetic, weights_only
+
+    assert row.vllm is not None and row.ours is not None
+    emulated = perplexity_with(folder, subject, partial(use_vllm_fp8_arithmetic, folder=folder))
+    alone = perplexity_with(folder, subject, weights_only)
+    to_vllm = abs(emulated - row.vllm) / row.vllm
+    alone_to_vllm = abs(alone - row.vllm) / row.vllm
+    found = {"vllm_arithmetic": emulated, "weights_only": alone}
+    if to_vllm > tolerance or to_vllm >= alone_to_vllm:
+        return found
+    return found | {
+        "verdict": "vLLM's FP8 arithmetic agrees",
+        "detail": (
+            f"vLLM quantizes activations per token as declared, rounding in float32 and "
+            f"scaling after an FP8 x FP8 product; that arithmetic in llmc-trace's model scores "
+            f"{emulated:.3f}, {100 * to_vllm:.3f} % from vLLM (weights alone {alone:.3f}, "
+            f"{100 * alone_to_vllm:.3f} %); transformers' compressed forward, our score, rounds "
+            f"the token scales and dequantized activations to bfloat16"
+        ),
+    }
+
+
+def perplexity_with(folder: Path, subject: Subject, change: Callable[[Any], int]) -> float:
+    """Perplexity of the subject's rows by the checkpoint as our evaluator loads it, after
+    ``change`` (which must change at least one layer)."""
+    import numpy as np
+
+    from llmc_trace.evaluate.perplexity import perplexity
+    from llmc_trace.evaluate.run import load_for_evaluation
+
+    model = load_for_evaluation(folder)
+    if change(model) == 0:
+        raise RuntimeError(f"{folder}: no quantized layer to change")
+    rows = np.load(subject.evaluation)[: subject.rows]
+    return perplexity(model, rows).perplexity
 
 
 def preset_order() -> tuple[str, ...]:
@@ -185,6 +234,10 @@ def main() -> int:
     parser.add_argument(
         "--result", type=Path, help="default: benchmarks/results/scheme_presets.json"
     )
+    parser.add_argument(
+        "--extend", action="store_true",
+        help="keep the result file's rows of presets vLLM was tried on; run the others",
+    )  # fmt: skip
     args = parser.parse_args()
     if not VENV_PYTHON.exists():
         print(f"{VENV_PYTHON} is missing: run `bash benchmarks/vllm_env.sh` first.")
@@ -192,15 +245,34 @@ def main() -> int:
     record = Run("scheme_presets")
     worker = worker_environment()
     rows: list[dict[str, Any]] = []
+    kept, earlier = earlier_rows(args) if args.extend else ({}, [])
+    args.earlier = earlier
     with tempfile.TemporaryDirectory() as scratch:
         for preset in args.presets:
-            rows.append(run_preset(preset, Path(scratch), args))
+            rows.append(kept.get(preset) or run_preset(preset, Path(scratch), args))
             print(json.dumps(rows[-1]), flush=True)
             for stale in Path(scratch).iterdir():  # a checkpoint at a time on disk
                 shutil.rmtree(stale)
             path = write_result(record, rows, args, worker)  # after each preset: a long run's rows
     print(tables(json.loads(path.read_text()))["presets"])
     return 0
+
+
+def earlier_rows(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``--extend``: the result file's rows that need no new run (refused by ``compress``, or
+    tried on vLLM), by preset, and the commands that made them."""
+    path = args.result or HERE / "results" / "scheme_presets.json"
+    if not path.exists():
+        return {}, []
+    result = json.loads(path.read_text())
+    if result["figures"]["evaluation_rows"] != args.rows:
+        raise SystemExit(f"{path} scored {result['figures']['evaluation_rows']} rows: --rows")
+    rows = {
+        row["preset"]: row
+        for row in result["figures"]["rows"]
+        if not row["written"] or row["verdict"] != "not served in this run"
+    }
+    return rows, [*result["figures"].get("earlier_commands", []), result["command"]]
 
 
 def write_result(
@@ -224,14 +296,23 @@ def write_result(
             all(row["exit_status"] == 2 and row["refusal"] for row in refused),
         ),
     ]
+    figures: dict[str, Any] = {"evaluation_rows": args.rows, "rows": rows}
+    notes = [
+        "RTN checkpoints (data-free); GPTQ writes the same formats.",
+        f"Perplexity of the first {args.rows} rows of refmodel/eval.npy, 512 tokens each.",
+    ]
+    if args.earlier:
+        figures["earlier_commands"] = args.earlier
+        notes.append(
+            "Rows kept from earlier runs (--extend): "
+            + "; ".join(f"`{command}`" for command in args.earlier)
+            + "."
+        )
     return record.write(
-        {"evaluation_rows": args.rows, "rows": rows},
+        figures,
         goals=goals,
         environments={"vLLM worker": worker},
-        notes=[
-            "RTN checkpoints (data-free); GPTQ writes the same formats.",
-            f"Perplexity of the first {args.rows} rows of refmodel/eval.npy, 512 tokens each.",
-        ],
+        notes=notes,
         path=args.result,
     )
 
