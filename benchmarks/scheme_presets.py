@@ -17,7 +17,17 @@ does not use, would only cost time). A row says:
   and by vLLM's CPU build (``benchmarks/vllm_serving.py``'s worker and verdicts: ``agrees``
   within ``--tolerance``; ``no kernel here; reference agrees`` where vLLM's CPU build lacks
   the weight-only integer kernel and a plain matmul stands in for it; ``REFUSED`` with vLLM's
-  own words where it cannot run the checkpoint at all).
+  own words where it cannot run the checkpoint at all, found in the one start that fails;
+  ``DISAGREES`` beyond the tolerance, except ``vLLM's FP8 arithmetic agrees``: an FP8 checkpoint
+  with per-token FP8 activations, scored again in our evaluator's model with vLLM's CPU
+  arithmetic for its linear layers (``_reference/vllm_fp8_arithmetic.py``) and with its
+  weights alone, where the first lands within the tolerance of vLLM's score and nearer to it
+  than the second: both numbers are recorded).
+
+Each preset costs one vLLM start (two where the reference kernel stands in), about 30 s on an
+idle machine, the rest a few seconds. ``--extend`` keeps the result file's rows of presets
+already tried on vLLM (or refused by ``compress``) and runs the others, its command recorded
+beside theirs.
 
 Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have the same format;
 ``benchmarks/scheme_quality.py`` measures their quality). The figures are written to
@@ -25,9 +35,10 @@ Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have t
 ``tables(result)`` renders the docs' table.
 
     bash benchmarks/vllm_env.sh
-    flock /tmp/llmc-bench.lock python benchmarks/scheme_presets.py          # every preset, ~40 min
+    flock /tmp/llmc-bench.lock python benchmarks/scheme_presets.py          # every preset
     python benchmarks/scheme_presets.py --presets FP8_DYNAMIC NVFP4A16      # some
     python benchmarks/scheme_presets.py --serve FP8_DYNAMIC W4A8    # every preset written, two served
+    python benchmarks/scheme_presets.py --extend      # the presets the result file has not served
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -214,13 +226,34 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         reloaded = "exact" if mismatches == 0 else f"{mismatches} layers differ"
         vllm = f"{row['vllm']:.3f}" if row["vllm"] is not None else "-"
         gap = f"{100 * row['gap']:.3f} %" if row["gap"] is not None else "-"
-        verdict = row["verdict"] + (f": {row['detail']}" if row["detail"] else "")
+        verdict = row["verdict"] + (f": {brief(row['detail'])}" if row["detail"] else "")
         ours = f"{row['llmc_trace']:.3f}" if row["llmc_trace"] is not None else "-"
         lines.append(
             f"| {row['preset']} | {row['format']} | {reloaded} | {ours} "
             f"| {vllm} | {gap} | {cell(verdict)} |"
         )
     return {"presets": "\n".join(lines)}
+
+
+#: A ``QuantizationArgs(...)`` repr in vLLM's words, its closing parenthesis lost where the
+#: reason was cut short.
+QUANTIZATION_ARGS = re.compile(r"QuantizationArgs\(([^()]*)(\)?)")
+FIELD = re.compile(r"(\w+)=('[^']*'|[^,]*)")
+
+
+def brief(reason: str) -> str:
+    """vLLM's reason as one table line: each ``QuantizationArgs(...)`` it quotes cut to its
+    type, bits, strategy, group size and dynamic flag (``int4 group 128``)."""
+
+    def short(match: re.Match[str]) -> str:
+        fields = {key: value.strip("'") for key, value in FIELD.findall(match.group(1))}
+        parts = [fields.get("type", "") + fields.get("num_bits", ""), fields.get("strategy")]
+        parts.append(None if fields.get("group_size") == "None" else fields.get("group_size"))
+        parts.append("dynamic" if fields.get("dynamic") == "True" else None)
+        text = " ".join(part for part in parts if part)
+        return text if match.group(2) else f"{text} ..."
+
+    return " ".join(QUANTIZATION_ARGS.sub(short, reason).split())
 
 
 def main() -> int:
