@@ -25,9 +25,9 @@ does not use, would only cost time). A row says:
   than the second: both numbers are recorded).
 
 Each preset costs one vLLM start (two where the reference kernel stands in), about 30 s on an
-idle machine, the rest a few seconds. ``--extend`` keeps the result file's rows of presets
-already tried on vLLM (or refused by ``compress``) and runs the others, its command recorded
-beside theirs.
+idle machine, the rest a few seconds. ``--extend`` keeps the result file's rows and runs the
+presets ``--presets`` names (by default those not yet tried on vLLM), its command recorded
+beside the earlier ones.
 
 Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have the same format;
 ``benchmarks/scheme_quality.py`` measures their quality). The figures are written to
@@ -39,6 +39,7 @@ Round-to-nearest keeps the run data-free where it can (GPTQ's checkpoints have t
     python benchmarks/scheme_presets.py --presets FP8_DYNAMIC NVFP4A16      # some
     python benchmarks/scheme_presets.py --serve FP8_DYNAMIC W4A8    # every preset written, two served
     python benchmarks/scheme_presets.py --extend      # the presets the result file has not served
+    python benchmarks/scheme_presets.py --extend --presets W3A16     # W3A16 again, the rest kept
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ from vllm_serving import (  # noqa: E402
     text_subject,
     worker_environment,
 )
+
+
+#: The verdict of a written preset ``--serve`` leaves out.
+NOT_SERVED = "not served in this run"
 
 
 def refusal(preset: str) -> str | None:
@@ -138,7 +143,7 @@ def run_preset(preset: str, scratch: Path, args: argparse.Namespace) -> dict[str
     entry.update(written=True, format=config["format"])
     entry["reload_mismatches"] = reload_mismatches(folder, weights)
     if args.serve is not None and preset not in args.serve:
-        entry.update(llmc_trace=None, vllm=None, gap=None, verdict="not served in this run")
+        entry.update(llmc_trace=None, vllm=None, gap=None, verdict=NOT_SERVED)
         entry.update(detail="", wall_s=round(time.perf_counter() - start, 1))
         return entry
     subject = text_subject(args.rows)
@@ -260,7 +265,7 @@ def main() -> int:
     from llmc_trace.algorithms import PRESET_NAMES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=list(PRESET_NAMES), help="default: all")
+    parser.add_argument("--presets", nargs="+", help="default: all")
     parser.add_argument("--serve", nargs="+", help="the presets scored and served (default: all)")
     parser.add_argument("--rows", type=int, default=8, help="evaluation rows scored")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, 1e-3 = 0.1 %%")
@@ -269,7 +274,8 @@ def main() -> int:
     )
     parser.add_argument(
         "--extend", action="store_true",
-        help="keep the result file's rows of presets vLLM was tried on; run the others",
+        help="keep the result file's rows; run the presets --presets names, by default those "
+        "the file has not tried on vLLM",
     )  # fmt: skip
     args = parser.parse_args()
     if not VENV_PYTHON.exists():
@@ -280,9 +286,15 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     kept, earlier = earlier_rows(args) if args.extend else ({}, [])
     args.earlier = earlier
+    untried = {p for p in PRESET_NAMES if p not in kept or kept[p].get("verdict") == NOT_SERVED}
+    run = set(args.presets or (untried if args.extend else PRESET_NAMES))
+    order = PRESET_NAMES if args.extend else args.presets or PRESET_NAMES
     with tempfile.TemporaryDirectory() as scratch:
-        for preset in args.presets:
-            rows.append(kept.get(preset) or run_preset(preset, Path(scratch), args))
+        for preset in [p for p in order if p in run or p in kept]:
+            if preset in run:
+                rows.append(run_preset(preset, Path(scratch), args))
+            else:
+                rows.append(kept[preset])
             print(json.dumps(rows[-1]), flush=True)
             for stale in Path(scratch).iterdir():  # a checkpoint at a time on disk
                 shutil.rmtree(stale)
@@ -292,19 +304,14 @@ def main() -> int:
 
 
 def earlier_rows(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """``--extend``: the result file's rows that need no new run (refused by ``compress``, or
-    tried on vLLM), by preset, and the commands that made them."""
+    """``--extend``: the result file's rows by preset, and the commands that made them."""
     path = args.result or HERE / "results" / "scheme_presets.json"
     if not path.exists():
         return {}, []
     result = json.loads(path.read_text())
     if result["figures"]["evaluation_rows"] != args.rows:
         raise SystemExit(f"{path} scored {result['figures']['evaluation_rows']} rows: --rows")
-    rows = {
-        row["preset"]: row
-        for row in result["figures"]["rows"]
-        if not row["written"] or row["verdict"] != "not served in this run"
-    }
+    rows = {row["preset"]: row for row in result["figures"]["rows"]}
     return rows, [*result["figures"].get("earlier_commands", []), result["command"]]
 
 
