@@ -52,9 +52,9 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
-from functools import partial
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -168,8 +168,7 @@ def arithmetic(folder: Path, subject: Subject, row: Row, tolerance: float) -> di
     """Why an FP8-per-token checkpoint's two scores differ: our evaluator's model scored again
     with vLLM's CPU arithmetic for its linear layers, and with its weights alone. The verdict
     names vLLM's arithmetic when that lands within ``tolerance`` of vLLM's score, and nearer
-    to it than the weights alone (see
-    ``_reference/vllm_fp8_arithmetic.py``)."""
+    to it than the weights alone (see ``_reference/vllm_fp8_arithmetic.py``)."""
     from _reference.vllm_fp8_arithmetic import use_vllm_fp8_arithmetic, weights_only
 
     assert row.vllm is not None and row.ours is not None
