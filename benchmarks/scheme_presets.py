@@ -236,6 +236,9 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
             f"| {row['preset']} | {row['format']} | {reloaded} | {ours} "
             f"| {vllm} | {gap} | {cell(verdict)} |"
         )
+    earlier = result["figures"].get("earlier_commands")
+    if earlier:  # an --extend run: where its other rows come from
+        lines += ["", "The other rows: " + "; ".join(f"`{command}`" for command in earlier) + "."]
     return {"presets": "\n".join(lines)}
 
 
