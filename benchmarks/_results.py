@@ -83,7 +83,7 @@ def commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
+        ).stdout.rstrip("\n")  # a status line's leading blank is its first column
 
     head = git("rev-parse", "HEAD") or "unknown"
     changed = [

@@ -227,7 +227,8 @@ def load_float32(model_dir: Path) -> Any:
 
 
 def measure_weights(spec: dict[str, Any]) -> dict[str, Any]:
-    """Perplexity of the model with the Linear weights saved by the reference run.
+    """Perplexity of the model with the Linear weights saved by the reference run, on the
+    first ``eval_rows`` rows of ``eval.npy`` where the spec names them (all otherwise).
 
     The saved logits of one row, computed by llm-compressor's own model, must come back: the
     largest absolute difference is reported so a mismatch cannot pass unseen.
@@ -248,7 +249,7 @@ def measure_weights(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             logits = model(input_ids=saved["check"]["input_ids"]).logits.float()
         measured["max_abs_logit_diff"] = (logits - saved["check"]["logits"]).abs().max().item()
-    tokens = np.load(model_dir / "eval.npy")
+    tokens = np.load(model_dir / "eval.npy")[: spec.get("eval_rows")]
     measured["ppl"] = perplexity(model, tokens, batch_size=EVAL_BATCH_SIZE).perplexity
     return measured
 

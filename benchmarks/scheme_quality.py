@@ -92,9 +92,12 @@ def compressed_perplexity(
     return score(model, tokens), seconds
 
 
-def llm_compressor_perplexity(preset: str, samples: int, scratch: Path) -> dict[str, Any]:
-    """llm-compressor's GPTQ with ``preset`` on the rows of our draw 0, its weights scored;
-    ``{"error": ...}`` where it does not run."""
+def llm_compressor_perplexity(
+    preset: str, samples: int, eval_rows: int | None, scratch: Path
+) -> dict[str, Any]:
+    """llm-compressor's GPTQ with ``preset`` on the rows of our draw 0, its weights scored on
+    the first ``eval_rows`` evaluation rows (all: None), as ours are; ``{"error": ...}``
+    where it does not run."""
     from compress_quality import (
         REFERENCE_PYTHON,
         REFERENCE_SCRIPT,
@@ -112,8 +115,14 @@ def llm_compressor_perplexity(preset: str, samples: int, scratch: Path) -> dict[
     result = run_child(command, f"{preset} llm-compressor")
     if "error" in result:
         return {"error": str(result["error"]).strip().splitlines()[-1][:300]}
-    measured = measure_weights({"model_dir": str(REFMODEL), "weights": str(save)})
-    return {"ppl": measured["ppl"], "oneshot_s": round(result["oneshot_s"], 1)}
+    spec = {"model_dir": str(REFMODEL), "weights": str(save), "eval_rows": eval_rows}
+    measured = measure_weights(spec)
+    available = len(np.load(REFMODEL / "eval.npy", mmap_mode="r"))
+    return {
+        "ppl": measured["ppl"],
+        "evaluation_rows": min(eval_rows or available, available),
+        "oneshot_s": round(result["oneshot_s"], 1),
+    }
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
@@ -123,12 +132,14 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         f"Float model: perplexity {figures['float']:.3f}.",
         "",
         "| preset | RTN | GPTQ (median, min-max over draws) | GPTQ's worst vs float | margin "
-        "| llm-compressor GPTQ (draw 0, scored on every evaluation row) |",
+        "| llm-compressor GPTQ (draw 0) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in figures["rows"]:
         gptq, theirs = row["gptq"], row.get("llm_compressor", {})
         theirs_text = f"{theirs['ppl']:.3f}" if "ppl" in theirs else theirs.get("error", "-")
+        if "ppl" in theirs and theirs.get("evaluation_rows") != figures["evaluation_rows"]:
+            theirs_text += f" (on {theirs.get('evaluation_rows', 'all')} rows)"
         lines.append(
             f"| {row['preset']} | {row['rtn']:.3f} | {spread_text(gptq, '.3f')} "
             f"| {100 * (gptq['max'] / figures['float'] - 1):+.2f} % "
@@ -170,7 +181,9 @@ def main() -> int:
         theirs: dict[str, Any] = {"error": "not run"}
         if args.llm_compressor is None or preset in args.llm_compressor:
             with tempfile.TemporaryDirectory() as scratch:
-                theirs = llm_compressor_perplexity(preset, args.samples, Path(scratch))
+                theirs = llm_compressor_perplexity(
+                    preset, args.samples, args.eval_rows, Path(scratch)
+                )
         row = {
             "preset": preset,
             "rtn": rtn_ppl,

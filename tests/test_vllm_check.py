@@ -112,8 +112,18 @@ def test_missing_pieces_are_named_from_the_worker_log(serving) -> None:  # noqa:
     clip = serving.missing_piece(CLIP_LOG)
     assert clip.stand_in == "clip-names"
     assert clip.reason.endswith("named 'vision_tower.embeddings' in LlavaForConditionalGeneration")
-    kernel = "ValueError: Failed to find a kernel that can implement the WNA16 linear layer.\n"
+    kernel = (
+        'File "/v/site-packages/vllm/.../schemes/compressed_tensors_wNa16.py", line 9\n'
+        "ValueError: Failed to find a kernel that can implement the WNA16 linear layer.\n"
+    )
     assert serving.missing_piece(kernel).stand_in == "reference-kernel"
+    # the stand-in replaces the weight-only kernel alone: another scheme's missing kernel is
+    # a refusal, found without a second start
+    mxfp4 = (
+        'File "/v/site-packages/vllm/.../schemes/compressed_tensors_w4a4_mxfp4.py", line 41\n'
+        "ValueError: Failed to find a kernel that can implement the MXFP4 linear layer.\n"
+    )
+    assert serving.missing_piece(mxfp4) is None
     # a tampered name is a refusal, in the tower as anywhere else
     for name in ("vision_tower.vision_model.encoder.fc1.weights", "layers.0.o_proj.weight_scales"):
         refusal = f"ValueError: There is no module or parameter named '{name}' in Llava\n"
@@ -182,3 +192,15 @@ def test_media_rows_are_ours_with_their_images(serving, twins, drawn_rows, tmp_p
     # the rows score what evaluate scores: every token after the first but the placeholders
     scored = sum(sum(t not in placeholders for t in row["token_ids"][1:]) for row in rows)
     assert evaluate_model(folder, drawn_rows, samples=3).num_tokens == scored
+
+
+def test_the_reference_kernel_unpacks_every_width_as_compressed_tensors_packs_it() -> None:
+    spec = importlib.util.spec_from_file_location("serve_vllm", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    for bits in range(2, 9):
+        values = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (8, 96), dtype=torch.int8)
+        for dim in (0, 1):
+            packed = pack_to_int32(values, bits, packed_dim=dim)
+            unpacked = worker.unpack_dense(packed, bits, values.shape, dim)
+            assert torch.equal(unpacked.to(torch.int8), values), (bits, dim)

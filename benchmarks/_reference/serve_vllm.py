@@ -20,11 +20,15 @@ with that piece replaced, each replacement narrow enough that vLLM still builds 
 creates every parameter with its scheme's shapes and dtypes and loads every tensor through its
 own loaders (refusing a missing or misshapen one):
 
-* ``reference-kernel``: no weight-only int4/int8 kernel (vLLM's CPU build lacks them on CPUs
+* ``reference-kernel``: no weight-only integer kernel (vLLM's CPU build lacks them on CPUs
   without AVX512). Those layers get a reference kernel that dequantizes the loaded tensors with
   compressed-tensors' own unpacking (``unpack_from_int32``: the format's reference, not
   llmc-trace's writer) and multiplies in the activation dtype, so a reversed packing order
-  shows as a wrong perplexity.
+  shows as a wrong perplexity. Widths that do not divide 32 (3, 5, 6, 7 bits) are packed
+  densely, value i at bit i x width of the little-endian word stream, as compressed-tensors
+  0.20 writes them and vLLM sizes their tensors (32 / width values a word); the
+  compressed-tensors vLLM pins (0.17) unpacks whole values per word, so those widths are read
+  by :func:`unpack_dense`, the format's definition in a few lines.
 * ``pillow-processors``: no torchvision (no CPU build of it here). vLLM's ``llava.py`` imports
   ``pixtral.py``, which imports transformers' torchvision-backed Pixtral image processor for one
   function, ``_num_image_tokens`` (used by Pixtral towers only); transformers' Pillow-backed
@@ -72,17 +76,18 @@ class ReferenceWNA16Kernel:
         import torch
         from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
-        packed_name, scale_name, zero_name = self.names
         bits = self.config.weight_type.size_bits
+        unpack = unpack_from_int32 if 32 % bits == 0 else unpack_dense
+        packed_name, scale_name, zero_name = self.names
         columns, rows = self.config.partition_weight_shape  # (in, out)
         shape = torch.Size([rows, columns])
-        q = unpack_from_int32(getattr(layer, packed_name).data, bits, shape, packed_dim=1)
+        q = unpack(getattr(layer, packed_name).data, bits, shape, packed_dim=1)
         scale = getattr(layer, scale_name).data.float()
         group = columns // scale.shape[1]
         q = q.float()
         if self.config.zero_points:
             zero_shape = torch.Size([rows, scale.shape[1]])
-            zero = unpack_from_int32(getattr(layer, zero_name).data, bits, zero_shape, packed_dim=0)
+            zero = unpack(getattr(layer, zero_name).data, bits, zero_shape, packed_dim=0)
             q = q - zero.float().repeat_interleave(group, dim=1)
         weight = q * scale.repeat_interleave(group, dim=1)
         layer.reference_weight = torch.nn.Parameter(
@@ -96,6 +101,20 @@ class ReferenceWNA16Kernel:
         import torch
 
         return torch.nn.functional.linear(x, layer.reference_weight, bias)
+
+
+def unpack_dense(packed, bits: int, shape, packed_dim: int = 1):  # noqa: ANN001, ANN201
+    """Signed values of a densely packed int32 tensor: value i of a row (column, for
+    ``packed_dim=0``) is bits ``i * bits`` to ``(i + 1) * bits - 1`` of its words read as one
+    little-endian bit stream, stored with an offset of ``2 ** (bits - 1)``."""
+    import torch
+
+    words = (packed if packed_dim == 1 else packed.t()).to(torch.int64) & 0xFFFFFFFF
+    stream = ((words.unsqueeze(-1) >> torch.arange(32)) & 1).reshape(words.shape[0], -1)
+    count = shape[packed_dim]
+    fields = stream[:, : count * bits].reshape(words.shape[0], count, bits)
+    values = (fields << torch.arange(bits)).sum(-1) - (1 << (bits - 1))
+    return values if packed_dim == 1 else values.t()
 
 
 def use_reference_kernel() -> None:

@@ -2,8 +2,8 @@
 
 The GPU counterpart of ``benchmarks/scheme_presets.py``: the same rows (each preset written by
 ``llmc-trace compress --method rtn``, reloaded by transformers, scored by llmc-trace and by
-vLLM), with vLLM's CUDA kernels instead of its CPU build's, which lacks the FP8, NVFP4 and MX
-ones (the CPU table says which). It needs a machine where ``import vllm`` gives a CUDA build:
+vLLM), with vLLM's CUDA kernels instead of its CPU build's, which lacks the FP8 block, NVFP4
+and MX ones, and the weight-only integer ones on CPUs without AVX512 (the CPU table says which). It needs a machine where ``import vllm`` gives a CUDA build:
 the device machine lent here has no vLLM, and its wheel is far over what a device call carries,
 so the script checks that first and says so instead of failing midway.
 
