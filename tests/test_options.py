@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from llmc_trace.cli.compress_cmd import compress_command
 from llmc_trace.oneshot import settings
-from llmc_trace.oneshot.declare import Int, option
+from llmc_trace.core.declare import Int, option
 from llmc_trace.oneshot.recipe import read_recipe, render_recipe
 from llmc_trace.oneshot.request import CompressRequest
 

@@ -51,4 +51,4 @@ def test_negative_refine_passes_exit_2_before_loading(
 def test_the_default_is_the_library_default(saved_llama: tuple[Path, Path]) -> None:
     folder, data = saved_llama
     option = next(p for p in compress_command().params if p.name == "refine_passes")
-    assert option.default == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].refine_passes
+    assert option.default == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].solver.refine_passes

@@ -18,6 +18,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps, sweep_block
+from llmc_trace.core.solver import SolverSettings
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,9 @@ def gptq(
     W: torch.Tensor,
     H: torch.Tensor,
     args: QuantizationArgs,
+    settings: SolverSettings = SolverSettings(),
     *,
-    blocksize: int = 128,
-    percdamp: float = 0.01,
     static_groups: bool = True,
-    refine_passes: int = 0,
     overwrite_hessian: bool = False,
     zeros: torch.Tensor | None = None,
     baseline: bool = False,
@@ -54,7 +53,9 @@ def gptq(
 
     `H` (in, in) is the mean of 2 x x^T over the layer's inputs (`HessianAccumulator.H`). The
     maths runs in float32 on `W`'s device; the result's scales and dequantized weight are in
-    `W`'s dtype. Columns are visited in blocks of `blocksize`; within a block each column is
+    `W`'s dtype. `settings` (`SolverSettings`) holds the sweep's options: the damping
+    `percdamp`, the block size `blocksize`, `refine_passes`. Columns are visited in blocks of
+    `blocksize`; within a block each column is
     rounded and its error spread over the block's remaining columns at once, while later blocks
     receive the block's accumulated error in one matmul (the paper's lazy batch updates). The
     error is spread through the Cholesky factor of H itself (`SweepFactor`), which gives the
@@ -116,6 +117,7 @@ def gptq(
     >>> abs(result.loss / output_error(result.quantized.weight) - 1) < 0.05  # predicted loss
     True
     """
+    refine_passes = settings.refine_passes
     dtype = W.dtype
     original = W
     W = W.to(torch.float32, copy=True)  # (out, in)
@@ -135,8 +137,8 @@ def gptq(
         W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
     )
     rtn_error = _rtn_error(original, W, H, grid, perm, dead_weights) if baseline else None
-    factor = sweep_factor(H, percdamp, overwrite=overwrite)
-    blocksize = grid.aligned(blocksize)
+    factor = sweep_factor(H, settings.percdamp, overwrite=overwrite)
+    blocksize = grid.aligned(settings.blocksize)
 
     rows, columns = W.shape
     in_one_launch = kernel_sweeps(grid, W.device)  # a block per kernel on a GPU

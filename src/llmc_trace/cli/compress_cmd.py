@@ -13,7 +13,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pas
 from llmc_trace.cli.options import SHOW_DEFAULT, split_list
 from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
 from llmc_trace.oneshot import settings
-from llmc_trace.oneshot.declare import Declared, Float, Int, declared
+from llmc_trace.core.declare import Declared, Float, Int, declared
 
 if TYPE_CHECKING:
     import torch

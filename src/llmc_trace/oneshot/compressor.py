@@ -30,6 +30,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.device_peak import DevicePeaks
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.core.names import ALL_TOKENS, BASELINE, DATA_METHODS
 from llmc_trace.core.world import World
 from llmc_trace.layers.linear import as_linear, is_linear
@@ -60,9 +61,7 @@ class LayerCompressor:
         method: str,
         scheme: QuantizationScheme | None,
         sparsity: Sparsity | None = None,
-        blocksize: int = 128,
-        percdamp: float = 0.01,
-        refine_passes: int = 0,
+        settings: SolverSettings = SolverSettings(),
         storage_dtype: torch.dtype | None = None,
         keep_zeros: frozenset[str] = frozenset(),
         skip: frozenset[str] = frozenset(),
@@ -76,9 +75,7 @@ class LayerCompressor:
             method,
             scheme,
             sparsity,
-            blocksize,
-            percdamp,
-            refine_passes,
+            settings,
             storage_dtype,
             keep_zeros,
             min_expert_tokens,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from llmc_trace.core.declare import written
 from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
 from llmc_trace.data import CalibrationSet
 from llmc_trace.data.multimodal import MultimodalCalibrationSet
@@ -99,8 +100,7 @@ def _stage_settings(stage: Stage) -> StageSettings:
             else (None if sparsity is None else f"{sparsity:g}")
         ),
         pipeline=stage.pipeline,
-        refine_passes=stage.refine_passes,
-        percdamp=stage.percdamp,
+        solver=written(stage.solver),
     )
 
 

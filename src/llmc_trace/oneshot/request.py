@@ -25,7 +25,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weights import check_weight_files
-from llmc_trace.oneshot.declare import Declared, declared
+from llmc_trace.core.declare import Declared, build, declared, replace
 from llmc_trace.oneshot.recipe import RECIPE_HEADER, Recipe, read_recipe
 from llmc_trace.oneshot.settings import (
     SECTIONS,
@@ -87,7 +87,7 @@ class CompressRequest:
         grouped = group_options(options)
         stage_options = grouped.pop("stages")
         if stages is None:
-            stages = (Stage(**stage_options),)
+            stages = (build(Stage, stage_options),)
         elif stage_options:
             given = next(iter(stage_options))
             raise BadInputError(
@@ -285,7 +285,7 @@ def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tupl
         one["method"] = AUTO
     changed = list(stages)
     if one:
-        changed[0] = dataclasses.replace(changed[0], **one)
+        changed[0] = replace(changed[0], one)
     if every:
         quantizing = [index for index, stage in enumerate(changed) if stage.quantizes]
         if not quantizing:
@@ -296,5 +296,5 @@ def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tupl
                 param=next(iter(every)),
             )
         for index in quantizing:
-            changed[index] = dataclasses.replace(changed[index], **every)
+            changed[index] = replace(changed[index], every)
     return tuple(changed)

@@ -3,7 +3,7 @@
 Torch-free at import, as the declarations are (the command line builds its options from them
 and answers ``--help`` without importing torch).
 
-Each is a dataclass whose fields are the run's options (:mod:`~llmc_trace.oneshot.declare`),
+Each is a dataclass whose fields are the run's options (:mod:`~llmc_trace.core.declare`),
 and each is a section of a recipe under the same name; :data:`SECTIONS` lists them in the
 order a recipe writes them, the stages last.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES, TEXT_LISTS
-from llmc_trace.oneshot.declare import Int, Names, Parsed, Text, normalize, option
+from llmc_trace.core.declare import Int, Names, Parsed, Text, normalize, option
 from llmc_trace.oneshot.stage import Stage
 
 if TYPE_CHECKING:
