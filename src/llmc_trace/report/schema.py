@@ -12,7 +12,7 @@ Schema ``llmc-trace/compression-report``, version 1 (keys sorted, two-space inde
                   "stages": [{"method": "gptq", "scheme": "W4A16",
                               "weights": {"num_bits": 4, "group_size": 128, ...},
                               "sparsity": null, "pipeline": "sequential",
-                              "solver": {"refine_passes": 0, "percdamp": 0.01, ...}}]},
+                              "solver": {"refine_passes": 0, "percdamp": ..., ...}}]},
      "subgraphs": [{"index": 1, "targets": ["model.layers.0"]}, ...],
      "layers": [{"name": "model.layers.0.self_attn.q_proj", "stage": 0, "method": "gptq",
                  "baseline": "rtn", "loss": 0.012, "baseline_loss": 0.034,
