@@ -186,7 +186,7 @@ def test_gptq_measures_the_rtn_baseline_as_the_report_did(
     W = W.to(dtype)
     before = damped_error_before(W, baseline_weight(W, args), H)
     result = gptq(
-        W, H.clone(), args, SolverSettings(percdamp=PERCDAMP), static_groups=static_groups,
+        W, H.clone(), args, SolverSettings(percdamp=PERCDAMP, static_groups=static_groups),
         overwrite_hessian=overwrite, baseline=True,
     )  # fmt: skip
     assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)

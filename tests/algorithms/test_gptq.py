@@ -122,7 +122,7 @@ def test_group_scales_up_front_versus_fitted_in_the_sweep(
     H = hessian(X)
 
     def error(args: QuantizationArgs, static_groups: bool) -> float:
-        Q = gptq(W, H, args, static_groups=static_groups).quantized.weight
+        Q = gptq(W, H, args, SolverSettings(static_groups=static_groups)).quantized.weight
         return output_error(W, Q, X)
 
     symmetric = QuantizationArgs(num_bits=2, group_size=64)
@@ -136,8 +136,8 @@ def test_static_groups_do_not_change_static_act_order(
 ) -> None:
     W, X = problem
     args = QuantizationArgs(num_bits=4, actorder="static")
-    up_front = gptq(W, hessian(X), args, static_groups=True).quantized
-    in_sweep = gptq(W, hessian(X), args, static_groups=False).quantized
+    up_front = gptq(W, hessian(X), args, SolverSettings(static_groups=True)).quantized
+    in_sweep = gptq(W, hessian(X), args, SolverSettings(static_groups=False)).quantized
     assert torch.equal(up_front.int_weight, in_sweep.int_weight)
     # Static act-order groups are input-order runs: the scales fit the original weights.
     assert torch.equal(up_front.scale, rtn(W, args).scale)

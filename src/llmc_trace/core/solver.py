@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmc_trace.core.declare import Float, Int, normalize, option
+from llmc_trace.core.declare import Flag, Float, Int, normalize, option
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,10 @@ class SolverSettings:
     ``percdamp`` is the paper's damping, a share of the Hessian's mean diagonal added to it
     (raised tenfold while the factorisation fails; the result records what was used);
     ``blocksize`` the columns of one lazy-update block; ``refine_passes`` bounds GPTQ's
-    coordinate-descent refinement after the sweep (0: none, the paper's GPTQ).
+    coordinate-descent refinement after the sweep (0: none, the paper's GPTQ);
+    ``static_groups`` says when GPTQ fits a group's scale without act-order (up front, or when
+    the sweep reaches the group: :func:`~llmc_trace.algorithms.gptq.gptq` says which suits
+    which grid).
     """
 
     refine_passes: int = option(
@@ -40,6 +43,13 @@ class SolverSettings:
         Float(above=0.0, below=1.0),
     )
     blocksize: int = option(128, "GPTQ/SparseGPT: columns per lazy-update block.", Int(1))
+    static_groups: bool = option(
+        True,
+        "GPTQ without act-order: fit each group's scale up front from the original weights "
+        "(llm-compressor's way); --no-static-groups fits it when the sweep reaches the group, "
+        "as the original GPTQ does (lower error for asymmetric grids).",
+        Flag(),
+    )
 
     def __post_init__(self) -> None:
         normalize(self)
