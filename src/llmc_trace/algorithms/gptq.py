@@ -18,7 +18,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps, sweep_block
-from llmc_trace.core.solver import SolverSettings
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def gptq(
     W: torch.Tensor,
     H: torch.Tensor,
     args: QuantizationArgs,
-    settings: SolverSettings = SolverSettings(),
+    settings: SolverSettings = DEFAULTS,
     *,
     overwrite_hessian: bool = False,
     zeros: torch.Tensor | None = None,

@@ -16,7 +16,7 @@ from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationArgs
-from llmc_trace.core.solver import SolverSettings
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 
 Sparsity = float | tuple[int, int]
 """A fraction of weights to prune (unstructured, e.g. 0.5), or (N, M): at most N non-zero
@@ -40,7 +40,7 @@ def sparsegpt(
     sparsity: Sparsity = 0.5,
     *,
     quantize: QuantizationArgs | None = None,
-    settings: SolverSettings = SolverSettings(),
+    settings: SolverSettings = DEFAULTS,
     overwrite_hessian: bool = False,
 ) -> SparseGPTResult:
     """Prune `W` (out, in) to `sparsity`, updating the kept weights to preserve the output under `H`.

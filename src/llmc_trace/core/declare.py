@@ -306,7 +306,9 @@ def replace(instance: Any, values: Mapping[str, Any]) -> Any:
 
 def written(instance: Any) -> dict[str, object]:
     """Every option of ``instance`` as a recipe writes it, by name, in declaration order."""
-    return {entry.name: entry.kind.write(entry.value(instance)) for entry in declared(type(instance))}
+    return {
+        entry.name: entry.kind.write(entry.value(instance)) for entry in declared(type(instance))
+    }
 
 
 def _nested(section: type, values: Mapping[str, Any], current: Any) -> dict[str, Any]:

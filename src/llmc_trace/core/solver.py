@@ -53,3 +53,7 @@ class SolverSettings:
 
     def __post_init__(self) -> None:
         normalize(self)
+
+
+#: the declared defaults, for a caller that passes none
+DEFAULTS = SolverSettings()

@@ -30,7 +30,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.device_peak import DevicePeaks
-from llmc_trace.core.solver import SolverSettings
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 from llmc_trace.core.names import ALL_TOKENS, BASELINE, DATA_METHODS
 from llmc_trace.core.world import World
 from llmc_trace.layers.linear import as_linear, is_linear
@@ -61,7 +61,7 @@ class LayerCompressor:
         method: str,
         scheme: QuantizationScheme | None,
         sparsity: Sparsity | None = None,
-        settings: SolverSettings = SolverSettings(),
+        settings: SolverSettings = DEFAULTS,
         storage_dtype: torch.dtype | None = None,
         keep_zeros: frozenset[str] = frozenset(),
         skip: frozenset[str] = frozenset(),

@@ -23,7 +23,7 @@ from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity, sparsegpt
 from llmc_trace.core.device_peak import DevicePeaks, PeakReading
 from llmc_trace.core.finite import non_finite
-from llmc_trace.core.solver import SolverSettings
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 from llmc_trace.core.names import BASELINE, DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.errors import NonFiniteError
 from llmc_trace.layers.linear import LinearLayer
@@ -70,7 +70,7 @@ class LayerSolver:
     method: str
     scheme: QuantizationScheme | None
     sparsity: Sparsity | None = None
-    settings: SolverSettings = SolverSettings()
+    settings: SolverSettings = DEFAULTS
     storage_dtype: torch.dtype | None = None
     keep_zeros: frozenset[str] = frozenset()
     min_expert_tokens: int = 8
