@@ -13,8 +13,8 @@ from llmc_trace.algorithms import W4A16, W8A8, resolve_scheme
 from llmc_trace.core.solver import SolverSettings
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import Stage
-from llmc_trace.oneshot.recipe import Recipe, read_recipe, render_recipe
-from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
+from llmc_trace.spec.recipe import Recipe, read_recipe, render_recipe
+from llmc_trace.spec.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 
 RECIPE = Recipe(
     CalibrationSettings(

@@ -108,8 +108,8 @@ def plan(
 
     from llmc_trace.core.names import CALIBRATED_METHODS
     from llmc_trace.core.sizes import parse_bytes
-    from llmc_trace.oneshot.recipe import read_recipe
-    from llmc_trace.oneshot.settings import CalibrationSettings
+    from llmc_trace.spec.recipe import read_recipe
+    from llmc_trace.spec.settings import CalibrationSettings
     from llmc_trace.plan import RunSettings, plan_source
 
     with handle_errors(ctx), ctx.progress(f"plan {model}"):

@@ -1,11 +1,11 @@
 """One declaration per option of a compression run: a field of its section's dataclass.
 
 Every option of ``compress`` is a field of one of the dataclasses that make up a request (a
-:class:`~llmc_trace.oneshot.stage.Stage`, or a section of
-:mod:`~llmc_trace.oneshot.settings`), declared with :func:`option`: its default, its help, the
+:class:`~llmc_trace.spec.stage.Stage`, or a section of
+:mod:`~llmc_trace.spec.settings`), declared with :func:`option`: its default, its help, the
 kind of value it takes and, where it differs from the field's name, its command-line flag. The
 command line's options (:mod:`llmc_trace.cli.compress_cmd`), the recipe's keys, type checks and
-written form (:mod:`~llmc_trace.oneshot.recipe`), the request's keywords
+written form (:mod:`~llmc_trace.spec.recipe`), the request's keywords
 (:class:`~llmc_trace.oneshot.request.CompressRequest`) and the report's record of a stage are
 all derived from these fields, so an option is added in one place, plus the code that uses it,
 and cannot be spelled differently in two of them.

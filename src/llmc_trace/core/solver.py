@@ -2,7 +2,7 @@
 
 Each field is an option of ``compress`` (:mod:`llmc_trace.core.declare`): its default, its
 help and its kind are written here and nowhere else. A
-:class:`~llmc_trace.oneshot.stage.Stage` holds one whole (its ``solver``), and the options are
+:class:`~llmc_trace.spec.stage.Stage` holds one whole (its ``solver``), and the options are
 the stage's, flat: the command line's flag, the recipe's key under the stage, the request's
 keyword and the report's record of the stage are each derived from the field. The object
 reaches :func:`~llmc_trace.algorithms.gptq.gptq` and

@@ -10,7 +10,7 @@ import torch
 from llmc_trace.errors import BadInputError, TraceStopped
 from llmc_trace.models.build import twin_of_class
 from llmc_trace.models.samples import SampleOptions
-from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.calibrate.compressor import LayerCompressor
 from llmc_trace.oneshot.state import RunContext
 from llmc_trace.traced.mappings import MappingSet, find_mappings
 from llmc_trace.traced.probe import sample_for

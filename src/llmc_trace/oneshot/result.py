@@ -9,9 +9,9 @@ import torch
 
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.names import INDEPENDENT
-from llmc_trace.oneshot.solve import LayerResult
-from llmc_trace.oneshot.coverage import KindCoverage
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.calibrate.solve import LayerResult
+from llmc_trace.oneshot.weight_coverage import KindCoverage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.pipelines.calibration import PipelineStats
 from llmc_trace.plan import MemoryPlan
 from llmc_trace.report.schema import CompressionReport

@@ -10,7 +10,7 @@ import torch
 from llmc_trace.attempt.run import settle
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
-from llmc_trace.oneshot.settings import TracingSettings
+from llmc_trace.spec.settings import TracingSettings
 from llmc_trace.traced.model import TracedModel, display_name, trace_model
 from llmc_trace.traced.twin import TwinCheck, verify_on_twin
 from llmc_trace.tracing.options import TracingOptions

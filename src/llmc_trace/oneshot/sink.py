@@ -21,11 +21,11 @@ import torch
 from llmc_trace.checkpoint.writer import CheckpointWriter, assign_schemes
 from llmc_trace.core.device import HOST
 from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.report import report_files
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.oneshot.record import report_files
 from llmc_trace.oneshot.result import Pruned, ResumeStats
 from llmc_trace.oneshot.resume import RunResume, fingerprint
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.oneshot.state import RunContext
 from llmc_trace.pipelines.residency import InMemory, Residency, Streamed
 from llmc_trace.pipelines.resume import ResumePoints

@@ -12,16 +12,16 @@ from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.graph.literals import META, retarget_literals
 from llmc_trace.models.parts import ModelParts, model_parts
 from llmc_trace.moe import router_layers
-from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.coverage import parameter_coverage
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.oneshot.weight_coverage import parameter_coverage
 from llmc_trace.oneshot.pairs import stage_mappings
 from llmc_trace.oneshot.planning import check_memory_limit, plan_stage
 from llmc_trace.oneshot.result import Pruned, StageResult
 from llmc_trace.oneshot.sink import Sink
 from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.oneshot.state import RunContext
-from llmc_trace.oneshot.targets import check_ignore, check_targets
+from llmc_trace.oneshot.target_checks import check_ignore, check_targets
 from llmc_trace.pipelines.calibration import Calibration
 from llmc_trace.pipelines.registry import PipelineOutcome, fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import compute_dtype

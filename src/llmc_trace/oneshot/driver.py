@@ -14,7 +14,7 @@ every stage's result (:mod:`~llmc_trace.oneshot.record`): an interrupted run lea
 under its name, at most, beside it, the resume point the same command continues from
 (:mod:`~llmc_trace.oneshot.resume`).
 
-Several stages (:class:`~llmc_trace.oneshot.stage.Stage`) run one after another, each a
+Several stages (:class:`~llmc_trace.spec.stage.Stage`) run one after another, each a
 complete calibration with its own plan and pipeline on the model as the stages before left it
 (llm-compressor calls this the ``independent`` pipeline). In memory they share the loaded
 model. Streamed, each stage but the last writes its model, dense, to a hidden folder beside
@@ -61,7 +61,7 @@ from llmc_trace.oneshot.result import CompressionResult, ResumeStats, StageResul
 from llmc_trace.oneshot.resume import settle_staging
 from llmc_trace.oneshot.settle import RunTrace
 from llmc_trace.oneshot.sink import CheckpointSink, Sink
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.oneshot.stage_run import run_stage
 from llmc_trace.oneshot.state import RunContext
 from llmc_trace.report.schema import CompressionReport

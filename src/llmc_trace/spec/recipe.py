@@ -12,7 +12,7 @@ One format both ways::
       - {method: "gptq", scheme: "W4A16"}
 
 A recipe is a request's options, serialised: each section is one of
-:data:`~llmc_trace.oneshot.settings.SECTIONS` and its keys are that section's declared options
+:data:`~llmc_trace.spec.settings.SECTIONS` and its keys are that section's declared options
 (:mod:`~llmc_trace.core.declare`), the same names as ``compress``'s flags; a scheme is a
 preset's name or the full mapping a written recipe holds. ``versions`` (written, never
 required) records what made the checkpoint. A key under an earlier name (``ignore`` under
@@ -41,13 +41,13 @@ import yaml
 
 from llmc_trace.errors import BadInputError
 from llmc_trace.core.declare import Declared, build, declared, written
-from llmc_trace.oneshot.settings import (
+from llmc_trace.spec.settings import (
     SECTIONS,
     CalibrationSettings,
     CheckpointSettings,
     TracingSettings,
 )
-from llmc_trace.oneshot.stage import Stage, check_order
+from llmc_trace.spec.stage import Stage, check_order
 
 TOP_KEYS = ("versions", *SECTIONS)
 #: the first line of every recipe a run writes: how ``--overwrite`` knows a checkpoint is ours
@@ -157,7 +157,9 @@ def render_recipe(recipe: Recipe, *, fallbacks: Sequence[Sequence[str]] = ()) ->
     for name in SECTIONS:
         if name != "stages":
             lines.append(f"{name}:")
-            lines += [f"  {key}: {_flow(value)}" for key, value in written(getattr(recipe, name)).items()]
+            lines += [
+                f"  {key}: {_flow(value)}" for key, value in written(getattr(recipe, name)).items()
+            ]
     lines.append("stages:")
     for index, stage in enumerate(recipe.stages):
         first, *rest = written(stage).items()

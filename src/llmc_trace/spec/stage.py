@@ -36,7 +36,17 @@ from llmc_trace.core.names import (
     SPARSEGPT,
 )
 from llmc_trace.errors import BadInputError
-from llmc_trace.core.declare import Flag, Float, Int, Names, Parsed, Text, normalize, option, section
+from llmc_trace.core.declare import (
+    Flag,
+    Float,
+    Int,
+    Names,
+    Parsed,
+    Text,
+    normalize,
+    option,
+    section,
+)
 from llmc_trace.core.solver import SolverSettings
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from llmc_trace.core.names import BASELINE, DATA_METHODS, GPTQ, MAGNITUDE, METHO
 from llmc_trace.errors import NonFiniteError
 from llmc_trace.layers.linear import LinearLayer
 from llmc_trace.moe import ExpertProjection
-from llmc_trace.oneshot.hessians import SharedHessian
+from llmc_trace.calibrate.hessians import SharedHessian
 
 
 @dataclass
