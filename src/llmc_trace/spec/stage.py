@@ -19,7 +19,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmc_trace.core.names import (
     ALL_TOKENS,
@@ -73,14 +73,17 @@ class Stage:
         "(auto: sparsegpt when --sparsity is given, else gptq).",
         Text(choices=(AUTO, *METHODS)),
     )
-    scheme: Any = option(
+    #: given as a preset's name, ``auto``, ``none``, a recipe's mapping or a scheme; always a
+    #: scheme (or ``None``) once constructed
+    scheme: QuantizationScheme | None = option(
         AUTO,
         f"A compressed-tensors preset ({', '.join(SCHEMES)}, MXFP4A16, W4A8, ...) or 'none' "
         f"(auto: {SCHEMES[0]} for a method that quantizes, none for one that prunes); a recipe "
         "may give the full mapping.",
         Parsed(lambda value: _scheme_spelling(value), lambda value: _scheme_mapping(value)),
     )
-    sparsity: Any = option(
+    #: given as text (``0.5``, ``2:4``) or a value; always a fraction, a pair or ``None``
+    sparsity: Sparsity | None = option(
         None,
         "Fraction such as 0.5, or N:M such as 2:4.",
         Parsed(lambda value: parse_sparsity(value), lambda value: _sparsity_text(value)),
