@@ -233,7 +233,7 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
     import torch
 
     from llmc_trace.algorithms.scheme import resolve_scheme
-    from llmc_trace.oneshot.compressor import LayerCompressor
+    from llmc_trace.calibrate.compressor import LayerCompressor
     from llmc_trace.graph.partition import partition_trace
     from llmc_trace.pipelines.basic import run_basic
     from llmc_trace.pipelines.layer_sequential import run_layer_sequential

@@ -33,7 +33,7 @@ from llmc_trace.evaluate.perplexity import perplexity
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import resolve_model
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -114,7 +114,7 @@ def ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from llmc_trace import CompressRequest, compress
     from llmc_trace.oneshot import state
-    from llmc_trace.oneshot.solve import LayerSolver
+    from llmc_trace.calibrate.solve import LayerSolver
 
     torch.set_num_threads(spec["threads"])
     hessians: dict[str, Any] = {}

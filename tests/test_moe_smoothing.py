@@ -14,7 +14,7 @@ from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import resolve_model
 from llmc_trace.moe import fused_experts
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 
 EXPERTS = 4
 

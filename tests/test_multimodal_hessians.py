@@ -13,7 +13,7 @@ import torch
 from llmc_trace import CompressRequest, compress
 from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.models.parts import model_parts
-from llmc_trace.oneshot.hessians import HessianCollector
+from llmc_trace.calibrate.hessians import HessianCollector
 from tests.multimodal import load_twin
 
 QWEN2_VL = "Qwen/Qwen2-VL-2B-Instruct"

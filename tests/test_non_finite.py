@@ -19,7 +19,7 @@ from llmc_trace.errors import BadInputError, DataError, NonFiniteError
 from llmc_trace.evaluate import perplexity
 from llmc_trace.layers.linear import as_linear
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.hessians import HessianCollector
+from llmc_trace.calibrate.hessians import HessianCollector
 from tests.conftest import tiny_llama
 
 DTYPES = [

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from llmc_trace.cli.compress_cmd import compress_command
-from llmc_trace.oneshot import settings
+from llmc_trace.spec import settings
 from llmc_trace.core.declare import Int, option
-from llmc_trace.oneshot.recipe import read_recipe, render_recipe
+from llmc_trace.spec.recipe import read_recipe, render_recipe
 from llmc_trace.oneshot.request import CompressRequest
 
 
@@ -86,14 +86,14 @@ def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.split() == [
         "True",
-        "llmc_trace.oneshot.run",
+        "llmc_trace.oneshot.driver",
         "True",
         "llmc_trace.oneshot.request",
     ], result.stderr
 
 
 def test_group_size_overrides_the_schemes_and_zero_means_per_channel() -> None:
-    from llmc_trace.oneshot.stage import Stage, _scheme_mapping
+    from llmc_trace.spec.stage import Stage, _scheme_mapping
 
     assert Stage().scheme.weights.group_size == 128
     grouped = Stage(group_size=32).scheme.weights

@@ -10,10 +10,11 @@ import torch
 import yaml
 
 from llmc_trace.algorithms import W4A16, W8A8, resolve_scheme
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import Stage
-from llmc_trace.oneshot.recipe import Recipe, read_recipe, render_recipe
-from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
+from llmc_trace.spec.recipe import Recipe, read_recipe, render_recipe
+from llmc_trace.spec.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 
 RECIPE = Recipe(
     CalibrationSettings(
@@ -27,7 +28,7 @@ RECIPE = Recipe(
             "gptq",
             W4A16.with_weights(actorder=None),
             pipeline="layer_sequential",
-            refine_passes=3,
+            solver=SolverSettings(refine_passes=3),
             ignore=("model.layers.0.self_attn.q_proj",),
         ),
     ),

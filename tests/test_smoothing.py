@@ -17,7 +17,7 @@ from llmc_trace.algorithms.smoothing import fold_scales, norm_offset
 from llmc_trace.algorithms.smoothquant import smoothquant_scales
 from llmc_trace.errors import BadInputError
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 
 
 def _inputs_and_weights() -> tuple[torch.Tensor, list[torch.Tensor]]:

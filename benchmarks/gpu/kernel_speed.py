@@ -26,6 +26,7 @@ import torch
 
 from common import Deadline, measured_once, timed_s
 from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq, sparsegpt, sweep_factor
+from llmc_trace.core.solver import SolverSettings
 
 #: (name, out, in): the full-size shapes, and tiny ones with the same aspect for the dry run.
 FULL_SHAPES = [
@@ -76,8 +77,8 @@ def measure_shape(
     accumulator = HessianAccumulator(in_features, device=device)
     add_s = timed_s(lambda: accumulator.add(X), device)
     H = accumulator.H
-    factor_s, _ = measured_once(lambda: sweep_factor(H), device)
-    products = partial(block_products, W.float(), sweep_factor(H).R)
+    factor_s, _ = measured_once(lambda: sweep_factor(H, SolverSettings().percdamp), device)
+    products = partial(block_products, W.float(), sweep_factor(H, SolverSettings().percdamp).R)
     products_s, _ = measured_once(products, device)
     del products  # its float32 W and factor: 4 GB at the 70B shape
     gptq_s, gptq_peak = measured_once(lambda: gptq(W, H, W4A16.weights), device)

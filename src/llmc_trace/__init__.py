@@ -19,7 +19,7 @@ _WHERE = {
     "attempt_trace": "llmc_trace.attempt.prove",
     "trace_subgraphs": "llmc_trace.attempt.prove",
     "TraceReport": "llmc_trace.attempt.trace_report",
-    "compress": "llmc_trace.oneshot.run",
+    "compress": "llmc_trace.oneshot.driver",
     "CompressRequest": "llmc_trace.oneshot.request",
     "TraceFailure": "llmc_trace.diagnose.failure",
     "topological_partition": "llmc_trace.graph.partition",

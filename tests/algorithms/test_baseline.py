@@ -10,6 +10,7 @@ import torch
 from _compress_data import LayerInputs, hessian
 
 from llmc_trace.algorithms import QuantizationArgs, gptq, sweep_factor, rtn, sparsegpt
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.algorithms.baseline import DampedError, baseline_weight, damped_error
 from llmc_trace.algorithms.hessian import damping_diagonal
 from llmc_trace.algorithms.sparsegpt import magnitude_prune
@@ -60,7 +61,7 @@ def test_gptq_loss_is_the_error_of_its_result_under_the_damped_hessian(
     problem: tuple[torch.Tensor, torch.Tensor], args: QuantizationArgs, refine_passes: int
 ) -> None:
     W, H = problem
-    result = gptq(W, H, args, percdamp=PERCDAMP, refine_passes=refine_passes)
+    result = gptq(W, H, args, settings=SolverSettings(percdamp=PERCDAMP, refine_passes=refine_passes))
     Q = result.quantized.weight
     assert Q is not None and result.percdamp == PERCDAMP
     exact = exact_damped_error(W, Q, H, PERCDAMP)
@@ -81,7 +82,7 @@ def test_sparsegpt_loss_is_the_error_of_its_result_under_the_damped_hessian(
     args: QuantizationArgs | None,
 ) -> None:
     W, H = problem
-    result = sparsegpt(W, H, sparsity, quantize=args, percdamp=PERCDAMP)
+    result = sparsegpt(W, H, sparsity, quantize=args, settings=SolverSettings(percdamp=PERCDAMP))
     exact = exact_damped_error(W, result.weight, H, PERCDAMP)
     assert result.loss == pytest.approx(exact, rel=RTOL)
     assert undamped_error(W, result.weight, H) < exact * (1 - 100 * RTOL)
@@ -123,9 +124,9 @@ def test_gptq_and_sparsegpt_beat_their_baselines_on_the_same_terms(
 ) -> None:
     W, H = problem
     args = QuantizationArgs(num_bits=3, group_size=32)
-    quantized = gptq(W, H, args, percdamp=PERCDAMP)
+    quantized = gptq(W, H, args, settings=SolverSettings(percdamp=PERCDAMP))
     assert quantized.loss < 0.8 * damped_error(W, baseline_weight(W, args), H).loss(PERCDAMP)
-    pruned = sparsegpt(W, H, 0.5, percdamp=PERCDAMP)
+    pruned = sparsegpt(W, H, 0.5, settings=SolverSettings(percdamp=PERCDAMP))
     magnitude = damped_error(W, baseline_weight(W, None, 0.5), H).loss(PERCDAMP)
     assert pruned.loss < 0.8 * magnitude
 
@@ -185,11 +186,11 @@ def test_gptq_measures_the_rtn_baseline_as_the_report_did(
     W = W.to(dtype)
     before = damped_error_before(W, baseline_weight(W, args), H)
     result = gptq(
-        W, H.clone(), args, percdamp=PERCDAMP, static_groups=static_groups,
+        W, H.clone(), args, SolverSettings(percdamp=PERCDAMP, static_groups=static_groups),
         overwrite_hessian=overwrite, baseline=True,
     )  # fmt: skip
     assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)
-    assert gptq(W, H, args, percdamp=PERCDAMP).baseline_loss is None
+    assert gptq(W, H, args, settings=SolverSettings(percdamp=PERCDAMP)).baseline_loss is None
 
 
 def test_the_rtn_baseline_counts_dead_columns_weights_in_its_scales(
@@ -202,7 +203,7 @@ def test_the_rtn_baseline_counts_dead_columns_weights_in_its_scales(
     W[:, DEAD] = 1.0  # far outside the other weights: rtn's groups with them get coarse
     args = QuantizationArgs(num_bits=4, group_size=32)
     before = damped_error_before(W, baseline_weight(W, args), H).loss(PERCDAMP)
-    result = gptq(W, H, args, percdamp=PERCDAMP, baseline=True)
+    result = gptq(W, H, args, baseline=True, settings=SolverSettings(percdamp=PERCDAMP))
     assert result.baseline_loss == pytest.approx(before, rel=RTOL)
     live = W.masked_fill(W == 1.0, 0)
     tight = damped_error_before(live, baseline_weight(live, args), H).loss(PERCDAMP)
@@ -235,5 +236,5 @@ def test_the_rtn_baseline_of_a_weight_taller_than_a_chunk(
     W, H = problem
     W = torch.cat([W * (1 + i) for i in range(40)])  # (1280, 128): rows' ranges all differ
     before = damped_error_before(W, baseline_weight(W, args), H)
-    result = gptq(W, H, args, percdamp=PERCDAMP, baseline=True)
+    result = gptq(W, H, args, baseline=True, settings=SolverSettings(percdamp=PERCDAMP))
     assert result.baseline_loss == pytest.approx(before.loss(result.percdamp), rel=RTOL)

@@ -10,7 +10,7 @@ from transformers.pytorch_utils import Conv1D
 from llmc_trace.algorithms import W4A16, HessianAccumulator, gptq, rtn, sparsegpt
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity
-from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.calibrate.compressor import LayerCompressor
 
 SCHEME = W4A16.with_weights(group_size=32)
 IN, OUT = 128, 48

@@ -17,6 +17,7 @@ from llmc_trace.algorithms import (
     quantize_to_int,
     rtn,
 )
+from llmc_trace.core.solver import SolverSettings
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_predicted_loss_equals_the_damped_quadratic_and_the_output_error(
     W, X = problem
     H = hessian(X)
     for percdamp in (0.01, 1e-5):
-        result = gptq(W, H, QuantizationArgs(num_bits=3), percdamp=percdamp)
+        result = gptq(W, H, QuantizationArgs(num_bits=3), settings=SolverSettings(percdamp=percdamp))
         delta = (W - result.quantized.weight).double()
         damp = percdamp * torch.diag(H).mean().double()
         H_damped = H.double() + damp * torch.eye(H.shape[0], dtype=torch.double)
@@ -121,7 +122,7 @@ def test_group_scales_up_front_versus_fitted_in_the_sweep(
     H = hessian(X)
 
     def error(args: QuantizationArgs, static_groups: bool) -> float:
-        Q = gptq(W, H, args, static_groups=static_groups).quantized.weight
+        Q = gptq(W, H, args, SolverSettings(static_groups=static_groups)).quantized.weight
         return output_error(W, Q, X)
 
     symmetric = QuantizationArgs(num_bits=2, group_size=64)
@@ -135,8 +136,8 @@ def test_static_groups_do_not_change_static_act_order(
 ) -> None:
     W, X = problem
     args = QuantizationArgs(num_bits=4, actorder="static")
-    up_front = gptq(W, hessian(X), args, static_groups=True).quantized
-    in_sweep = gptq(W, hessian(X), args, static_groups=False).quantized
+    up_front = gptq(W, hessian(X), args, SolverSettings(static_groups=True)).quantized
+    in_sweep = gptq(W, hessian(X), args, SolverSettings(static_groups=False)).quantized
     assert torch.equal(up_front.int_weight, in_sweep.int_weight)
     # Static act-order groups are input-order runs: the scales fit the original weights.
     assert torch.equal(up_front.scale, rtn(W, args).scale)
@@ -184,8 +185,8 @@ def test_gptq_on_cuda_matches_cpu(problem: tuple[torch.Tensor, torch.Tensor]) ->
     H = hessian(X)
     args = dataclasses.replace(ARGS[0], actorder="static")
     for refine_passes in (0, 20):
-        cpu = gptq(W, H, args, refine_passes=refine_passes)
-        cuda = gptq(W.cuda(), H.cuda(), args, refine_passes=refine_passes)
+        cpu = gptq(W, H, args, settings=SolverSettings(refine_passes=refine_passes))
+        cuda = gptq(W.cuda(), H.cuda(), args, settings=SolverSettings(refine_passes=refine_passes))
         assert cuda.quantized.weight.device.type == "cuda"
         assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2)
         mismatched = (cuda.quantized.int_weight.cpu() != cpu.quantized.int_weight).float().mean()
@@ -234,5 +235,5 @@ def test_gptq_keeps_an_earlier_pruning_mask(
     assert output_error(pruned_weight, kept.weight, X) < 0.8 * output_error(
         pruned_weight, nearest, X
     )
-    refined = gptq(pruned_weight, H, args, zeros=pruned, refine_passes=5).quantized
+    refined = gptq(pruned_weight, H, args, zeros=pruned, settings=SolverSettings(refine_passes=5)).quantized
     assert torch.equal(refined.weight[pruned], torch.zeros(int(pruned.sum())))

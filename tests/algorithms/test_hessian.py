@@ -121,7 +121,7 @@ def test_reversing_in_place_reverses_rows_and_columns(width: int) -> None:
 def test_dead_columns_become_identity_rows() -> None:
     X = torch.randn(64, 8, generator=torch.Generator().manual_seed(3))
     X[:, 5] = 0
-    factor = sweep_factor(2 * X.T @ X / 64)
+    factor = sweep_factor(2 * X.T @ X / 64, 0.01)
     assert factor.dead.tolist() == [i == 5 for i in range(8)]
     assert torch.isfinite(factor.R).all()
 
@@ -155,5 +155,5 @@ def test_overwriting_factorisation_reuses_the_hessian_and_gives_the_same_factor(
 @pytest.mark.parametrize("H", [torch.tensor([[1.0, 0.0], [0.0, float("nan")]]), -torch.eye(2)])
 def test_unfactorisable_hessian_raises_with_a_hint(H: torch.Tensor) -> None:
     with pytest.raises(HessianError) as info:
-        sweep_factor(H)
+        sweep_factor(H, 0.01)
     assert info.value.hint

@@ -123,7 +123,7 @@ def test_group_size_must_divide_the_input_width() -> None:
 def test_a_compressor_keeps_integers_only_and_the_module_the_dense_weight() -> None:
     """The checkpoint needs the grid values; a dense copy per layer would double host memory."""
     from llmc_trace.algorithms import W4A16
-    from llmc_trace.oneshot.compressor import LayerCompressor
+    from llmc_trace.calibrate.compressor import LayerCompressor
     from llmc_trace.pipelines.basic import run_data_free
     from tests.conftest import tiny_llama
 

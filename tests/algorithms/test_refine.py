@@ -11,6 +11,7 @@ from _compress_data import capture_inputs, hessian
 from refmodel import FOLDER as REFMODEL
 
 from llmc_trace.algorithms import QuantizationArgs, dequantize, gptq
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.refine import MAX_PASSES
 
@@ -18,7 +19,7 @@ from llmc_trace.algorithms.refine import MAX_PASSES
 def damped_objective(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> float:
     """tr((W - Q) H_damped (W - Q)^T) / 2 in float64, H damped as GPTQ damps it; a dead input's
     weights (which GPTQ zeroes: they cannot change the output) count as zero."""
-    factor = sweep_factor(H)
+    factor = sweep_factor(H, SolverSettings().percdamp)
     H_damped = factor.damped(H).double()
     E = (W * ~factor.dead - Q).double()
     return 0.5 * torch.trace(E @ H_damped @ E.T).item()
@@ -50,8 +51,8 @@ def test_refinement_lowers_the_objective_on_the_same_grid(
 ) -> None:
     W, H = problem
     static_groups = args.symmetric  # asymmetric groups fitted in the sweep: the grid moves too
-    plain = gptq(W, H, args, refine_passes=0, static_groups=static_groups)
-    refined = gptq(W, H, args, static_groups=static_groups, refine_passes=MAX_PASSES)
+    plain = gptq(W, H, args, SolverSettings(refine_passes=0, static_groups=static_groups))
+    refined = gptq(W, H, args, SolverSettings(refine_passes=MAX_PASSES, static_groups=static_groups))
     p, r = plain.quantized, refined.quantized
     assert plain.refinement is None and refined.refinement is not None
     assert refined.refinement.converged and refined.refinement.passes >= 1
@@ -75,8 +76,8 @@ def test_refinement_ends_where_no_single_integer_can_move_down(
     """Every single-weight move to the grid points one step up or down, checked exhaustively
     in float64 from the returned integers alone, raises (or keeps) the objective."""
     W, H = problem
-    q = gptq(W, H, args, refine_passes=MAX_PASSES).quantized
-    factor = sweep_factor(H)
+    q = gptq(W, H, args, settings=SolverSettings(refine_passes=MAX_PASSES)).quantized
+    factor = sweep_factor(H, SolverSettings().percdamp)
     H_damped = factor.damped(H).double()
     E = (W * ~factor.dead - q.weight).double()
     R = E @ H_damped  # f changes by d^2 H_jj - 2 d R_rj when weight (r, j) moves by d
@@ -93,10 +94,10 @@ def test_the_pass_limit_is_kept(
 ) -> None:
     W, H = problem
     args = QuantizationArgs(num_bits=2, strategy="channel", group_size=None)
-    one = gptq(W, H, args, refine_passes=1)
+    one = gptq(W, H, args, settings=SolverSettings(refine_passes=1))
     assert one.refinement is not None and one.refinement.passes == 1
     assert not one.refinement.converged  # 2 bits needs more than one pass here
-    full = gptq(W, H, args, refine_passes=MAX_PASSES)
+    full = gptq(W, H, args, settings=SolverSettings(refine_passes=MAX_PASSES))
     assert full.refinement is not None and full.loss < one.loss
 
 
@@ -117,7 +118,7 @@ def test_refinement_lowers_the_held_out_error_of_refmodel_layers(
     args = QuantizationArgs(num_bits=3, actorder="static")
 
     def held_out_error(refine_passes: int) -> float:
-        Q = gptq(W, H, args, refine_passes=refine_passes).quantized.weight
+        Q = gptq(W, H, args, settings=SolverSettings(refine_passes=refine_passes)).quantized.weight
         return ((W - Q) @ X_eval.T).pow(2).sum().item()
 
     assert held_out_error(MAX_PASSES) < at_most * held_out_error(0)

@@ -17,6 +17,7 @@ from llmc_trace.algorithms import (
     rtn,
     sparsegpt,
 )
+from llmc_trace.core.solver import SolverSettings
 
 
 def holds_n_m(weight: torch.Tensor, n: int, m: int) -> bool:
@@ -106,7 +107,7 @@ def test_predicted_loss_equals_the_damped_quadratic(
 ) -> None:
     W, X = problem
     H = hessian(X)
-    result = sparsegpt(W, H, 0.5, percdamp=0.01)
+    result = sparsegpt(W, H, 0.5, settings=SolverSettings(percdamp=0.01))
     delta = (W - result.weight).double()
     H_damped = H.double() + 0.01 * torch.diag(H).mean().double() * torch.eye(
         384, dtype=torch.double

@@ -21,6 +21,7 @@ import torch
 from _compress_data import hessian
 
 from llmc_trace.algorithms import QuantizationArgs, gptq, sparsegpt
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.hessian import damping_diagonal
 from llmc_trace.algorithms.quantize import (
@@ -217,7 +218,7 @@ def test_gptq_sweep_makes_the_papers_choices(
     args, static_groups, dtype = GPTQ_CASES[case]
     W, H = problem
     W = W.to(dtype)
-    new = gptq(W, H, args, static_groups=static_groups)
+    new = gptq(W, H, args, SolverSettings(static_groups=static_groups))
     paper, paper_loss = gptq_paper(W, H, args, static_groups=static_groups)
     assert_agrees(new.quantized, paper)
     assert new.loss == pytest.approx(paper_loss, rel=1e-4)
@@ -230,7 +231,7 @@ def test_gptq_sweep_keeping_zeros_makes_the_papers_choices(
     W = W.masked_fill(W.abs() < 0.01, 0)  # an earlier stage's pruning
     for args in (QuantizationArgs(num_bits=4, group_size=64, actorder="static"),
                  QuantizationArgs(num_bits=3, symmetric=False, group_size=32)):  # fmt: skip
-        new = gptq(W, H, args, static_groups=False, zeros=W == 0)
+        new = gptq(W, H, args, SolverSettings(static_groups=False), zeros=W == 0)
         paper, paper_loss = gptq_paper(W, H, args, static_groups=False, zeros=W == 0)
         assert_agrees(new.quantized, paper)
         assert new.loss == pytest.approx(paper_loss, rel=1e-4)

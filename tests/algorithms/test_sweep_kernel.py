@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from llmc_trace.algorithms import QuantizationArgs, gptq
+from llmc_trace.core.solver import SolverSettings
 from llmc_trace.algorithms.gptq import GPTQResult
 from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps
@@ -61,9 +62,9 @@ def _swept_both_ways(device: str) -> Iterator[tuple[str, Swept]]:
         kwargs = {"zeros": zeros} if held else {}
         with pytest.MonkeyPatch.context() as monkeypatch:
             launched = _counting_launches(monkeypatch)
-            kernel = gptq(W, H, args, blocksize=96, **kwargs)
+            kernel = gptq(W, H, args, **kwargs, settings=SolverSettings(blocksize=96))
             monkeypatch.setattr(GPTQ_MODULE, "kernel_sweeps", lambda grid, device: False)
-            loop = gptq(W, H, args, blocksize=96, **kwargs)
+            loop = gptq(W, H, args, **kwargs, settings=SolverSettings(blocksize=96))
         yield case, Swept(launched, kernel, loop, zeros if held else None)
 
 

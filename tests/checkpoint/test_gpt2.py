@@ -15,7 +15,7 @@ from transformers.pytorch_utils import Conv1D
 from llmc_trace.checkpoint import save_compressed
 from llmc_trace.algorithms import W4A16
 from llmc_trace.oneshot import CompressRequest, compress
-from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.calibrate.compressor import LayerCompressor
 from llmc_trace.pipelines.basic import run_data_free
 from tests.conftest import tiny_gpt2
 

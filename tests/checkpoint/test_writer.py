@@ -15,8 +15,8 @@ from transformers.utils.quantization_config import CompressedTensorsConfig
 
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
 from llmc_trace.oneshot import Stage
-from llmc_trace.oneshot.recipe import Recipe, render_recipe
-from llmc_trace.oneshot.settings import CalibrationSettings, CheckpointSettings, TracingSettings
+from llmc_trace.spec.recipe import Recipe, render_recipe
+from llmc_trace.spec.settings import CalibrationSettings, CheckpointSettings, TracingSettings
 from llmc_trace.algorithms import (
     W4A16,
     W4A16_ASYM,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import torch
 import yaml
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from llmc_trace.algorithms import W4A16_ASYM, rtn
 from llmc_trace.cli.compress_cmd import compress_command
 from llmc_trace.cli.main import cli
-from llmc_trace.oneshot import CompressRequest
+from llmc_trace.oneshot import CompressRequest, compress
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -51,4 +54,36 @@ def test_negative_refine_passes_exit_2_before_loading(
 def test_the_default_is_the_library_default(saved_llama: tuple[Path, Path]) -> None:
     folder, data = saved_llama
     option = next(p for p in compress_command().params if p.name == "refine_passes")
-    assert option.default == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].refine_passes
+    assert option.default == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].solver.refine_passes
+
+
+def test_static_groups_reach_gptq_the_recipe_and_the_report(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A solver option end to end: the flag, the recipe key and the report's record of the
+    stage. Without act-order, ``--no-static-groups`` fits each group's scale as GPTQ's sweep
+    reaches it, from weights its earlier columns' errors moved: other scales than the up-front
+    ones, which are round-to-nearest's on the original weights."""
+    folder, data = saved_llama
+    no_act_order = W4A16_ASYM.with_weights(actorder=None)
+    first = tmp_path / "up_front"
+    compress(CompressRequest(folder, data, first, samples=4, seq_len=32, scheme=no_act_order))
+    again = tmp_path / "in_sweep"
+    code, output = invoke(
+        "compress", "-m", str(folder), "-r", str(first / "recipe.yaml"), "-o", str(again),
+        "--no-static-groups",
+    )  # fmt: skip
+    assert code == 0, output
+    (stage,) = yaml.safe_load((again / "recipe.yaml").read_text())["stages"]
+    assert stage["static_groups"] is False and stage["scheme"]["weights"]["actorder"] is None
+    (settings,) = json.loads((again / "report.json").read_text())["settings"]["stages"]
+    assert settings["solver"]["static_groups"] is False
+    original = load_file(folder / "model.safetensors")
+    up_front, in_sweep = load_file(first / "model.safetensors"), load_file(again / "model.safetensors")
+    scales = [name for name in up_front if name.endswith("weight_scale")]
+    assert scales
+    for name in scales:
+        weight = original[name.removesuffix("_scale")]
+        expected = rtn(weight, no_act_order.weights).scale
+        assert torch.equal(up_front[name], expected.to(up_front[name].dtype)), name
+    assert any(not torch.equal(up_front[name], in_sweep[name]) for name in scales)

@@ -140,7 +140,7 @@ def test_a_nan_made_after_calibration_exits_1_and_keeps_the_old_checkpoint(
     """One NaN injected into a solve's result, then into a tensor on its way into the
     checkpoint: each is named, and the checkpoint already at --out survives byte for byte."""
     import llmc_trace.checkpoint.writer as writer
-    import llmc_trace.oneshot.solve as solve
+    import llmc_trace.calibrate.solve as solve
 
     folder, data = saved_llama
     out = tmp_path / "out"

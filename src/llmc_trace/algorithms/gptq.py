@@ -18,6 +18,7 @@ from llmc_trace.algorithms.quantize import QuantizedWeight, rtn
 from llmc_trace.algorithms.refine import Refinement, coordinate_descent
 from llmc_trace.algorithms.scheme import QuantizationArgs
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps, sweep_block
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,8 @@ def gptq(
     W: torch.Tensor,
     H: torch.Tensor,
     args: QuantizationArgs,
+    settings: SolverSettings = DEFAULTS,
     *,
-    blocksize: int = 128,
-    percdamp: float = 0.01,
-    static_groups: bool = True,
-    refine_passes: int = 0,
     overwrite_hessian: bool = False,
     zeros: torch.Tensor | None = None,
     baseline: bool = False,
@@ -54,7 +52,9 @@ def gptq(
 
     `H` (in, in) is the mean of 2 x x^T over the layer's inputs (`HessianAccumulator.H`). The
     maths runs in float32 on `W`'s device; the result's scales and dequantized weight are in
-    `W`'s dtype. Columns are visited in blocks of `blocksize`; within a block each column is
+    `W`'s dtype. `settings` (`SolverSettings`) holds the sweep's options: the damping
+    `percdamp`, the block size `blocksize`, `refine_passes`, `static_groups`. Columns are
+    visited in blocks of `blocksize`; within a block each column is
     rounded and its error spread over the block's remaining columns at once, while later blocks
     receive the block's accumulated error in one matmul (the paper's lazy batch updates). The
     error is spread through the Cholesky factor of H itself (`SweepFactor`), which gives the
@@ -72,7 +72,7 @@ def gptq(
       the result carries `g_idx` mapping each input column to its group. compressed-tensors
       >= 0.20 and vLLM no longer load such checkpoints.
 
-    `static_groups=True` (the default) fits every group's scale up front from the original
+    `settings.static_groups=True` (the default) fits every group's scale up front from the original
     weights, as llm-compressor and AutoGPTQ's `static_groups` do; `False` fits each group when
     the sweep reaches its first column, from the weights as updated by the errors of all earlier
     columns, as the original GPTQ does. Up front is the default because it gave the lower
@@ -80,8 +80,8 @@ def gptq(
     pushes the remaining weights beyond their original range, so a symmetric range refitted to
     them is coarser, while clipping to the original range is itself compensated by later
     columns. Asymmetric grids, which can move their zero point with the drift, go the other
-    way; pass `static_groups=False` for them. `tests/algorithms/test_gptq.py` checks both
-    directions. With `actorder="static"` groups are always fitted up front.
+    way; pass `SolverSettings(static_groups=False)` for them (`--no-static-groups`).
+    `tests/algorithms/test_gptq.py` checks both directions. With `actorder="static"` groups are always fitted up front.
 
     `refine_passes` > 0 then runs `coordinate_descent` on the same objective, from the sweep's
     integers, for at most that many passes (it stops earlier when no integer can move; the
@@ -116,6 +116,7 @@ def gptq(
     >>> abs(result.loss / output_error(result.quantized.weight) - 1) < 0.05  # predicted loss
     True
     """
+    refine_passes = settings.refine_passes
     dtype = W.dtype
     original = W
     W = W.to(torch.float32, copy=True)  # (out, in)
@@ -132,11 +133,11 @@ def gptq(
     dead_weights = baseline and bool(W[:, dead].any())
     W[:, dead] = 0
     grid = SweepGrid(
-        W, args, perm=perm, static_groups=static_groups, scale_dtype=dtype, zeros=zeros
+        W, args, perm=perm, static_groups=settings.static_groups, scale_dtype=dtype, zeros=zeros
     )
     rtn_error = _rtn_error(original, W, H, grid, perm, dead_weights) if baseline else None
-    factor = sweep_factor(H, percdamp, overwrite=overwrite)
-    blocksize = grid.aligned(blocksize)
+    factor = sweep_factor(H, settings.percdamp, overwrite=overwrite)
+    blocksize = grid.aligned(settings.blocksize)
 
     rows, columns = W.shape
     in_one_launch = kernel_sweeps(grid, W.device)  # a block per kernel on a GPU

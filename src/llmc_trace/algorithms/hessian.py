@@ -228,7 +228,7 @@ def damping_diagonal(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sweep_factor(
-    H: torch.Tensor, percdamp: float = 0.01, *, max_attempts: int = 4, overwrite: bool = False
+    H: torch.Tensor, percdamp: float, *, max_attempts: int = 4, overwrite: bool = False
 ) -> SweepFactor:
     """Factor the damped `H` (in, in) for GPTQ's and SparseGPT's sweeps (`SweepFactor`).
 

@@ -52,7 +52,7 @@ def coordinate_descent(
     grid: SweepGrid,
     *,
     max_passes: int = MAX_PASSES,
-    blocksize: int = 128,
+    blocksize: int,
 ) -> Refinement:
     """Move the integers of `grid` while any single move lowers tr((W - Q) H (W - Q)^T).
 
@@ -77,7 +77,7 @@ def coordinate_descent(
     ...     E = W - grid.dequantized(torch.arange(64))
     ...     return (E @ H * E).sum().item() / 2
     >>> before = loss()
-    >>> result = coordinate_descent(W, H, grid)
+    >>> result = coordinate_descent(W, H, grid, blocksize=32)
     >>> result.converged, result.loss < before, abs(result.loss / loss() - 1) < 1e-4
     (True, True, True)
     """

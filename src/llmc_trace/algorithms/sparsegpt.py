@@ -16,6 +16,7 @@ from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationArgs
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 
 Sparsity = float | tuple[int, int]
 """A fraction of weights to prune (unstructured, e.g. 0.5), or (N, M): at most N non-zero
@@ -39,8 +40,7 @@ def sparsegpt(
     sparsity: Sparsity = 0.5,
     *,
     quantize: QuantizationArgs | None = None,
-    blocksize: int = 128,
-    percdamp: float = 0.01,
+    settings: SolverSettings = DEFAULTS,
     overwrite_hessian: bool = False,
 ) -> SparseGPTResult:
     """Prune `W` (out, in) to `sparsity`, updating the kept weights to preserve the output under `H`.
@@ -51,7 +51,7 @@ def sparsegpt(
     updated by earlier errors (the paper's adaptive mask selection), by the OBS score
     w^2 / [H^-1]_ii^2, the loss increase of removing w:
 
-    * unstructured: at the start of each block of `blocksize` columns, the lowest scores of the
+    * unstructured: at the start of each block of `settings.blocksize` columns, the lowest scores of the
       whole block (all rows together, as the reference implementation does), so that sparsity
       may vary between rows where that costs less. Each block prunes its share of
       round(sparsity * out * in), so the layer's sparsity is exactly that count.
@@ -67,7 +67,8 @@ def sparsegpt(
     gave 4 to 44 % lower output error than scales fitted up front from the unpruned weights
     (W4 group 128 at 50 %: -4 %, at 2:4: -9 %; W3 group 32 at 2:4: -31 %).
 
-    `overwrite_hessian=True`: the caller gives `H` up, and the factorisation reuses its
+    `settings` (`SolverSettings`) holds the sweep's damping and block size as for GPTQ (it does
+    not refine). `overwrite_hessian=True`: the caller gives `H` up, and the factorisation reuses its
     storage (see `gptq`).
     """
     if quantize is not None and quantize.actorder is not None:
@@ -81,7 +82,8 @@ def sparsegpt(
     W = W.to(torch.float32, copy=True)  # (out, in)
     rows, columns = W.shape
     nm = _check_sparsity(sparsity, columns)
-    factor = sweep_factor(H.to(W.device), percdamp, overwrite=overwrite_hessian)
+    factor = sweep_factor(H.to(W.device), settings.percdamp, overwrite=overwrite_hessian)
+    blocksize = settings.blocksize
     W[:, factor.dead] = 0
     grid = None
     if quantize is not None:

@@ -13,7 +13,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pas
 from llmc_trace.cli.options import SHOW_DEFAULT, declared_option, split_list
 from llmc_trace.core.declare import Declared, declared
 from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
-from llmc_trace.oneshot import settings
+from llmc_trace.spec import settings
 
 if TYPE_CHECKING:
     import torch
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def compress_command() -> click.Command:
     """``llmc-trace compress``, its options derived from the run's declarations
-    (:data:`~llmc_trace.oneshot.settings.SECTIONS`): built when the group is, so an option
+    (:data:`~llmc_trace.spec.settings.SECTIONS`): built when the group is, so an option
     declared there is a flag here with its help and kind."""
     command: Callable[..., None] = pass_cli(_compress)  # a new function: options attach to it
     for entry in reversed(_declared()):
@@ -102,7 +102,7 @@ def _compress(
     """
     from llmc_trace.core.world import joined_from_environment
     from llmc_trace.oneshot.request import CompressRequest
-    from llmc_trace.oneshot.run import compress as run_compress
+    from llmc_trace.oneshot.driver import compress as run_compress
 
     given = _given_on_command_line(click.get_current_context(), options)
 
@@ -181,7 +181,7 @@ def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
     """Which weights the run compressed, by kind, and every layer compressed otherwise than
     its method (experts too few tokens reached); plainly when most were left untouched."""
     from llmc_trace.models.parts import TOWER_PARTS
-    from llmc_trace.oneshot.coverage import untouched_share
+    from llmc_trace.oneshot.weight_coverage import untouched_share
 
     coverage = result.stages[-1].coverage
     kinds, towers = (

@@ -15,7 +15,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import declared_option, tracing_options
 from llmc_trace.core.declare import declared
 from llmc_trace.core.names import MODALITIES
-from llmc_trace.oneshot.settings import CalibrationSettings
+from llmc_trace.spec.settings import CalibrationSettings
 
 if TYPE_CHECKING:
     from llmc_trace.plan import MemoryPlan
@@ -28,7 +28,7 @@ _SIZES = ("samples", "seq_len", "batch_size")
 
 def _calibration_sizes(fn):  # type: ignore[no-untyped-def]
     """``--samples``, ``--seq-len`` and ``--batch-size``, derived from their declaration in
-    :class:`~llmc_trace.oneshot.settings.CalibrationSettings`: ``plan`` plans the run
+    :class:`~llmc_trace.spec.settings.CalibrationSettings`: ``plan`` plans the run
     ``compress`` makes with the same flags."""
     for entry in reversed([e for e in declared(CalibrationSettings) if e.name in _SIZES]):
         fn = declared_option(entry)(fn)
@@ -110,8 +110,8 @@ def plan(
 
     from llmc_trace.core.names import CALIBRATED_METHODS
     from llmc_trace.core.sizes import parse_bytes
-    from llmc_trace.oneshot.recipe import read_recipe
-    from llmc_trace.oneshot.settings import CalibrationSettings
+    from llmc_trace.spec.recipe import read_recipe
+    from llmc_trace.spec.settings import CalibrationSettings
     from llmc_trace.plan import RunSettings, plan_source
 
     with handle_errors(ctx), ctx.progress(f"plan {model}"):

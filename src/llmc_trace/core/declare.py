@@ -1,14 +1,23 @@
 """One declaration per option of a compression run: a field of its section's dataclass.
 
 Every option of ``compress`` is a field of one of the dataclasses that make up a request (a
-:class:`~llmc_trace.oneshot.stage.Stage`, or a section of
-:mod:`~llmc_trace.oneshot.settings`), declared with :func:`option`: its default, its help, the
+:class:`~llmc_trace.spec.stage.Stage`, or a section of
+:mod:`~llmc_trace.spec.settings`), declared with :func:`option`: its default, its help, the
 kind of value it takes and, where it differs from the field's name, its command-line flag. The
 command line's options (:mod:`llmc_trace.cli.compress_cmd`), the recipe's keys, type checks and
-written form (:mod:`~llmc_trace.oneshot.recipe`) and the request's keywords
-(:class:`~llmc_trace.oneshot.request.CompressRequest`) are all derived from these fields, so an
-option is added in one place, plus the code that uses it, and cannot be spelled differently in
-two of them.
+written form (:mod:`~llmc_trace.spec.recipe`), the request's keywords
+(:class:`~llmc_trace.oneshot.request.CompressRequest`) and the report's record of a stage are
+all derived from these fields, so an option is added in one place, plus the code that uses it,
+and cannot be spelled differently in two of them.
+
+A section may hold another whole (:func:`section`): a stage holds its solver's settings
+(:class:`~llmc_trace.core.solver.SolverSettings`), handed whole to the algorithms that read
+them. The held section's options are the holder's, flat:
+one flag, one recipe key and one keyword each, as if declared in the holder
+(:func:`declared`, :func:`build`, :func:`replace`).
+
+This module lies below every package that declares options (it needs only the errors), and
+imports no torch: the command line reads the declarations to answer ``--help``.
 
 A *kind* says how a value is written and checked: :meth:`Kind.read` turns what a recipe or a
 command line holds into the field's value (raising :class:`ValueError` with a sentence for
@@ -21,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +38,8 @@ from llmc_trace.errors import BadInputError
 
 #: where a field keeps its :class:`Option`
 _KEY = "llmc_trace.option"
+#: where a field holding a whole section keeps that section's dataclass
+_SECTION = "llmc_trace.section"
 
 
 class Kind(ABC):
@@ -80,19 +91,45 @@ class Int(Kind):
 
 @dataclass(frozen=True)
 class Float(Kind):
-    """A number (an integer is taken as the float it equals)."""
+    """A number (an integer is taken as the float it equals); with ``above``/``below``, one
+    strictly between them, with ``minimum``/``maximum`` one between them or equal."""
 
-    description: str = "a number"
+    above: float | None = None
+    below: float | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        bounds = [
+            f"{word} {bound:g}"
+            for word, bound in (
+                ("above", self.above),
+                ("below", self.below),
+                ("at least", self.minimum),
+                ("at most", self.maximum),
+            )
+            if bound is not None
+        ]
+        return f"a number {' and '.join(bounds)}" if bounds else "a number"
 
     def read(self, value: object) -> float:
         if isinstance(value, str):
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
-                raise ValueError(f"must be a number, not {value!r}") from None
+                raise ValueError(f"must be {self.description}, not {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"must be a number, not {value!r}")
-        return float(value)
+            raise ValueError(f"must be {self.description}, not {value!r}")
+        number = float(value)
+        if (
+            (self.above is not None and not number > self.above)
+            or (self.below is not None and not number < self.below)
+            or (self.minimum is not None and not number >= self.minimum)
+            or (self.maximum is not None and not number <= self.maximum)
+        ):
+            raise ValueError(f"must be {self.description}, not {value}")
+        return number
 
 
 @dataclass(frozen=True)
@@ -206,13 +243,27 @@ def option(
     return dataclasses.field(default=default, metadata={_KEY: declared})
 
 
+def section(held: type) -> Any:
+    """A dataclass field holding a whole section of options, ``held`` (a frozen dataclass of
+    :func:`option` fields, default-constructible): its options count as the holder's (see the
+    module docstring)."""
+    return dataclasses.field(default_factory=held, metadata={_SECTION: held})
+
+
 @dataclass(frozen=True)
 class Declared:
-    """One declared option as the derived interfaces see it."""
+    """One declared option as the derived interfaces see it; ``within`` names the field of
+    the held section that declares it (``None``: the section's own field)."""
 
     name: str
     default: object
     option: Option
+    within: str | None = None
+
+    def value(self, section: Any) -> Any:
+        """The option's value in ``section`` (an instance of the dataclass that lists it)."""
+        holder = section if self.within is None else getattr(section, self.within)
+        return getattr(holder, self.name)
 
     @property
     def flag(self) -> str | None:
@@ -230,19 +281,70 @@ class Declared:
 
 
 def declared(section: type) -> Iterator[Declared]:
-    """The options ``section`` (a dataclass) declares, in field order."""
+    """The options ``section`` (a dataclass) declares, in field order, a held section's in
+    the place of the field holding it."""
     for field in dataclasses.fields(section):
         found = field.metadata.get(_KEY)
         if found is not None:
             yield Declared(field.name, field.default, found)
+        held = field.metadata.get(_SECTION)
+        if held is not None:
+            for entry in declared(held):
+                yield dataclasses.replace(entry, within=field.name)
+
+
+def build(section: type, values: Mapping[str, Any]) -> Any:
+    """``section`` from its options by name, flat (a held section's among them)."""
+    return section(**_nested(section, values, None))
+
+
+def replace(instance: Any, values: Mapping[str, Any]) -> Any:
+    """``instance`` with the options ``values`` names (flat, as :func:`build` takes them)
+    changed; a held section keeps the options not named."""
+    return dataclasses.replace(instance, **_nested(type(instance), values, instance))
+
+
+def written(instance: Any) -> dict[str, object]:
+    """Every option of ``instance`` as a recipe writes it, by name, in declaration order."""
+    return {
+        entry.name: entry.kind.write(entry.value(instance)) for entry in declared(type(instance))
+    }
+
+
+def _nested(section: type, values: Mapping[str, Any], current: Any) -> dict[str, Any]:
+    """``values`` by name -> the keywords of ``section``'s constructor: a held section's
+    options gathered into that section (built afresh from ``current``'s, if given)."""
+    keywords: dict[str, Any] = {}
+    held_values: dict[str, dict[str, Any]] = {}
+    owner = {e.name: e.within for e in declared(section)}
+    for name, value in values.items():
+        within = owner.get(name)
+        if within is None:
+            keywords[name] = value  # the constructor refuses an unknown name
+        else:
+            held_values.setdefault(within, {})[name] = value
+    for within, changes in held_values.items():
+        keywords[within] = (
+            dataclasses.replace(getattr(current, within), **changes)
+            if current is not None
+            else build(_held(section, within), changes)
+        )
+    return keywords
+
+
+def _held(section: type, name: str) -> type:
+    return next(f.metadata[_SECTION] for f in dataclasses.fields(section) if f.name == name)
 
 
 def normalize(section: Any) -> None:
     """Read every option of the frozen dataclass ``section`` through its kind, in place, so
     that a request built in Python is checked (and spelled) as a recipe or the command line
     is: ``"0.5"`` and ``0.5`` are the same sparsity, a ``Path`` the same dataset as its text.
-    A value its kind refuses is bad input naming the option."""
+    A value its kind refuses is bad input naming the option. A held section normalizes its
+    own (it is a frozen dataclass of options too)."""
     for entry in declared(type(section)):
+        if entry.within is not None:
+            continue
         value = getattr(section, entry.name)
         try:
             read = entry.kind.read(value)

@@ -31,7 +31,7 @@ PRUNING_METHODS = frozenset({SPARSEGPT, MAGNITUDE})
 BASELINE = {GPTQ: RTN, SPARSEGPT: MAGNITUDE}
 
 #: Which tokens an expert's Hessian is built from: every token of the batch, or only those the
-#: router sent it (:mod:`llmc_trace.oneshot.compressor`).
+#: router sent it (:mod:`llmc_trace.calibrate.compressor`).
 ALL_TOKENS = "all"
 ROUTED = "routed"
 EXPERT_TOKENS = (ALL_TOKENS, ROUTED)

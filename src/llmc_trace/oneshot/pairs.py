@@ -10,14 +10,14 @@ import torch
 from llmc_trace.errors import BadInputError, TraceStopped
 from llmc_trace.models.build import twin_of_class
 from llmc_trace.models.samples import SampleOptions
-from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.state import RunState
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.oneshot.state import RunContext
 from llmc_trace.traced.mappings import MappingSet, find_mappings
 from llmc_trace.traced.probe import sample_for
 
 
 def stage_mappings(
-    run: RunState, model: torch.nn.Module, batch: dict[str, Any], compressor: LayerCompressor
+    run: RunContext, model: torch.nn.Module, batch: dict[str, Any], compressor: LayerCompressor
 ) -> MappingSet:
     """The pairs of ``model`` whose balance layers ``compressor`` targets, each proved on the
     twin; a model no pair of which is found is bad input (nothing would be smoothed)."""

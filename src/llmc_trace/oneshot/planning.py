@@ -14,8 +14,8 @@ from llmc_trace.core.sizes import human_bytes
 from llmc_trace.errors import BadInputError
 from llmc_trace.moe import fused_experts
 from llmc_trace.core.names import AUTO, CALIBRATED_METHODS
-from llmc_trace.oneshot.settings import CalibrationSettings
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.settings import CalibrationSettings
+from llmc_trace.spec.stage import Stage
 from llmc_trace.plan import MemoryPlan, RunSettings, plan_memory
 from llmc_trace.traced.model import TracedModel
 from llmc_trace.traced.twin import TwinCheck

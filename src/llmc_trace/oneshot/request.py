@@ -1,8 +1,8 @@
 """``CompressRequest``: every input of a compression run, checked once before any heavy work.
 
 A request is a model, an output folder and the run's options in their sections
-(:mod:`~llmc_trace.oneshot.settings`, :class:`~llmc_trace.oneshot.stage.Stage`); a recipe is
-its serialised form (:mod:`~llmc_trace.oneshot.recipe`), and the command line's flags are
+(:mod:`~llmc_trace.spec.settings`, :class:`~llmc_trace.spec.stage.Stage`); a recipe is
+its serialised form (:mod:`~llmc_trace.spec.recipe`), and the command line's flags are
 overrides on it (:meth:`CompressRequest.with_options`). Options are given by name, flat, and
 find their section through their declarations, so no option is listed here.
 """
@@ -25,15 +25,15 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weights import check_weight_files
-from llmc_trace.core.declare import Declared, declared
-from llmc_trace.oneshot.recipe import RECIPE_HEADER, Recipe, read_recipe
-from llmc_trace.oneshot.settings import (
+from llmc_trace.core.declare import Declared, build, declared, replace
+from llmc_trace.spec.recipe import RECIPE_HEADER, Recipe, read_recipe
+from llmc_trace.spec.settings import (
     SECTIONS,
     CalibrationSettings,
     CheckpointSettings,
     TracingSettings,
 )
-from llmc_trace.oneshot.stage import Stage, check_order
+from llmc_trace.spec.stage import Stage, check_order
 
 #: the modalities whose rows go through the model's processor
 MEDIA = tuple(m for m in MODALITIES if m != "text")
@@ -47,8 +47,8 @@ class CompressRequest:
     compresses in memory only (for evaluation). Every other option is a keyword named as its
     declaration names it (``samples=8``, ``scheme="W4A16"``, ``sparsity="2:4"``,
     ``tracing_ignore=[...]``: see ``llmc-trace compress --help``, or the fields of
-    :class:`~llmc_trace.oneshot.settings.CalibrationSettings`, ``TracingSettings``,
-    ``CheckpointSettings`` and :class:`~llmc_trace.oneshot.stage.Stage`). The stage's options
+    :class:`~llmc_trace.spec.settings.CalibrationSettings`, ``TracingSettings``,
+    ``CheckpointSettings`` and :class:`~llmc_trace.spec.stage.Stage`). The stage's options
     describe one stage; ``stages`` lists several instead (e.g. SparseGPT 2:4 then GPTQ
     W4A16), and after construction always holds the stages that will run.
 
@@ -87,7 +87,7 @@ class CompressRequest:
         grouped = group_options(options)
         stage_options = grouped.pop("stages")
         if stages is None:
-            stages = (Stage(**stage_options),)
+            stages = (build(Stage, stage_options),)
         elif stage_options:
             given = next(iter(stage_options))
             raise BadInputError(
@@ -236,7 +236,7 @@ def check_output(out: Path, *, overwrite: bool) -> None:
 
 def group_options(options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``options`` by name -> ``{section: {name: value}}`` for every section of
-    :data:`~llmc_trace.oneshot.settings.SECTIONS` (``stages`` for a stage's). A renamed
+    :data:`~llmc_trace.spec.settings.SECTIONS` (``stages`` for a stage's). A renamed
     option is taken under its new name with a warning; an unknown one is bad input naming
     the closest."""
     by_name, renamed = _declared_names()
@@ -285,7 +285,7 @@ def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tupl
         one["method"] = AUTO
     changed = list(stages)
     if one:
-        changed[0] = dataclasses.replace(changed[0], **one)
+        changed[0] = replace(changed[0], one)
     if every:
         quantizing = [index for index, stage in enumerate(changed) if stage.quantizes]
         if not quantizing:
@@ -296,5 +296,5 @@ def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tupl
                 param=next(iter(every)),
             )
         for index in quantizing:
-            changed[index] = dataclasses.replace(changed[index], **every)
+            changed[index] = replace(changed[index], every)
     return tuple(changed)

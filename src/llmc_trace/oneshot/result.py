@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.names import INDEPENDENT
-from llmc_trace.oneshot.solve import LayerResult
-from llmc_trace.oneshot.coverage import KindCoverage
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.calibrate.solve import LayerResult
+from llmc_trace.oneshot.weight_coverage import KindCoverage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.pipelines.calibration import PipelineStats
 from llmc_trace.plan import MemoryPlan
 from llmc_trace.report.schema import CompressionReport
@@ -18,9 +19,19 @@ from llmc_trace.traced.model import TracedModel
 
 
 @dataclass(frozen=True)
+class Pruned:
+    """The mask a stage left: which layers, to what structure (a quantizing stage after it
+    keeps those zeros, and the checkpoint records the sparsity)."""
+
+    sparsity: Sparsity
+    layers: list[str]
+
+
+@dataclass(frozen=True)
 class StageResult:
     """What one stage did: the stage as it ran (its ``pipeline`` the one that ran), its plan,
-    the pipeline's statistics, the compressed layers, and any fallback taken."""
+    the pipeline's statistics, the compressed layers, any fallback taken, and the pruning
+    mask the model holds after it (its own, or an earlier stage's it kept)."""
 
     stage: Stage
     plan: MemoryPlan
@@ -29,6 +40,7 @@ class StageResult:
     fallbacks: list[str]
     #: weights compressed and left, by kind of layer (experts one by one)
     coverage: list[KindCoverage] = field(default_factory=list)
+    pruned: Pruned | None = None
 
     @property
     def pipeline(self) -> str:

@@ -38,8 +38,8 @@ import torch
 from llmc_trace.checkpoint.writer import RESUME_FOLDER, CheckpointWriter, WriterProgress
 from llmc_trace.core.world import World
 from llmc_trace.errors import BadInputError
-from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.recipe import installed_versions, render_recipe
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.spec.recipe import installed_versions, render_recipe
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import ResumeStats
 

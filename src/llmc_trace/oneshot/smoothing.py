@@ -32,8 +32,8 @@ from llmc_trace.algorithms.smoothing import fold_scales
 from llmc_trace.algorithms.smoothquant import smoothquant_scales
 from llmc_trace.graph.mappings import Mapping
 from llmc_trace.layers.linear import as_linear
+from llmc_trace.calibrate.compressor import LayerCompressor
 from llmc_trace.moe import ExpertProjection
-from llmc_trace.oneshot.compressor import LayerCompressor
 from llmc_trace.pipelines.callbacks import NamedModules
 from llmc_trace.traced.mappings import MappingSet
 

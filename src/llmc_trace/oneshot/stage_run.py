@@ -1,105 +1,100 @@
-"""One stage of a run, as its steps: compressor, trace, plan, calibrate (into a checkpoint or
-in memory), result."""
+"""One stage of a run, as its steps: trace, plan, compressor, calibrate into the sink, result."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 
-from llmc_trace.moe import router_layers
-from llmc_trace.core.names import (
-    AUTO,
-    AWQ,
-    CALIBRATED_METHODS,
-    RTN,
-    SEQUENTIAL,
-    SMOOTHING_METHODS,
-)
-from llmc_trace.core.device import HOST
+from llmc_trace.core.memory_limit import memory_limit
+from llmc_trace.core.names import AUTO, AWQ, CALIBRATED_METHODS, RTN, SEQUENTIAL, SMOOTHING_METHODS
 from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.graph.literals import META, retarget_literals
-from llmc_trace.models.parts import model_parts
-from llmc_trace.models.weight_store import WeightStore
-from llmc_trace.oneshot.compressor import LayerCompressor
+from llmc_trace.models.parts import ModelParts, model_parts
+from llmc_trace.moe import router_layers
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.oneshot.weight_coverage import parameter_coverage
 from llmc_trace.oneshot.pairs import stage_mappings
-from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
-from llmc_trace.traced.mappings import MappingSet
-from llmc_trace.oneshot.coverage import parameter_coverage
-from llmc_trace.core.memory_limit import memory_limit
 from llmc_trace.oneshot.planning import check_memory_limit, plan_stage
-from llmc_trace.oneshot.result import StageResult
-from llmc_trace.oneshot.stage import Stage
-from llmc_trace.oneshot.state import Pruned, RunState
-from llmc_trace.oneshot.targets import check_ignore, check_targets
-from llmc_trace.oneshot.write import calibrate_into_checkpoint
+from llmc_trace.oneshot.result import Pruned, StageResult
+from llmc_trace.oneshot.sink import Sink
+from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
+from llmc_trace.spec.stage import Stage
+from llmc_trace.oneshot.state import RunContext
+from llmc_trace.oneshot.target_checks import check_ignore, check_targets
 from llmc_trace.pipelines.calibration import Calibration
-from llmc_trace.pipelines.registry import fallback_order, run_pipelines
-from llmc_trace.pipelines.residency import InMemory, Residency, compute_dtype
-from llmc_trace.pipelines.resume import ResumePoints
+from llmc_trace.pipelines.registry import PipelineOutcome, fallback_order, run_pipelines
+from llmc_trace.pipelines.residency import compute_dtype
+from llmc_trace.plan import MemoryPlan
+from llmc_trace.traced.mappings import MappingSet
 
 
-def run_stage(
-    run: RunState,
-    stage: Stage,
-    model: torch.nn.Module,
-    store: WeightStore | None,
-    out: Path | None,
-    *,
-    last: bool,
-) -> None:
+def run_stage(context: RunContext, stage: Stage, model: torch.nn.Module, sink: Sink) -> StageResult:
     """Compress ``model`` as ``stage`` says (every fused expert already visible as its own
-    projections), streamed from ``store`` into ``out`` or in memory; its result joins
-    ``run.results``."""
+    projections), its weights going to ``sink``; what the stage did."""
     storage = parameter_dtype(model)
     assert storage is not None  # loading refuses a model without floating-point weights
-    batches = run.calibration_set(model).batches
-    routers = router_layers(model)
-    parts = model_parts(model)
-    towers = [] if stage.towers else parts.in_towers(n for n, _ in model.named_modules())
-    compressor = _compressor(run, stage, storage, skip=frozenset((*routers, *towers)))
-    targets = check_targets(model, compressor, run.request.source.name)
+    batches = context.calibration_set(model).batches
+    routers, parts = router_layers(model), model_parts(model)
     check_ignore(model, stage)
-    run.progress("trace", 0, 1)
+    context.progress("trace", 0, 1)
     needs_data = stage.method in CALIBRATED_METHODS
-    traced, check = run.trace.trace(model, batches[0], needs_data=needs_data)
-    if isinstance(compressor, SmoothingCompressor):
-        compressor.smoother.mappings = stage_mappings(run, model, batches[0], compressor)
-    compute = compute_dtype(storage, device=run.device)
+    traced, check = context.trace.trace(model, batches[0], needs_data=needs_data)
+    compute = compute_dtype(storage, device=context.device)
     subgraphs = traced.subgraphs if traced.traced else []
     retarget_literals(subgraphs, storage, compute)
-    retarget_literals(subgraphs, META, run.device)  # a skeleton's `self.device`, streamed
+    retarget_literals(subgraphs, META, context.device)  # a skeleton's `self.device`, streamed
     plan, stage = plan_stage(
-        traced, check, stage, run.request.calibration, ranks=run.world.size, storage=storage,
-        compute=compute, streamed=store is not None, device=run.device,
+        traced, check, stage, context.request.calibration, ranks=context.world.size,
+        storage=storage, compute=compute, streamed=sink.store is not None, device=context.device,
     )  # fmt: skip
     check_memory_limit(plan, stage.pipeline, memory_limit())
-    compressor.expert_group = stage.expert_group
-    order = fallback_order(
+    compressor = _compressor(context, stage, storage, _dense(stage, model, routers, parts))
+    targets = check_targets(model, compressor, context.request.source.name)
+    if isinstance(compressor, SmoothingCompressor):
+        compressor.smoother.mappings = stage_mappings(context, model, batches[0], compressor)
+    pruned = Pruned(stage.sparsity, targets) if stage.prunes else context.pruned
+    residency, points = sink.open(
+        model, stage, compressor, targets, pruned, storage=storage, compute=compute
+    )
+    calibration = Calibration(
+        traced, context.world.shard(batches), compressor, context.device,
+        propagate_error=stage.propagate, true_sequential=stage.true_sequential,
+        progress=context.progress, residency=residency, twin=check.twin if check else None,
+        resume=points,
+    )  # fmt: skip
+    outcome = run_pipelines(_order(context, stage, plan), calibration)
+    sink.finish(residency)
+    compressed = {layer.name for layer in compressor.results} | set(pruned.layers if pruned else ())
+    ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
+    fallbacks = _fallbacks(stage, compressor, outcome, needs_data=needs_data)
+    coverage = parameter_coverage(model, compressed, routers, parts)
+    return StageResult(ran, plan, outcome.stats, compressor.results, fallbacks, coverage, pruned)
+
+
+def _dense(
+    stage: Stage, model: torch.nn.Module, routers: list[str], parts: ModelParts
+) -> frozenset[str]:
+    """The layers a stage leaves dense whatever its scheme: the routers, and a multimodal
+    model's towers unless the stage compresses them."""
+    towers = [] if stage.towers else parts.in_towers(n for n, _ in model.named_modules())
+    return frozenset((*routers, *towers))
+
+
+def _order(context: RunContext, stage: Stage, plan: MemoryPlan) -> list[str]:
+    """The pipelines to try, in order: the chosen one, then its fallbacks; an interrupted
+    run's alone (its resume point holds that pipeline's tensors)."""
+    if context.unfinished is not None:
+        return [context.unfinished.pipeline]
+    return fallback_order(
         plan.chosen if stage.pipeline == AUTO else stage.pipeline, plan.pipelines()
     )
-    if run.unfinished is not None:  # its shards hold that pipeline's tensors
-        order = [run.unfinished.pipeline]
 
-    def calibrate(residency: Residency, resume: ResumePoints | None = None):  # type: ignore[no-untyped-def]
-        calibration = Calibration(
-            traced, run.world.shard(batches), compressor, run.device,
-            propagate_error=stage.propagate, true_sequential=stage.true_sequential,
-            progress=run.progress, residency=residency, twin=check.twin if check else None,
-            resume=resume,
-        )  # fmt: skip
-        return run_pipelines(order, calibration)
 
-    if stage.prunes:
-        run.pruned = Pruned(stage.sparsity, targets)
-    if store is None or out is None:
-        outcome = calibrate(InMemory(HOST, compute))
-    else:
-        outcome = calibrate_into_checkpoint(
-            run, stage, model, store, out, calibrate=calibrate, compressor=compressor,
-            targets=targets, storage=storage, compute=compute, last=last,
-        )  # fmt: skip
+def _fallbacks(
+    stage: Stage, compressor: LayerCompressor, outcome: PipelineOutcome, *, needs_data: bool
+) -> list[str]:
+    """Everything the stage did otherwise than asked, one line each."""
     fallbacks = list(outcome.fallbacks)
     if isinstance(compressor, SmoothingCompressor):
         fallbacks.extend(compressor.smoother.mappings.skipped_lines())
@@ -109,18 +104,11 @@ def run_stage(
             f"true-sequential: {outcome.pipeline} ran instead of sequential; it calibrates "
             "each target in one stage"
         )
-    compressed = {layer.name for layer in compressor.results}
-    if run.pruned is not None:
-        compressed |= set(run.pruned.layers)
-    ran = dataclasses.replace(stage, pipeline=outcome.pipeline)
-    coverage = parameter_coverage(model, compressed, routers, parts)
-    run.results.append(
-        StageResult(ran, plan, outcome.stats, compressor.results, fallbacks, coverage)
-    )
+    return fallbacks
 
 
 def _compressor(
-    run: RunState, stage: Stage, storage: torch.dtype, *, skip: frozenset[str]
+    context: RunContext, stage: Stage, storage: torch.dtype, skip: frozenset[str]
 ) -> LayerCompressor:
     """The callbacks that compress this stage's layers (none of ``skip``), holding an
     earlier stage's zeros; a smoothing stage's smooth them first (their pairs are found once
@@ -135,19 +123,18 @@ def _compressor(
         )
         return SmoothingCompressor(
             smoother, RTN if stage.method == AWQ else stage.method, stage.scheme,
-            storage_dtype=storage, world=run.world, device_peaks=run.device_peaks, skip=skip,
+            storage_dtype=storage, world=context.world, device_peaks=context.device_peaks,
+            skip=skip,
         )  # fmt: skip
     return LayerCompressor(
         stage.method,
         stage.scheme,
         stage.sparsity,
-        blocksize=stage.blocksize,
-        percdamp=stage.percdamp,
-        refine_passes=stage.refine_passes,
+        stage.solver,
         storage_dtype=storage,
-        world=run.world,
-        device_peaks=run.device_peaks,
-        keep_zeros=frozenset(run.pruned.layers) if run.pruned else frozenset(),
+        world=context.world,
+        device_peaks=context.device_peaks,
+        keep_zeros=frozenset(context.pruned.layers) if context.pruned else frozenset(),
         skip=skip,
         expert_tokens=stage.expert_tokens,
         min_expert_tokens=stage.min_expert_tokens,

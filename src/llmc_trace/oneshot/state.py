@@ -1,4 +1,5 @@
-"""What the stages of one ``compress`` run share."""
+"""What the stages of one ``compress`` run share: the request, where it runs, and what an
+earlier stage leaves for the later ones (the calibration rows, the trace, the pruning mask)."""
 
 from __future__ import annotations
 
@@ -7,62 +8,57 @@ from typing import Any
 
 import torch
 
-from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.device_peak import DevicePeaks
 from llmc_trace.core.progress import Progress
 from llmc_trace.core.world import World
 from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration
 from llmc_trace.models.source import ModelSource
-from llmc_trace.oneshot.solve import LayerResult
-from llmc_trace.oneshot.report import build_report
 from llmc_trace.oneshot.request import CompressRequest
-from llmc_trace.oneshot.result import ResumeStats, StageResult
+from llmc_trace.oneshot.result import Pruned
 from llmc_trace.oneshot.resume import Unfinished
 from llmc_trace.oneshot.settle import RunTrace
-from llmc_trace.oneshot.stage import Stage
-from llmc_trace.report.schema import CompressionReport
+
+
+class CalibrationRows:
+    """The calibration rows, loaded when the first stage asks and kept for the others."""
+
+    def __init__(self) -> None:
+        self.loaded: CalibrationSet | None = None
 
 
 @dataclass(frozen=True)
-class Pruned:
-    """The mask an earlier stage left: which layers, to what structure (a quantizing stage
-    after it keeps those zeros, and the checkpoint records the sparsity)."""
-
-    sparsity: Sparsity
-    layers: list[str]
-
-
-@dataclass
-class RunState:
-    """The request, where it runs, and what its stages leave for the ones after them: the
-    calibration rows (loaded once), the settled trace, the pruning mask, each stage's result
-    and, once the checkpoint is written, the report written into it; whether the run keeps
-    resume points, the interrupted run it continues, and what its points cost."""
+class RunContext:
+    """The request, where it runs, and what its stages share: the calibration rows (loaded
+    once), the settled trace, the device peaks; whether the run keeps resume points and the
+    interrupted run it continues; ``pruned``: the mask an earlier stage left (the driver
+    hands each stage a context with the one before it left)."""
 
     request: CompressRequest
     device: torch.device
     progress: Progress
     world: World
     trace: RunTrace
-    calibration: CalibrationSet | None = None
-    pruned: Pruned | None = None
-    results: list[StageResult] = field(default_factory=list)
-    device_peaks: DevicePeaks = field(default_factory=DevicePeaks)
-    written_report: CompressionReport | None = None
     #: keep resume points (a streamed single-stage run), and the interrupted run to continue
     resumable: bool = False
     unfinished: Unfinished | None = None
-    resume: ResumeStats | None = None
+    pruned: Pruned | None = None
+    device_peaks: DevicePeaks = field(default_factory=DevicePeaks)
+    rows: CalibrationRows = field(default_factory=CalibrationRows)
+
+    @property
+    def calibration(self) -> CalibrationSet | None:
+        """The calibration rows, once a stage has loaded them (``None`` before, or without)."""
+        return self.rows.loaded
 
     def calibration_set(self, model: torch.nn.Module) -> CalibrationSet:
         """The calibration rows, loaded once for every stage: media rows through the model's
         own processor, texts through its tokenizer, token ids as they are; every id checked
         against the embedding table. Under torchrun every rank loads them together, and a
         rank that cannot ends every rank with its error (:meth:`World.agree`)."""
-        if self.calibration is None:
-            self.calibration = self.world.agree(lambda: self._load_calibration(model))
-        return self.calibration
+        if self.rows.loaded is None:
+            self.rows.loaded = self.world.agree(lambda: self._load_calibration(model))
+        return self.rows.loaded
 
     def _load_calibration(self, model: torch.nn.Module) -> CalibrationSet:
         request, settings = self.request, self.request.calibration
@@ -85,21 +81,6 @@ class RunState:
             settings.dataset, tokenizer, column=settings.text_column,
             text_lists=settings.text_lists, **sizes,
         )  # fmt: skip
-
-    def report(
-        self, stages: list[tuple[Stage, list[LayerResult]]], dtype: torch.dtype | None
-    ) -> CompressionReport:
-        """The report of ``stages`` as they ran, with their compressed layers."""
-        assert dtype is not None  # loading refuses a model without floating-point weights
-        return build_report(
-            self.request,
-            stages,
-            self.trace.traced,
-            device=self.device,
-            dtype=dtype,
-            device_peak_bytes=self.device_peaks.current(self.device),
-            calibration=self.calibration,
-        )
 
 
 def _tokenizer(source: ModelSource) -> Any:

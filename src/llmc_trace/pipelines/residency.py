@@ -22,7 +22,7 @@ emulate bfloat16 and float16 products several times slower than float32 ones. Fo
 by 2048x5632 product on two cores: bfloat16 6.6x slower than float32 on a CPU without
 AVX512-BF16, 3.4x faster on one with it (float16, emulated there, 3.3x slower). Weights read
 from a bfloat16 checkpoint are exact in float32, and a compressor quantizes in the checkpoint's
-dtype (:class:`~llmc_trace.oneshot.compressor.LayerCompressor`), so the result does not depend
+dtype (:class:`~llmc_trace.calibrate.compressor.LayerCompressor`), so the result does not depend
 on the compute dtype beyond the activations' rounding.
 """
 

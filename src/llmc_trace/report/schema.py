@@ -12,7 +12,7 @@ Schema ``llmc-trace/compression-report``, version 1 (keys sorted, two-space inde
                   "stages": [{"method": "gptq", "scheme": "W4A16",
                               "weights": {"num_bits": 4, "group_size": 128, ...},
                               "sparsity": null, "pipeline": "sequential",
-                              "refine_passes": 0, "percdamp": 0.01}]},
+                              "solver": {"refine_passes": 0, "percdamp": ..., ...}}]},
      "subgraphs": [{"index": 1, "targets": ["model.layers.0"]}, ...],
      "layers": [{"name": "model.layers.0.self_attn.q_proj", "stage": 0, "method": "gptq",
                  "baseline": "rtn", "loss": 0.012, "baseline_loss": 0.034,
@@ -60,15 +60,16 @@ WORST = 5
 @dataclass(frozen=True)
 class StageSettings:
     """One stage as it ran: its method, its scheme (name and weight arguments), its sparsity
-    (``"0.5"``, ``"2:4"``), the pipeline that ran it, and its solver settings."""
+    (``"0.5"``, ``"2:4"``), the pipeline that ran it, and its solver settings: every option of
+    :class:`~llmc_trace.core.solver.SolverSettings` by name, as a recipe writes it (a report
+    written before they were kept together holds ``refine_passes`` and ``percdamp`` alone)."""
 
     method: str
     scheme: str | None
     weights: dict[str, Any] | None
     sparsity: str | None
     pipeline: str
-    refine_passes: int
-    percdamp: float
+    solver: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -242,8 +243,7 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
             weights=reader.get(stage, "weights", dict, optional=True),
             sparsity=reader.get(stage, "sparsity", str, optional=True),
             pipeline=reader.get(stage, "pipeline", str),
-            refine_passes=reader.get(stage, "refine_passes", int),
-            percdamp=reader.number(stage, "percdamp"),
+            solver=_solver(reader, stage),
         )
         for stage in reader.items(settings, "stages")
     )
@@ -275,6 +275,17 @@ def parse_report(document: object, where: str = "the report") -> CompressionRepo
         subgraphs=subgraphs,
         layers=layers,
     )
+
+
+def _solver(reader: _Reader, stage: Mapping[str, Any]) -> dict[str, Any]:
+    """A stage's solver settings: its ``solver`` object, or the two a report written before
+    they were kept together held beside the method."""
+    if "solver" in stage:
+        return dict(reader.get(stage, "solver", dict))
+    return {
+        "refine_passes": reader.get(stage, "refine_passes", int),
+        "percdamp": reader.number(stage, "percdamp"),
+    }
 
 
 def _layer(reader: _Reader, item: Mapping[str, Any], stages: int) -> LayerRow:

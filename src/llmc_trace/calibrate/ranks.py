@@ -17,8 +17,8 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.core.world import World
 from llmc_trace.layers.linear import LinearLayer
-from llmc_trace.oneshot.hessians import SharedHessian, Targets
-from llmc_trace.oneshot.solve import LayerResult
+from llmc_trace.calibrate.hessians import SharedHessian, Targets
+from llmc_trace.calibrate.solve import LayerResult
 
 
 def merge_hessians(world: World, hessians: Iterable[SharedHessian | None]) -> None:

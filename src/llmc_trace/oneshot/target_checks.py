@@ -9,9 +9,9 @@ import torch
 
 from llmc_trace.algorithms.scheme import QuantizationArgs, matches
 from llmc_trace.errors import BadInputError
-from llmc_trace.oneshot.compressor import LayerCompressor
-from llmc_trace.oneshot.hessians import Targets
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.calibrate.hessians import Targets
+from llmc_trace.spec.stage import Stage
 
 
 def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:

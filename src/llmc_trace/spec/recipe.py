@@ -12,7 +12,7 @@ One format both ways::
       - {method: "gptq", scheme: "W4A16"}
 
 A recipe is a request's options, serialised: each section is one of
-:data:`~llmc_trace.oneshot.settings.SECTIONS` and its keys are that section's declared options
+:data:`~llmc_trace.spec.settings.SECTIONS` and its keys are that section's declared options
 (:mod:`~llmc_trace.core.declare`), the same names as ``compress``'s flags; a scheme is a
 preset's name or the full mapping a written recipe holds. ``versions`` (written, never
 required) records what made the checkpoint. A key under an earlier name (``ignore`` under
@@ -40,14 +40,14 @@ from typing import Any
 import yaml
 
 from llmc_trace.errors import BadInputError
-from llmc_trace.core.declare import Declared, declared
-from llmc_trace.oneshot.settings import (
+from llmc_trace.core.declare import Declared, build, declared, written
+from llmc_trace.spec.settings import (
     SECTIONS,
     CalibrationSettings,
     CheckpointSettings,
     TracingSettings,
 )
-from llmc_trace.oneshot.stage import Stage, check_order
+from llmc_trace.spec.stage import Stage, check_order
 
 TOP_KEYS = ("versions", *SECTIONS)
 #: the first line of every recipe a run writes: how ``--overwrite`` knows a checkpoint is ours
@@ -157,10 +157,12 @@ def render_recipe(recipe: Recipe, *, fallbacks: Sequence[Sequence[str]] = ()) ->
     for name in SECTIONS:
         if name != "stages":
             lines.append(f"{name}:")
-            lines += [f"  {key}: {_flow(value)}" for key, value in _written(getattr(recipe, name))]
+            lines += [
+                f"  {key}: {_flow(value)}" for key, value in written(getattr(recipe, name)).items()
+            ]
     lines.append("stages:")
     for index, stage in enumerate(recipe.stages):
-        first, *rest = _written(stage)
+        first, *rest = written(stage).items()
         lines.append(f"  - {first[0]}: {_flow(first[1])}")
         lines += [f"    {key}: {_flow(value)}" for key, value in rest]
         notes = fallbacks[index] if index < len(fallbacks) else ()
@@ -245,14 +247,6 @@ def _read(entry: Declared, value: object, line: int) -> Any:
         raise _error(f"{err}.", entry.name, line) from None
 
 
-def _written(section: Any) -> list[tuple[str, object]]:
-    """Every option of ``section`` as a recipe writes it."""
-    return [
-        (entry.name, entry.kind.write(getattr(section, entry.name)))
-        for entry in declared(type(section))
-    ]
-
-
 def _stage(entry: object, line: int, index: int) -> Stage:
     if not isinstance(entry, _Located):
         raise _error(f"stage {index + 1} is not a mapping of method, scheme, ...", "stages", line)
@@ -261,7 +255,7 @@ def _stage(entry: object, line: int, index: int) -> Stage:
             f"stage {index + 1} has no `method`.", "method", entry.line, "Add e.g. `method: gptq`."
         )
     values = _values(entry, Stage, f"stage {index + 1}")
-    return _located(lambda: Stage(**values), None, entry.line, entry.lines)
+    return _located(lambda: build(Stage, values), None, entry.line, entry.lines)
 
 
 def _known(mapping: _Located, keys: Sequence[str], where: str, renamed: Mapping[str, str]) -> None:

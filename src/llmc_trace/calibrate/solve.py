@@ -23,11 +23,12 @@ from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity, sparsegpt
 from llmc_trace.core.device_peak import DevicePeaks, PeakReading
 from llmc_trace.core.finite import non_finite
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 from llmc_trace.core.names import BASELINE, DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.errors import NonFiniteError
 from llmc_trace.layers.linear import LinearLayer
 from llmc_trace.moe import ExpertProjection
-from llmc_trace.oneshot.hessians import SharedHessian
+from llmc_trace.calibrate.hessians import SharedHessian
 
 
 @dataclass
@@ -59,6 +60,7 @@ class LayerSolver:
     quantization without pruning. ``storage_dtype`` is the checkpoint's dtype: weights are
     compressed from (and scales computed in) that dtype whatever dtype the forward passes ran
     in, so the stored integers dequantize to exactly the weight left in the module.
+    ``settings`` reach GPTQ and SparseGPT whole (:class:`~llmc_trace.core.solver.SolverSettings`).
     ``keep_zeros`` names layers an earlier stage pruned: GPTQ keeps their zeros (its sweep
     would otherwise fill them back in); round-to-nearest keeps them by itself (0 rounds to the
     zero point, which dequantizes to 0). ``device_peaks``, when given, measures each solve's
@@ -68,9 +70,7 @@ class LayerSolver:
     method: str
     scheme: QuantizationScheme | None
     sparsity: Sparsity | None = None
-    blocksize: int = 128
-    percdamp: float = 0.01
-    refine_passes: int = 0
+    settings: SolverSettings = DEFAULTS
     storage_dtype: torch.dtype | None = None
     keep_zeros: frozenset[str] = frozenset()
     min_expert_tokens: int = 8
@@ -158,9 +158,7 @@ class LayerSolver:
                 W,
                 H,
                 args,
-                blocksize=self.blocksize,
-                percdamp=self.percdamp,
-                refine_passes=self.refine_passes,
+                self.settings,
                 overwrite_hessian=last_use,
                 zeros=W == 0 if name in self.keep_zeros else None,
                 baseline=True,  # measured before H is overwritten, with GPTQ's own scales
@@ -179,8 +177,7 @@ class LayerSolver:
                 H,
                 self.sparsity,
                 quantize=args,
-                blocksize=self.blocksize,
-                percdamp=self.percdamp,
+                settings=self.settings,
                 overwrite_hessian=last_use,
             )
             layer.set_matrix(pruned.weight)

@@ -1,8 +1,10 @@
-"""The compression report of a run: each stage's layer results placed in the traced model.
+"""What a run leaves besides its weights, built once from its stages' results: the
+compression report (``report.json``, ``report.html``: each stage's layer results placed in the
+traced model) and ``recipe.yaml``.
 
-``compress`` builds it before the checkpoint is renamed into place, so ``report.json`` and
-``report.html`` appear atomically with the weights they describe, and returns the same report
-in its result (the only copy when it compresses in memory).
+The driver builds both after the last stage and before its checkpoint is renamed into place,
+so they appear atomically with the weights they describe; it returns the same report in its
+result (the only copy when it compresses in memory).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Sequence
 
 import torch
 
+from llmc_trace.calibrate.solve import LayerResult
+from llmc_trace.core.declare import written
 from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
 from llmc_trace.data import CalibrationSet
 from llmc_trace.data.multimodal import MultimodalCalibrationSet
-from llmc_trace.oneshot.solve import LayerResult
 from llmc_trace.oneshot.request import CompressRequest
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.oneshot.result import StageResult
+from llmc_trace.oneshot.state import RunContext
 from llmc_trace.report.page import render_report_html
 from llmc_trace.report.schema import (
     CompressionReport,
@@ -27,7 +31,47 @@ from llmc_trace.report.schema import (
     StageSettings,
     SubgraphRow,
 )
+from llmc_trace.spec.recipe import render_recipe
+from llmc_trace.spec.stage import Stage
 from llmc_trace.traced.model import TracedModel, display_name
+
+
+def run_report(
+    context: RunContext, results: Sequence[StageResult], dtype: torch.dtype
+) -> CompressionReport:
+    """The report of the stages as they ran, with their compressed layers."""
+    return build_report(
+        context.request,
+        [(result.stage, result.layers) for result in results],
+        context.trace.traced,
+        device=context.device,
+        dtype=dtype,
+        device_peak_bytes=context.device_peaks.current(context.device),
+        calibration=context.calibration,
+    )
+
+
+def run_recipe(context: RunContext, results: Sequence[StageResult], dtype: torch.dtype) -> str:
+    """``recipe.yaml``: this run, resolved (the stages as they ran, the tracing ignore list
+    with its fixes, ``dtype`` the checkpoint's), as a recipe that runs it again; the layers
+    each stage compressed otherwise than its method are comments under it."""
+    request = context.request
+    recipe = request.recipe()
+    recipe = dataclasses.replace(
+        recipe,
+        calibration=dataclasses.replace(recipe.calibration, modality=request.modality),
+        tracing=dataclasses.replace(
+            recipe.tracing, tracing_ignore=tuple(context.trace.ignore_list())
+        ),
+        checkpoint=dataclasses.replace(recipe.checkpoint, dtype=dtype),
+        stages=tuple(result.stage for result in results),
+    )
+    return render_recipe(recipe, fallbacks=[_notes(result.layers) for result in results])
+
+
+def _notes(layers: list[LayerResult]) -> list[str]:
+    """The layers compressed otherwise than their stage's method, with what was done."""
+    return [f"{layer.name}: {layer.fallback}" for layer in layers if layer.fallback]
 
 
 def build_report(
@@ -99,8 +143,7 @@ def _stage_settings(stage: Stage) -> StageSettings:
             else (None if sparsity is None else f"{sparsity:g}")
         ),
         pipeline=stage.pipeline,
-        refine_passes=stage.refine_passes,
-        percdamp=stage.percdamp,
+        solver=written(stage.solver),
     )
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmc_trace.core.names import AUTO, DEFAULT_MAX_SHARD_SIZE, DTYPES, MODALITIES, TEXT_LISTS
 from llmc_trace.core.declare import Int, Parsed, Text, normalize, option
-from llmc_trace.oneshot.stage import Stage
+from llmc_trace.spec.stage import Stage
 from llmc_trace.tracing.settings import TracingSettings
 
 if TYPE_CHECKING:

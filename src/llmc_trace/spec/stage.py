@@ -7,7 +7,9 @@ weights. A stage that prunes comes first; one that quantizes ends the run, becau
 integers are what the checkpoint stores and a later stage would have to change them again.
 
 Every field is an option of ``compress`` (:mod:`~llmc_trace.core.declare`): its flag, its
-key in a recipe's stage and its keyword in a request are the field's name. Torch-free at
+key in a recipe's stage and its keyword in a request are the field's name; the solver's
+settings (``solver``, a :class:`~llmc_trace.core.solver.SolverSettings`) are options of the
+stage too, flat, and reach GPTQ and SparseGPT whole. Torch-free at
 import (the schemes load when a stage is made), so the command line answers ``--help`` fast.
 """
 
@@ -17,7 +19,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmc_trace.core.names import (
     ALL_TOKENS,
@@ -34,7 +36,18 @@ from llmc_trace.core.names import (
     SPARSEGPT,
 )
 from llmc_trace.errors import BadInputError
-from llmc_trace.core.declare import Flag, Float, Int, Names, Parsed, Text, normalize, option
+from llmc_trace.core.declare import (
+    Flag,
+    Float,
+    Int,
+    Names,
+    Parsed,
+    Text,
+    normalize,
+    option,
+    section,
+)
+from llmc_trace.core.solver import SolverSettings
 
 if TYPE_CHECKING:
     from llmc_trace.algorithms.scheme import QuantizationScheme
@@ -60,14 +73,17 @@ class Stage:
         "(auto: sparsegpt when --sparsity is given, else gptq).",
         Text(choices=(AUTO, *METHODS)),
     )
-    scheme: Any = option(
+    #: given as a preset's name, ``auto``, ``none``, a recipe's mapping or a scheme; always a
+    #: scheme (or ``None``) once constructed
+    scheme: QuantizationScheme | None = option(
         AUTO,
         f"A compressed-tensors preset ({', '.join(SCHEMES)}, MXFP4A16, W4A8, ...) or 'none' "
         f"(auto: {SCHEMES[0]} for a method that quantizes, none for one that prunes); a recipe "
         "may give the full mapping.",
         Parsed(lambda value: _scheme_spelling(value), lambda value: _scheme_mapping(value)),
     )
-    sparsity: Any = option(
+    #: given as text (``0.5``, ``2:4``) or a value; always a fraction, a pair or ``None``
+    sparsity: Sparsity | None = option(
         None,
         "Fraction such as 0.5, or N:M such as 2:4.",
         Parsed(lambda value: parse_sparsity(value), lambda value: _sparsity_text(value)),
@@ -87,13 +103,9 @@ class Stage:
         "Calibrate each layer's projections in dependency stages (sequential pipeline).",
         Flag(),
     )
-    refine_passes: int = option(
-        0, "GPTQ: refine by coordinate descent, at most this many passes (e.g. 20).", Int(0)
-    )
-    percdamp: float = option(
-        0.01, "GPTQ/SparseGPT damping, a share of the Hessian's mean diagonal.", Float()
-    )
-    blocksize: int = option(128, "GPTQ/SparseGPT: columns per lazy-update block.", Int(1))
+    #: GPTQ's and SparseGPT's sweep (damping, block size, refinement): options of the stage,
+    #: flat, declared in :class:`~llmc_trace.core.solver.SolverSettings`
+    solver: SolverSettings = section(SolverSettings)
     expert_tokens: str = option(
         ALL_TOKENS,
         "MoE: build each expert's Hessian from every token, or only those routed to it.",
@@ -188,13 +200,7 @@ class Stage:
 
 
 def _check(stage: Stage) -> None:
-    """Combinations and ranges the kinds alone cannot check."""
-    if stage.method not in METHODS:
-        raise BadInputError(
-            f"unknown method {stage.method!r}.",
-            hint=f"Use one of {', '.join(METHODS)}.",
-            param="method",
-        )
+    """Combinations the kinds alone cannot check (each value's own range is its kind's)."""
     if stage.method in PRUNING_METHODS and stage.sparsity is None:
         raise BadInputError(
             f"{stage.method} needs a sparsity.",
@@ -239,12 +245,6 @@ def _check(stage: Stage) -> None:
                     hint="Write 're:' followed by a Python regular expression.",
                     param="ignore",
                 ) from None
-    if stage.pipeline not in (AUTO, *PIPELINES):
-        raise BadInputError(
-            f"unknown pipeline {stage.pipeline!r}.",
-            hint=f"Use one of {', '.join((AUTO, *PIPELINES))}.",
-            param="pipeline",
-        )
     if stage.true_sequential and (stage.pipeline not in (AUTO, SEQUENTIAL) or not stage.propagate):
         raise BadInputError(
             "true-sequential calibration needs the sequential pipeline with error "
@@ -253,7 +253,6 @@ def _check(stage: Stage) -> None:
             hint="Drop --true-sequential, or use --pipeline sequential without --no-propagate.",
             param="true_sequential",
         )
-    _check_ranges(stage)
 
 
 def _check_smoothing(stage: Stage) -> None:
@@ -280,30 +279,6 @@ def _check_smoothing(stage: Stage) -> None:
             f"smoothing_strength {stage.smoothing_strength} is outside [0, 1].",
             hint="0.5 is SmoothQuant's usual strength; 0.8 for larger outliers.",
             param="smoothing_strength",
-        )
-
-
-def _check_ranges(stage: Stage) -> None:
-    """Numbers the command line's types check, checked again for a request made in Python."""
-    for name, value, wrong, hint in (
-        ("refine_passes", stage.refine_passes, stage.refine_passes < 0,
-         "Pass --refine-passes 0 for GPTQ without refinement, or a positive limit."),
-        ("percdamp", stage.percdamp, not 0 < stage.percdamp < 1,
-         "0.01 (1 % of the Hessian's mean diagonal) is the usual damping."),
-        ("min_expert_tokens", stage.min_expert_tokens, stage.min_expert_tokens < 1,
-         "8 is the default; 1 rounds only experts no token reached."),
-        ("expert_group", stage.expert_group,
-         stage.expert_group is not None and stage.expert_group < 1,
-         "Leave it unset to calibrate a layer's experts together."),
-        ("blocksize", stage.blocksize, stage.blocksize < 1, "128 is the usual sweep block."),
-    ):  # fmt: skip
-        if wrong:
-            raise BadInputError(f"{name} {value} is out of range.", hint=hint, param=name)
-    if stage.expert_tokens not in EXPERT_TOKENS:
-        raise BadInputError(
-            f"unknown expert tokens {stage.expert_tokens!r}.",
-            hint=f"Use one of {', '.join(EXPERT_TOKENS)}.",
-            param="expert_tokens",
         )
 
 

@@ -2,12 +2,12 @@
 
 While a pipeline calibrates a subgraph, hooks on its targeted linear layers (``Linear``, GPT-2's
 transposed ``Conv1D``, one expert's projection: :mod:`llmc_trace.layers.linear`) fill their
-Hessians (:mod:`~llmc_trace.oneshot.hessians`: one per distinct input, so q/k/v share one).
+Hessians (:mod:`~llmc_trace.calibrate.hessians`: one per distinct input, so q/k/v share one).
 When the pipeline reports the subgraph calibrated, each layer is compressed
-(:mod:`~llmc_trace.oneshot.solve`: GPTQ, SparseGPT, round-to-nearest or magnitude pruning) and
+(:mod:`~llmc_trace.calibrate.solve`: GPTQ, SparseGPT, round-to-nearest or magnitude pruning) and
 its weight replaced by the result, so error propagation sees compressed outputs; in a
 distributed run the ranks merge their Hessians first and share the solves
-(:mod:`~llmc_trace.oneshot.ranks`).
+(:mod:`~llmc_trace.calibrate.ranks`).
 
 Mixture-of-experts layers stored fused (:mod:`llmc_trace.moe`) are compressed expert by
 expert: each expert's gate, up and down projection is a target of its own with its own
@@ -15,7 +15,7 @@ Hessian. By default (``expert_tokens="all"``) every expert runs on every token f
 while the router still decides what reaches the output, so no expert is calibrated on a
 handful of tokens; with ``"routed"`` an expert sees only the tokens routed to it, and one whose
 Hessian holds fewer than ``min_expert_tokens`` tokens is rounded to nearest instead, recorded
-in its :class:`~llmc_trace.oneshot.solve.LayerResult` (never silently). ``expert_group`` bounds
+in its :class:`~llmc_trace.calibrate.solve.LayerResult` (never silently). ``expert_group`` bounds
 how many experts' Hessians are alive at once: the pipeline then calibrates a layer's experts in
 several passes (:meth:`LayerCompressor.passes`).
 """
@@ -30,13 +30,14 @@ from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity
 from llmc_trace.core.device_peak import DevicePeaks
+from llmc_trace.core.solver import DEFAULTS, SolverSettings
 from llmc_trace.core.names import ALL_TOKENS, BASELINE, DATA_METHODS
 from llmc_trace.core.world import World
 from llmc_trace.layers.linear import as_linear, is_linear
 from llmc_trace.moe import expert_passes
-from llmc_trace.oneshot.hessians import HessianCollector, SharedHessian, Targets
-from llmc_trace.oneshot.ranks import assign_solves, merge_hessians, share_result
-from llmc_trace.oneshot.solve import LayerResult, LayerSolver
+from llmc_trace.calibrate.hessians import HessianCollector, SharedHessian, Targets
+from llmc_trace.calibrate.ranks import assign_solves, merge_hessians, share_result
+from llmc_trace.calibrate.solve import LayerResult, LayerSolver
 from llmc_trace.pipelines.callbacks import NamedModules
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ class LayerCompressor:
 
     The method's settings (``scheme`` ``None`` for pruning without quantization, ``sparsity``
     ``None`` for quantization without pruning, ``storage_dtype``, ``keep_zeros``,
-    ``device_peaks``, ...) are :class:`~llmc_trace.oneshot.solve.LayerSolver`'s. ``skip``
+    ``device_peaks``, ...) are :class:`~llmc_trace.calibrate.solve.LayerSolver`'s. ``skip``
     names layers left dense (the routers, a multimodal model's towers); ``world`` the ranks of a distributed run (default:
     one process). After the run, ``results`` holds one
-    :class:`~llmc_trace.oneshot.solve.LayerResult` per compressed layer in order, and
+    :class:`~llmc_trace.calibrate.solve.LayerResult` per compressed layer in order, and
     ``quantized`` the integers of each quantized one, for the checkpoint.
     """
 
@@ -60,9 +61,7 @@ class LayerCompressor:
         method: str,
         scheme: QuantizationScheme | None,
         sparsity: Sparsity | None = None,
-        blocksize: int = 128,
-        percdamp: float = 0.01,
-        refine_passes: int = 0,
+        settings: SolverSettings = DEFAULTS,
         storage_dtype: torch.dtype | None = None,
         keep_zeros: frozenset[str] = frozenset(),
         skip: frozenset[str] = frozenset(),
@@ -76,9 +75,7 @@ class LayerCompressor:
             method,
             scheme,
             sparsity,
-            blocksize,
-            percdamp,
-            refine_passes,
+            settings,
             storage_dtype,
             keep_zeros,
             min_expert_tokens,
