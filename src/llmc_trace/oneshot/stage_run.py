@@ -136,6 +136,7 @@ def _compressor(
         return SmoothingCompressor(
             smoother, RTN if stage.method == AWQ else stage.method, stage.scheme,
             storage_dtype=storage, world=run.world, device_peaks=run.device_peaks, skip=skip,
+            clip_max_shrink=stage.clip_max_shrink if stage.apply_clip else None,
         )  # fmt: skip
     return LayerCompressor(
         stage.method,
