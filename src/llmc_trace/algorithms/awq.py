@@ -42,7 +42,7 @@ MIN_SCALE = 1e-4
 #: clipping's grid: shrinks ``1 - i / CLIP_GRID`` (AWQ's 20 steps of 5 %)
 CLIP_GRID = 20
 #: at most this many coordinate-descent sweeps over a row's groups (see :func:`awq_clip`)
-CLIP_SWEEPS = 3
+CLIP_SWEEPS = 2
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,10 @@ def awq_clip(
     the others fixed (``e_g G_gg e_gᵀ + 2 e_g·b_g``, ``b_g`` the cross terms, read from
     ``C = E G``, which each change updates by ``Δe_g G_g:``). It starts from no clipping and
     every step keeps or lowers the error, so the result is never worse than rounding the
-    unclipped weight; it stops when a sweep changes nothing, after at most ``CLIP_SWEEPS``.
+    unclipped weight. The first sweep is AWQ's choice with the cross terms counted; the second
+    lets the early groups answer the later ones' changes (it moves the error by well under a
+    percent, a third by nothing measurable), so it stops after ``CLIP_SWEEPS`` or a sweep that
+    changes nothing.
     A sweep costs ``out · in · (shrinks · group + in)`` multiply-adds, about two evaluations
     of :func:`awq_search`'s loss. With one scale per channel the row is one group and the
     descent is a single exact choice. Rounding runs in ``W``'s dtype, so the clamped weight
