@@ -209,7 +209,11 @@ def main() -> None:
             row["theirs"] = theirs(method, calib_rows, scratch, args.reference_python, rows, other)
             if "error" not in row["theirs"]:
                 compared = agreement(quantized(mine), quantized(other))
-                row["integers"] = {**compared["all"], "only_in_one": compared["only_in_one"]}
+                row["integers"] = {
+                    **compared.pop("all"),
+                    "only_in_one": compared.pop("only_in_one"),
+                }
+                row["integers_by_module"] = compared
             print(row, flush=True)
             table.append(row)
     figures = {

@@ -235,4 +235,3 @@ class SmoothingCompressor(LayerCompressor):
                 continue
             W = layer.matrix(self.solver.storage_dtype or layer.module.weight.dtype)
             layer.set_matrix(awq_clip(W, G, args, max_shrink=self.clip_max_shrink).weight)
-
