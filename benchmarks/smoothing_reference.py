@@ -10,6 +10,11 @@ to int8 per token as in ``smoothing_quality.py``. Seconds: ours is the whole ``c
 (loading, tracing, finding and proving the pairs, calibrating), theirs ``oneshot`` alone; memory
 is theirs only (the rise of the resident high-water mark during ``oneshot``). One run each.
 
+Both tools' checkpoints are then written (ours by a second, untimed ``compress`` to a folder,
+theirs by ``save_pretrained(save_compressed=True)``) and their integers compared from the
+safetensors (``vlm_calibration.quantized`` and ``agreement``): the share of weight integers
+identical, the largest integer step apart, and the largest relative difference of the scales.
+
     python benchmarks/smoothing_reference.py          # ~10 min
 """
 
@@ -39,6 +44,7 @@ sys.path.insert(0, str(HERE))
 from _results import Run  # noqa: E402
 from _worker import run_child  # noqa: E402
 from smoothing_quality import activations_quantized  # noqa: E402
+from vlm_calibration import agreement, quantized  # noqa: E402
 
 THREADS = 2
 SEQ_LEN = 512
@@ -47,22 +53,27 @@ REFERENCE_SCRIPT = HERE / "_reference" / "smoothing_llmcompressor.py"
 METHODS = {"awq": ("W4A16", 4, False), "smoothquant+gptq": ("W8A8", 8, True)}
 
 
-def ours(method: str, samples: int, rows: Any) -> dict[str, Any]:
+def ours(method: str, samples: int, rows: Any, checkpoint: Path) -> dict[str, Any]:
+    """Our run in memory, timed and evaluated; then the same run written to ``checkpoint``."""
     scheme, _, _ = METHODS[method]
-    stages = [Stage(method="awq", scheme=scheme)] if method == "awq" else [
-        Stage(method="smoothquant"), Stage(method="gptq", scheme=scheme)
-    ]  # fmt: skip
-    start = time.perf_counter()
-    run = compress(
-        CompressRequest(
+
+    def request(out_dir: Path | None) -> CompressRequest:
+        stages = [Stage(method="awq", scheme=scheme)] if method == "awq" else [
+            Stage(method="smoothquant"), Stage(method="gptq", scheme=scheme)
+        ]  # fmt: skip
+        return CompressRequest(
             str(refmodel.FOLDER), dataset=refmodel.FOLDER / "calib.npy", samples=samples,
-            seq_len=SEQ_LEN, stages=stages,
-        )
-    )  # fmt: skip
+            seq_len=SEQ_LEN, stages=stages, out_dir=out_dir,
+        )  # fmt: skip
+
+    start = time.perf_counter()
+    run = compress(request(None))
     seconds = time.perf_counter() - start
     model = run.model.float()
     layers = [layer.name for layer in run.layers]
-    return {"perplexity": evaluated(model, layers, method, rows), "seconds": seconds}
+    figures = {"perplexity": evaluated(model, layers, method, rows), "seconds": seconds}
+    compress(request(checkpoint))
+    return figures
 
 
 def evaluated(model: torch.nn.Module, layers: list[str], method: str, rows: Any) -> float:
@@ -74,14 +85,16 @@ def evaluated(model: torch.nn.Module, layers: list[str], method: str, rows: Any)
             handle.remove()
 
 
-def theirs(method: str, calib_rows: Path, scratch: Path, python: Path, rows: Any) -> dict:
+def theirs(
+    method: str, calib_rows: Path, scratch: Path, python: Path, rows: Any, checkpoint: Path
+) -> dict:
     save = scratch / f"{method}.pt"
     check_row = scratch / "check_row.npy"
     np.save(check_row, rows[0])
     command = [
         str(python), str(REFERENCE_SCRIPT), str(refmodel.FOLDER), str(calib_rows),
         "--method", method, "--threads", str(THREADS), "--save", str(save),
-        "--check-row", str(check_row),
+        "--check-row", str(check_row), "--save-checkpoint", str(checkpoint),
     ]  # fmt: skip
     result = run_child(command, f"llm-compressor {method}", dict(os.environ))
     if "error" in result:
@@ -134,7 +147,8 @@ def rounded(state: dict[str, torch.Tensor], bits: int) -> dict[str, torch.Tensor
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
-    """Per method both tools' perplexity and seconds, and llm-compressor's memory."""
+    """Per method both tools' perplexity and seconds, and llm-compressor's memory; and how
+    far their checkpoints' integers and scales agree."""
     figures = result["figures"]
     lines = [
         "| method | llmc-trace ppl | llm-compressor ppl | llmc-trace s | llm-compressor s "
@@ -154,7 +168,19 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
             f"| {ours_['seconds']:.0f} | {theirs_['seconds']:.0f} "
             f"| {theirs_['oneshot_rss_bytes'] / 2**20:.0f} MiB |"
         )
-    return {"comparison": "\n".join(lines)}
+    integers = [
+        "| method | identical weight integers | largest step apart | scales' largest relative "
+        "difference |",
+        "|---|---|---|---|",
+    ]
+    for row in figures["rows"]:
+        if "integers" in row:
+            same = row["integers"]
+            integers.append(
+                f"| {row['method']} | {100 * same['same'] / same['count']:.1f} % "
+                f"| {same['steps']} | {100 * same['scale_rel']:.1f} % |"
+            )
+    return {"comparison": "\n".join(lines), "integers": "\n".join(integers)}
 
 
 def main() -> None:
@@ -178,8 +204,16 @@ def main() -> None:
         used = torch.cat([batch["input_ids"] for batch in calibration.batches])  # (samples, T)
         np.save(calib_rows, used.numpy())
         for method in METHODS:
-            row = {"method": method, "ours": ours(method, args.samples, rows)}
-            row["theirs"] = theirs(method, calib_rows, scratch, args.reference_python, rows)
+            mine, other = scratch / f"ours-{method}", scratch / f"theirs-{method}"
+            row = {"method": method, "ours": ours(method, args.samples, rows, mine)}
+            row["theirs"] = theirs(method, calib_rows, scratch, args.reference_python, rows, other)
+            if "error" not in row["theirs"]:
+                compared = agreement(quantized(mine), quantized(other))
+                row["integers"] = {
+                    **compared.pop("all"),
+                    "only_in_one": compared.pop("only_in_one"),
+                }
+                row["integers_by_module"] = compared
             print(row, flush=True)
             table.append(row)
     figures = {

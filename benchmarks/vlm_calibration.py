@@ -249,7 +249,8 @@ def eager_first_layer(twin: Path, rows: Path, spec: dict[str, Any]) -> dict[str,
 
 
 def quantized(folder: Path) -> dict[str, tuple[Any, Any]]:
-    """Each quantized Linear of a pack-quantized checkpoint: (int8 integers, float32 scales)."""
+    """Each quantized Linear of a pack-quantized or int-quantized checkpoint: (int8
+    integers, float32 scales)."""
     from safetensors.torch import load_file
 
     from llmc_trace.checkpoint.pack import unpack_from_int32
@@ -268,6 +269,12 @@ def quantized(folder: Path) -> dict[str, tuple[Any, Any]]:
             unpack_from_int32(tensors[name], bits, shape),
             tensors[prefix + ".weight_scale"].float(),
         )
+    for name in (n for n in tensors if n.endswith(".weight") and n + "_scale" in tensors):
+        if not tensors[name].is_floating_point():  # int-quantized: the integers themselves
+            layers[module_name(name.removesuffix(".weight"))] = (
+                tensors[name],
+                tensors[name + "_scale"].float(),
+            )
     return layers
 
 
@@ -281,11 +288,15 @@ def module_name(path: str) -> str:
 
 def agreement(a: dict[str, tuple[Any, Any]], b: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
     """Per module both checkpoints quantized, and over all of them: identical integers (share),
-    largest integer step apart, largest dequantized difference, identical scales (share)."""
+    largest integer step apart, largest dequantized difference, identical scales (share),
+    largest relative difference of the scales (to ``b``'s)."""
     import torch
 
     rows: dict[str, Any] = {}
-    totals = {"same": 0, "count": 0, "steps": 0, "weight": 0.0, "same_scales": 0, "scales": 0}
+    totals = {
+        "same": 0, "count": 0, "steps": 0, "weight": 0.0, "same_scales": 0, "scales": 0,
+        "scale_rel": 0.0,
+    }  # fmt: skip
     for name in sorted(a.keys() & b.keys()):
         (qa, sa), (qb, sb) = a[name], b[name]
         group = qa.shape[1] // sa.shape[1]
@@ -298,12 +309,14 @@ def agreement(a: dict[str, tuple[Any, Any]], b: dict[str, tuple[Any, Any]]) -> d
             "weight": float((wa - wb).abs().max()),
             "same_scales": int((sa == sb).sum()),
             "scales": sa.numel(),
+            "scale_rel": float(((sa - sb).abs() / sb.abs().clamp(min=1e-12)).max()),
         }
         rows[name] = figures
         for key in ("same", "count", "same_scales", "scales"):
             totals[key] += figures[key]
         totals["steps"] = max(totals["steps"], figures["steps"])
         totals["weight"] = max(totals["weight"], figures["weight"])
+        totals["scale_rel"] = max(totals["scale_rel"], figures["scale_rel"])
     rows["all"] = totals
     rows["only_in_one"] = sorted(a.keys() ^ b.keys())
     return rows

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from llmc_trace.algorithms.awq import awq_search, grid
+from llmc_trace.algorithms.awq import awq_clip, awq_search, clip_shrinks, grid
 from llmc_trace.algorithms.quantize import rtn
 from llmc_trace.algorithms.scheme import W4A16
 from llmc_trace.algorithms.smoothing import fold_scales, norm_offset
@@ -45,6 +45,57 @@ def test_awq_loss_from_the_gram_matrix_equals_replaying_the_tokens() -> None:
     # outliers on 4 of 128 channels: protecting them cuts the output error by far more than noise
     assert search.loss < 0.8 * search.rtn_loss
     assert search.scales[:4].min() > search.scales[4:].max()
+
+
+def _layer_with_outlier_weights() -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer whose every group holds one weight 8 times their spread, on an input channel
+    whose activations are 50 times smaller than the rest: rounding to the grid that outlier
+    sets costs every other weight precision, and clamping it costs the output almost nothing
+    (what clipping exists for). Its weight and its inputs' Gram matrix per token."""
+    generator = torch.Generator().manual_seed(2)
+    X = torch.randn(2048, 256, generator=generator)
+    W = 0.05 * torch.randn(96, 256, generator=generator)
+    quiet = torch.arange(0, 256, 32) + 7  # one channel in each group of 32
+    X[:, quiet] *= 0.02
+    W[:, quiet] = 0.4 * torch.sign(torch.randn(96, len(quiet), generator=generator))
+    return W, X.t() @ X / X.shape[0]
+
+
+@pytest.mark.parametrize(
+    "symmetric,group_size", [(True, 32), (False, 32), (True, None), (False, None)]
+)
+def test_awq_clip_cuts_the_output_error_of_a_layer_with_outliers(
+    symmetric: bool, group_size: int | None
+) -> None:
+    W, G = _layer_with_outlier_weights()
+    strategy = "group" if group_size else "channel"
+    args = W4A16.with_weights(symmetric=symmetric, strategy=strategy, group_size=group_size)
+    clip = awq_clip(W, G, args.weights)
+
+    def output_error(weight: torch.Tensor) -> float:  # rounded as the checkpoint rounds it
+        E = rtn(weight, args.weights).weight - W  # type: ignore[operator]
+        return float(((E @ G) * E).sum()) / W.shape[0]
+
+    assert clip.unclipped_loss == pytest.approx(output_error(W), rel=1e-5)
+    assert clip.loss == pytest.approx(output_error(clip.weight), rel=1e-5)
+    # the outliers cost nothing to clamp: the error falls several-fold, far beyond float noise
+    assert clip.loss < 0.5 * clip.unclipped_loss
+    assert clip_shrinks(0.5)[0] == 1 and clip_shrinks(0.5)[-1] == pytest.approx(0.55)
+    assert float(clip.shrinks.min()) == pytest.approx(0.55)  # the outliers' groups: cut most
+    # the weights clamped are the outliers alone (one per row and group)
+    assert ((clip.weight - W).abs() > 1e-6).sum() <= W.shape[0] * 8
+
+
+def test_awq_clip_never_raises_the_exact_output_error() -> None:
+    """On a layer without outliers clipping barely helps; the exact objective still never
+    rises (the descent keeps a group's shrink unless it lowers the row's whole error)."""
+    generator = torch.Generator().manual_seed(3)
+    X = torch.randn(512, 128, generator=generator) @ torch.randn(128, 128, generator=generator)
+    W = torch.randn(48, 128, generator=generator)
+    for symmetric in (True, False):
+        args = W4A16.with_weights(symmetric=symmetric, group_size=32).weights
+        clip = awq_clip(W, X.t() @ X / 512, args)
+        assert clip.loss <= clip.unclipped_loss
 
 
 def test_awq_grid_spans_zero_to_one_and_starts_with_round_to_nearest() -> None:
@@ -99,6 +150,12 @@ def test_awq_checkpoint_reloads_in_transformers_with_our_numbers(
             n_grid=4,
         )
     )  # fmt: skip
+    unclipped = compress(
+        CompressRequest(
+            str(folder), dataset=data, out_dir=None, samples=8, seq_len=64, method="awq",
+            n_grid=4, apply_clip=False,
+        )
+    )  # fmt: skip
     assert len(streamed.layers) == 14
     skipped = " ".join(streamed.stages[0].fallbacks)
     assert "grouped-query attention" in skipped  # the tiny Llama has 2 key/value heads of 4
@@ -110,6 +167,11 @@ def test_awq_checkpoint_reloads_in_transformers_with_our_numbers(
             reloaded(input_ids=tokens).logits, ours.model(input_ids=tokens).logits,
             rtol=0, atol=1e-5,
         )  # fmt: skip
+        # the checkpoint holds the clipped weights (o_proj, which no pair balances, too)
+        for name in ("mlp.down_proj", "self_attn.o_proj"):
+            clipped = ours.model.get_submodule(f"model.layers.0.{name}").weight
+            plain = unclipped.model.get_submodule(f"model.layers.0.{name}").weight
+            assert not torch.equal(clipped, plain)
         norm = reloaded.model.layers[0].input_layernorm.weight
         assert not torch.all(norm == 1)  # scales were folded into the norm (it starts at ones)
 
@@ -150,3 +212,5 @@ def test_bad_smoothing_requests_say_what_to_do() -> None:
         Stage(method="awq", scheme="W8A8")
     with pytest.raises(BadInputError, match="outside"):
         Stage(method="smoothquant", smoothing_strength=1.5)
+    with pytest.raises(BadInputError, match="clip_max_shrink"):
+        Stage(method="awq", clip_max_shrink=1.0)

@@ -19,6 +19,8 @@ just before ``oneshot``, over the resident set then). With ``--save``, the model
 (the scales are folded into norms as well as Linear weights; each quantized weight beside its
 ``weight_scale``, since the model rounds it in its forward) is saved with ``torch.save``, with
 the logits of ``--check-row`` computed here, so the caller can confirm it reproduces them.
+With ``--save-checkpoint``, the model is then saved compressed as its users save it
+(``save_pretrained(..., save_compressed=True)``), for the caller to compare its integers.
 
 Prints one line ``RESULT {json}``, or with ``error`` when oneshot fails.
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--save", help="torch.save the compressed model's state here")
     parser.add_argument("--check-row", help=".npy of one token row whose logits to save too")
+    parser.add_argument("--save-checkpoint", help="save the compressed checkpoint here")
     args = parser.parse_args()
 
     import numpy as np
@@ -120,6 +123,8 @@ def main() -> None:
                 with torch.no_grad():
                     check = {"input_ids": row, "logits": model(input_ids=row).logits.float()}
             torch.save({"state": state, "check": check}, args.save)
+        if args.save_checkpoint:  # last: compressing for the save changes the model in place
+            model.save_pretrained(args.save_checkpoint, save_compressed=True)
     except Exception as err:  # a failed reference run is a result to report, not a crash
         result["error"] = failure_text(err)
     print("RESULT " + json.dumps(result), flush=True)

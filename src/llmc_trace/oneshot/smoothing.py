@@ -11,6 +11,11 @@ computed (:mod:`llmc_trace.algorithms.smoothquant`, :mod:`llmc_trace.algorithms.
 folded into its weights (:mod:`llmc_trace.algorithms.smoothing`; a pair's kept layers, a
 router, take them too, chosen for the quantized ones), in graph order, before the pipeline
 propagates: later subgraphs see the smoothed model, whose outputs are the same.
+AWQ then clips every target of the subgraph (:func:`~llmc_trace.algorithms.awq.awq_clip`)
+from the Gram matrix of its inputs as folded: a balance layer's is its pair's, divided by the
+scales on both sides; any other target's (an ``o_proj`` whose pair grouped-query attention
+rules out, a layer no pair balances) comes from the Hessian hooks the other methods use.
+Clipping only clamps weights, so they round to the grid through the same path as RTN.
 
 A pair is smoothed only when the pipeline brings all its modules in together (they sit in one
 subgraph): a smooth layer in a subgraph that already ran, and was perhaps already written to
@@ -26,10 +31,11 @@ from typing import Any
 
 import torch
 
-from llmc_trace.algorithms.awq import awq_search
+from llmc_trace.algorithms.awq import awq_clip, awq_search, clippable
 from llmc_trace.algorithms.scheme import QuantizationArgs
 from llmc_trace.algorithms.smoothing import fold_scales
 from llmc_trace.algorithms.smoothquant import smoothquant_scales
+from llmc_trace.core.names import ALL_TOKENS
 from llmc_trace.graph.mappings import Mapping
 from llmc_trace.layers.linear import as_linear
 from llmc_trace.calibrate.compressor import LayerCompressor
@@ -89,9 +95,12 @@ class Smoother:
     def see_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self._mask = batch.get("attention_mask")
 
-    def fold(self, modules: NamedModules) -> None:
-        """Compute each observed pair's scales and fold them, in graph order."""
+    def fold(self, modules: NamedModules) -> dict[str, torch.Tensor]:
+        """Compute each observed pair's scales and fold them, in graph order. For AWQ, the
+        Gram matrix per token of each balance layer's inputs as folded, by layer name (the
+        layers of a pair share one)."""
         by_name = dict(modules)
+        grams: dict[str, torch.Tensor] = {}
         for mapping in self._active:
             seen = self._seen.pop(mapping.smooth, None)
             if seen is None:
@@ -107,6 +116,11 @@ class Smoother:
                 offset=self.mappings.offset(smooth),
             )
             self.smoothed.append(pair[1])
+            if self.awq_args is not None:
+                s = pair[0].to(seen[1].device)
+                folded = seen[1] / (s[:, None] * s[None, :]) / seen[2]
+                grams.update(dict.fromkeys(mapping.balance, folded))
+        return grams
 
     def unsmoothed(self) -> list[str]:
         """The pairs no calibrated group held whole (their layers sit in different
@@ -182,11 +196,17 @@ def _matrix(module: torch.nn.Module) -> torch.Tensor:
 
 class SmoothingCompressor(LayerCompressor):
     """A :class:`LayerCompressor` whose subgraphs are smoothed before they are compressed;
-    with ``method`` ``None`` nothing is compressed (a stage that only smooths)."""
+    with ``method`` ``None`` nothing is compressed (a stage that only smooths). With
+    ``clip_max_shrink`` (AWQ on a grid with ranges per row), the targets are clipped after
+    the folds (see the module docstring)."""
 
-    def __init__(self, smoother: Smoother, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, smoother: Smoother, *args: Any, clip_max_shrink: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.smoother = smoother
+        awq_args = smoother.awq_args
+        self.clip_max_shrink = clip_max_shrink if awq_args and clippable(awq_args) else None
 
     def wants(self, modules: NamedModules) -> bool:
         return bool(self.smoother.pairs_in(modules)) or (
@@ -196,16 +216,42 @@ class SmoothingCompressor(LayerCompressor):
     def on_subgraph_start(self, index: int, modules: NamedModules) -> None:
         self.smoother.start(modules)
         super().on_subgraph_start(index, modules)
+        if self.clip_max_shrink is not None:  # the pairs' layers get their pair's Gram
+            pairs = self.smoother.pairs_in(modules)
+            balanced = {name for mapping in pairs for name in mapping.balance}
+            others = [(n, layer) for n, layer in self.targets(modules) if n not in balanced]
+            self._hessians.start(
+                others, all_tokens=self.expert_tokens == ALL_TOKENS, subgraph=index
+            )
 
     def on_batch(self, batch: dict[str, torch.Tensor]) -> None:
         self.smoother.see_batch(batch)
         super().on_batch(batch)
 
     def on_calibrated(self, index: int, modules: NamedModules) -> None:
-        self.smoother.fold(modules)
+        grams = self.smoother.fold(modules)
+        if self.clip_max_shrink is not None:
+            self._clip(modules, grams)
         if self.scheme is not None:
             super().on_calibrated(index, modules)
 
     def on_subgraph_end(self, index: int, modules: NamedModules) -> None:
         self.smoother.stop()
         super().on_subgraph_end(index, modules)
+
+    def _clip(self, modules: NamedModules, grams: dict[str, torch.Tensor]) -> None:
+        """Clamp each target for rounding, from its pair's Gram matrix or its own Hessian
+        (``2 XᵀX / n``); a target no token reached keeps its weights."""
+        args = self.smoother.awq_args
+        assert args is not None and self.clip_max_shrink is not None
+        targets = self.targets(modules)
+        hessians = self._hessians.finish(targets)
+        for name, layer in targets:
+            G = grams.get(name)
+            hessian = hessians.get(name)
+            if G is None and hessian is not None and hessian.accumulator.num_tokens:
+                G = hessian.accumulator.H / 2
+            if G is None:
+                continue
+            W = layer.matrix(self.solver.storage_dtype or layer.module.weight.dtype)
+            layer.set_matrix(awq_clip(W, G, args, max_shrink=self.clip_max_shrink).weight)

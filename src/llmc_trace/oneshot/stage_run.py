@@ -125,6 +125,7 @@ def _compressor(
             smoother, RTN if stage.method == AWQ else stage.method, stage.scheme,
             storage_dtype=storage, world=context.world, device_peaks=context.device_peaks,
             skip=skip,
+            clip_max_shrink=stage.clip_max_shrink if stage.apply_clip else None,
         )  # fmt: skip
     return LayerCompressor(
         stage.method,

@@ -145,6 +145,18 @@ class Stage:
         "activations' alone).",
         Flag(),
     )
+    apply_clip: bool = option(
+        True,
+        "AWQ: before rounding, clip each quantization group's range to the shrink that "
+        "minimises its layer's output error on the calibration inputs (as AWQ's authors do).",
+        Flag(),
+    )
+    clip_max_shrink: float = option(
+        0.5,
+        "AWQ clipping: a group's range is cut in steps of 5 %, by less than this share "
+        "(0.05 to 0.95; 0.5 tries 1 down to 0.55, as AWQ's authors do).",
+        Float(),
+    )
     ignore: tuple[str, ...] = option(
         (),
         "Layers to keep in full precision: module paths (as report.html lists them), class "
@@ -273,6 +285,13 @@ def _check_smoothing(stage: Stage) -> None:
             "scheme.",
             hint="Use W4A16, W4A16_ASYM or W8A16 (for W8A8, put smoothquant before gptq).",
             param="scheme",
+        )
+    if not 0.05 <= stage.clip_max_shrink <= 0.95:
+        raise BadInputError(
+            f"clip_max_shrink {stage.clip_max_shrink} is outside [0.05, 0.95].",
+            hint="0.5 (a group's range cut by at most half) is AWQ's; --no-apply-clip turns "
+            "clipping off.",
+            param="clip_max_shrink",
         )
     if not 0.0 <= stage.smoothing_strength <= 1.0:
         raise BadInputError(
