@@ -154,6 +154,27 @@ def test_a_string_target_is_one_and_unknown_ignore_names_are_dropped_with_one_wa
     assert [s.targets for s in compat] == [s.targets for s in subgraphs]
 
 
+def test_the_old_ignore_keyword_warns_and_traces_as_tracing_ignore(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``ignore=`` is ``tracing_ignore=`` for one release, with a ``DeprecationWarning``; the
+    llm-compressor drop-in keeps its ``ignore`` and warns about nothing."""
+    model = tiny_llama(layers=2)
+    typo = ["LlamaDecoderLayr"]  # reaches the list's check: logged once per call, as a typo
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="llmc_trace"):
+        warnings.simplefilter("error")
+        new = trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", tracing_ignore=typo)
+        compat = compat_trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", ignore=typo)
+    with pytest.deprecated_call(match=r"trace_subgraphs\(ignore=\).*tracing_ignore="):
+        old = trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", ignore=typo)
+    logged = [r.getMessage() for r in caplog.records if "dropped from ignore" in r.getMessage()]
+    assert len(logged) == 3 and all("LlamaDecoderLayr" in message for message in logged)
+    assert [str(s.graph) for s in old] == [str(s.graph) for s in new]
+    assert [s.targets for s in compat] == [s.targets for s in new]
+    with pytest.raises(TypeError, match="tracing_ignore= and ignore="):
+        trace_subgraphs(model, token_batch(), "LlamaDecoderLayer", typo, ignore=typo)
+
+
 #: every built-in and modality that ``attempt`` verifies (test_builtins says where the others
 #: stop), in shards that ``pytest -n 2`` spreads over its workers
 BUILTIN_CASES = [case for case in cases() if case not in EXPECTED_FAILURES]

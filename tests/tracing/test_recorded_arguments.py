@@ -145,7 +145,7 @@ def test_a_none_result_of_a_recorded_call_stays_none_and_is_checked() -> None:
     torch.manual_seed(0)
     model = MergeModel().eval()
     sample = {"x": torch.randn(2, 3, 4), "ids": torch.ones(2, 3, dtype=torch.long)}
-    subgraphs = trace_subgraphs(model, sample, ["Block"], ignore=["merge"])
+    subgraphs = trace_subgraphs(model, sample, ["Block"], tracing_ignore=["merge"])
     with torch.no_grad():
         torch.testing.assert_close(replay(model, subgraphs, sample), model(**sample))
         other_path = {"x": torch.randn(2, 3, 4), "ids": -torch.ones(2, 3, dtype=torch.long)}

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from llmc_trace.core.deprecation import renamed
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
 from llmc_trace.diagnose.fixes import Fix
@@ -47,16 +48,18 @@ def trace_subgraphs(
     model: torch.nn.Module,
     sample_input: dict[str, Any],
     sequential_targets: str | list[str] | None = None,
-    ignore: str | list[str] | None = None,
+    tracing_ignore: str | list[str] | None = None,
     targets_per_subgraph: int = 1,
     *,
     fix: bool = True,
+    ignore: str | list[str] | None = None,
 ) -> list[Subgraph]:
     """Trace ``model`` on ``sample_input`` and cut it into subgraphs, one target group each.
 
     Same contract as llm-compressor's ``trace_subgraphs``: executing the subgraphs in order is
     equivalent to executing the model. ``sequential_targets=None`` means the model's repeated
-    blocks; a string is one target (``"LlamaDecoderLayer"``). ``ignore`` is a program's list,
+    blocks; a string is one target (``"LlamaDecoderLayer"``). ``tracing_ignore`` (the fourth
+    argument, where llm-compressor passes its ``ignore``) is a program's list,
     as llm-compressor's default ``tracing_ignore`` is one list for every model: names that
     match nothing in ``model`` are dropped with one warning listing them, a likely typo with
     its closest name (:func:`~llmc_trace.tracing.options.known_ignore`; the command line
@@ -67,10 +70,15 @@ def trace_subgraphs(
     when there is none); the first that verifies is used and logged as a warning. When none
     does, :class:`~llmc_trace.errors.NotTraceableError` says where tracing stopped, with
     ``failure`` (a :class:`~llmc_trace.diagnose.failure.TraceFailure`) and ``fixes`` (what
-    was tried) on it.
+    was tried) on it. The keyword ``ignore=`` is a deprecated spelling of ``tracing_ignore=``.
     """
+    if ignore is not None:
+        if tracing_ignore is not None:
+            raise TypeError("trace_subgraphs() got tracing_ignore= and ignore=; pass one")
+        renamed("trace_subgraphs(ignore=)", "trace_subgraphs(tracing_ignore=)")
+        tracing_ignore = ignore
     targets = [sequential_targets] if isinstance(sequential_targets, str) else sequential_targets
-    known = known_ignore(model, ignore or [])
+    known = known_ignore(model, tracing_ignore or [])
     options = TracingOptions.parse(model, known, targets, targets_per_subgraph)
     return trace_instance(model, sample_input, options, fix=fix).subgraphs
 

@@ -95,9 +95,14 @@ def trace_subgraphs(
 
     :func:`llmc_trace.trace_subgraphs` itself, with its rule for ``ignore`` (names this model
     does not have are dropped with one warning), its subgraphs as llm-compressor's class.
+    ``ignore`` keeps llm-compressor's name here; it is the native ``tracing_ignore``.
     """
     subgraphs = trace_llmc_subgraphs(
-        model, sample_input, sequential_targets, ignore, targets_per_subgraph
+        model,
+        sample_input,
+        sequential_targets,
+        targets_per_subgraph=targets_per_subgraph,
+        tracing_ignore=ignore,
     )
     return [Subgraph.adopt(subgraph) for subgraph in subgraphs]
 
