@@ -87,11 +87,11 @@ def test_renamed_methods_and_fields_still_answer_with_a_warning() -> None:
 
 
 def test_the_tracing_flags_are_the_declared_options() -> None:
-    """attempt, render and plan show each TracingSettings field as a flag, with its declared
-    help (one declaration, three commands)."""
+    """attempt, render, plan and coverage show each TracingSettings field as a flag, with its
+    declared help (one declaration, four commands)."""
     helps = {
         command: CliRunner().invoke(cli, [command, "--help"], terminal_width=400).output
-        for command in ("attempt", "render", "plan")
+        for command in ("attempt", "render", "plan", "coverage")
     }
     for output in helps.values():
         for flag in ("-t, --sequential-targets", "--targets-per-subgraph", "--tracing-ignore"):

@@ -10,6 +10,7 @@ from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.samples import supported_modalities
 from llmc_trace.models.source import builtin_names, resolve_model
+from llmc_trace.tracing.settings import TracingSettings
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,15 @@ def coverage_rows(
     fix: bool = True,
     progress: Progress | None = None,
     pairs: bool = False,
+    tracing: TracingSettings | None = None,
 ) -> list[CoverageRow]:
     """Attempt every (model, modality); with ``fix``, failures are retried with the fix search;
     with ``pairs``, each text row that traced counts its smooth -> balance pairs (a trace into
     every linear layer of the full model and one of the twin, then the folds: it about triples
-    the run, so it is asked for)."""
+    the run, so it is asked for). ``tracing`` is applied to every model covered, as ``attempt``
+    applies it to one: a model it names nothing of (a target or ``tracing_ignore`` entry that
+    matches none of its modules) gets a row that did not trace, with that error as its problem."""
+    settings = tracing or TracingSettings()
     report_progress = progress or no_progress
     jobs = []
     for name in names or builtin_names():
@@ -65,7 +70,7 @@ def coverage_rows(
         report_progress(f"{name} · {modality}", index, len(jobs))
         start = time.perf_counter()
         try:
-            report = attempt_trace(name, modality=modality, fix=fix)
+            report = attempt_trace(name, tracing=settings, modality=modality, fix=fix)
         except Exception as err:  # one architecture's crash must not hide the others' results
             message = (
                 err.message
@@ -92,7 +97,9 @@ def coverage_rows(
         fixes = list(report.applied_fix.tracing_ignore) if report.applied_fix else []
         elapsed = time.perf_counter() - start
         counted = (
-            _pair_counts(name, fixes) if pairs and report.traced and modality == "text" else {}
+            _pair_counts(name, [*settings.tracing_ignore, *fixes])
+            if pairs and report.traced and modality == "text"
+            else {}
         )
         rows.append(
             CoverageRow(
@@ -114,13 +121,14 @@ def coverage_rows(
 
 
 def _pair_counts(name: str, tracing_ignore: list[str]) -> dict[str, object]:
-    """The ``pairs*`` fields of a text row that traced (with the fix it needed)."""
+    """The ``pairs*`` fields of a text row that traced (with the list it was given and the fix
+    it needed)."""
     from llmc_trace.traced.mappings import source_mappings
-    from llmc_trace.tracing.settings import TracingSettings
 
     start = time.perf_counter()
+    entries = tuple(dict.fromkeys(tracing_ignore))
     try:
-        found = source_mappings(name, tracing=TracingSettings(tracing_ignore=tuple(tracing_ignore)))
+        found = source_mappings(name, tracing=TracingSettings(tracing_ignore=entries))
     except Exception as err:  # the trace into every layer can stop where the layers' did not
         message = err.message if isinstance(err, LlmcTraceError) else f"{type(err).__name__}: {err}"
         note = f"not counted: {message[:200]}"

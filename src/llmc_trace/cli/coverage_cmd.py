@@ -14,6 +14,8 @@ from llmc_trace.core.names import MODALITIES
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+from llmc_trace.cli.options import tracing_options
+from llmc_trace.tracing.settings import TracingSettings
 
 
 @click.command()
@@ -61,6 +63,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 )
 @click.option("--markdown", is_flag=True, help="Print a Markdown table (the README's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout only.")
+@tracing_options
 @pass_cli
 def coverage(
     ctx: CliContext,
@@ -73,13 +76,25 @@ def coverage(
     pairs: bool,
     markdown: bool,
     as_json: bool,
+    tracing: TracingSettings,
 ) -> None:
     """Attempt every built-in model and modality (with --fix for failures) and tabulate.
 
-    With --all, every generative model type of the installed transformers instead, each from
-    its default config shrunk to a tiny twin, or from a built-in config of the type where
-    transformers cannot run the default (types it cannot run at all are listed apart). Exit code 0 when every row verified (with --all: every counted type), 1 otherwise.
+    The tracing flags (--sequential-targets, --targets-per-subgraph, --tracing-ignore) apply
+    to every model covered, as `attempt` applies them to one; a model they name nothing of
+    gets a row that did not trace, saying so (narrow the run with --model). With --all, every
+    generative model type of the installed transformers instead, each from its default config
+    shrunk to a tiny twin, or from a built-in config of the type where transformers cannot run
+    the default (types it cannot run at all are listed apart); --all sweeps each type as it
+    traces by default, so it takes no tracing flags, nor does --table. Exit code 0 when every
+    row verified (with --all: every counted type), 1 otherwise.
     """
+    if tracing != TracingSettings() and (every_type or table_from is not None):
+        raise click.UsageError(
+            f"{'--all' if every_type else '--table'} takes no tracing flags: it covers each "
+            "model type as it traces by default. Drop the tracing flags, or cover built-ins "
+            "with --model instead."
+        )
     if table_from is not None:
         from llmc_trace.attempt.sweep_report import sweep_table
 
@@ -97,6 +112,7 @@ def coverage(
             fix=not no_fix,
             progress=progress,
             pairs=pairs,
+            tracing=tracing,
         )
     if as_json:
         ctx.print_json({"rows": [vars(r) for r in rows]})
