@@ -15,7 +15,9 @@ from llmc_trace.cli.compress_cmd import compress_command
 from llmc_trace.spec import settings
 from llmc_trace.core.declare import Int, option
 from llmc_trace.spec.recipe import read_recipe, render_recipe
-from llmc_trace.oneshot.request import CompressRequest
+from llmc_trace.errors import BadInputError
+from llmc_trace.oneshot.driver import compress
+from llmc_trace.oneshot.request import CompressRequest, validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,30 @@ def test_an_unknown_option_names_the_closest(saved_llama: tuple[Path, Path]) -> 
     with pytest.raises(ValueError, match="unknown option 'sample'") as info:
         CompressRequest(folder, data, sample=4)
     assert "samples" in info.value.hint  # type: ignore[attr-defined]
+
+
+def test_a_request_is_built_without_reading_files_and_validate_reads_them(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Construction checks the options only; ``validate`` (which ``compress`` runs first)
+    raises for the model, the output folder and the dataset, each naming its parameter."""
+    folder, data = saved_llama
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    cases = {
+        "model": CompressRequest(tmp_path / "no-model", data, samples=4, seq_len=32),
+        "out": CompressRequest(folder, data, taken, samples=4, seq_len=32),
+        "dataset": CompressRequest(folder, tmp_path / "none.npy", samples=4, seq_len=32),
+    }  # built: no file was read
+    for param, request in cases.items():
+        with pytest.raises(BadInputError) as validated:
+            validate(request)
+        assert validated.value.param == param
+        with pytest.raises(BadInputError) as compressed:
+            compress(request)
+        assert compressed.value.message == validated.value.message
+    validate(CompressRequest(folder, data, tmp_path / "free", samples=4, seq_len=32))
+    assert not (tmp_path / "free").exists()
 
 
 def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:

@@ -101,15 +101,20 @@ def _compress(
     before any heavy work (another run writing OUT among it).
     """
     from llmc_trace.core.world import joined_from_environment
-    from llmc_trace.oneshot.request import CompressRequest
+    from llmc_trace.oneshot.request import CompressRequest, validate
     from llmc_trace.oneshot.driver import compress as run_compress
 
     given = _given_on_command_line(click.get_current_context(), options)
 
     def request() -> CompressRequest:
         if recipe is None:
-            return CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
-        return CompressRequest.from_recipe(recipe, model, out_dir, overwrite=overwrite, **given)
+            built = CompressRequest(model, out_dir=out_dir, overwrite=overwrite, **given)
+        else:
+            built = CompressRequest.from_recipe(
+                recipe, model, out_dir, overwrite=overwrite, **given
+            )
+        validate(built)  # the model, OUT and the dataset, before the run starts
+        return built
 
     # under torchrun: this rank of the group, left before the process exits however it ends
     with (

@@ -16,6 +16,7 @@ _WHERE = {
     "Stage": "llmc_trace.spec.stage",
     "compress": "llmc_trace.oneshot.driver",
     "parse_sparsity": "llmc_trace.spec.stage",
+    "validate": "llmc_trace.oneshot.request",
 }
 
 __all__ = sorted(_WHERE)

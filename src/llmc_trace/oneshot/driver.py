@@ -56,7 +56,7 @@ from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.oneshot.load import load_model, refuse_quantized, refuse_weight_changing
 from llmc_trace.oneshot.record import run_recipe, run_report
-from llmc_trace.oneshot.request import CompressRequest
+from llmc_trace.oneshot.request import CompressRequest, validate
 from llmc_trace.oneshot.result import CompressionResult, ResumeStats, StageResult
 from llmc_trace.oneshot.resume import settle_staging
 from llmc_trace.oneshot.settle import RunTrace
@@ -75,7 +75,8 @@ def compress(
     resume: bool = False,
     resumable: bool = True,
 ) -> CompressionResult:
-    """Compress as ``request`` says (see :class:`CompressRequest`) and write the checkpoint.
+    """Compress as ``request`` says (see :class:`CompressRequest`) and write the checkpoint;
+    the request is validated first (:func:`~llmc_trace.oneshot.request.validate`).
 
     ``device``: where calibration runs (CUDA when there is one). Nothing is written unless
     the run completes: the checkpoint goes to a temporary folder renamed at the end. With an
@@ -92,6 +93,7 @@ def compress(
     >>> compress(request).pipeline                                                    # doctest: +SKIP
     'sequential'
     """
+    validate(request)  # the files the request names, before anything heavy
     start = time.perf_counter()
     map_large_blocks()  # freed layers return to the OS, or the resident set creeps per layer
     world = current_world()

@@ -1,10 +1,15 @@
-"""``CompressRequest``: every input of a compression run, checked once before any heavy work.
+"""``CompressRequest``: every input of a compression run, and ``validate``, which checks it
+against the files once, before any heavy work.
 
 A request is a model, an output folder and the run's options in their sections
 (:mod:`~llmc_trace.spec.settings`, :class:`~llmc_trace.spec.stage.Stage`); a recipe is
 its serialised form (:mod:`~llmc_trace.spec.recipe`), and the command line's flags are
 overrides on it (:meth:`CompressRequest.with_options`). Options are given by name, flat, and
-find their section through their declarations, so no option is listed here.
+find their section through their declarations, so no option is listed here. Constructing a
+request checks the options among themselves and touches no file, so a request can be built,
+compared and serialised anywhere; :func:`validate` reads what it names (the model's config and
+weights, the output folder, the dataset) and is the first step of ``compress()`` and of the
+command line.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import difflib
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,8 @@ MEDIA = tuple(m for m in MODALITIES if m != "text")
 
 @dataclass(frozen=True, init=False)
 class CompressRequest:
-    """What to compress, how, and where to; constructing one checks all of it.
+    """What to compress, how, and where to; constructing one checks the options, and
+    :func:`validate` the files they name.
 
     ``model``: a folder with weights. ``dataset``: the calibration data. ``out_dir=None``
     compresses in memory only (for evaluation). Every other option is a keyword named as its
@@ -52,9 +59,10 @@ class CompressRequest:
     describe one stage; ``stages`` lists several instead (e.g. SparseGPT 2:4 then GPTQ
     W4A16), and after construction always holds the stages that will run.
 
-    Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter (names,
-    combinations, the model's weights, the output folder, the dataset's shape) and resolves
-    the derived fields: ``source``, ``out_path`` and ``data_kind``.
+    Construction raises :class:`~llmc_trace.errors.BadInputError` naming the parameter for
+    names and combinations, and reads no file; :func:`validate` raises it for the model's
+    weights, the output folder and the dataset's shape. ``source`` (the resolved model) and
+    ``data_kind`` are read from the files when first asked for, which ``validate`` does.
 
     >>> CompressRequest("tiny-llama/", "calib.npy", "out/", samples=64, scheme="W8A16")  # doctest: +SKIP
     """
@@ -66,11 +74,7 @@ class CompressRequest:
     tracing: TracingSettings
     checkpoint: CheckpointSettings
     stages: tuple[Stage, ...]
-    source: ModelSource = field(repr=False)
     out_path: Path | None = field(repr=False)
-    #: what the dataset is: "npy" token ids, a text file, a hub dataset, or the media modality
-    #: ("image", "video", "audio") of rows that go through the model's processor
-    data_kind: str = field(repr=False)
 
     def __init__(
         self,
@@ -106,7 +110,7 @@ class CompressRequest:
         sections: Mapping[str, Any],
         stages: tuple[Stage, ...],
     ) -> None:
-        """Assign every field and check the whole request (see the class docstring)."""
+        """Assign every field and check the options among themselves (no file is read)."""
         check_order(stages)
         calibration: CalibrationSettings = sections["calibration"]
         if calibration.dataset is None:
@@ -116,31 +120,29 @@ class CompressRequest:
                 "--recipe that names one.",
                 param="dataset",
             )
-        source = model if isinstance(model, ModelSource) else resolve_model(str(model))
-        if source.folder is None:
-            raise BadInputError(
-                f"{source.name} has no weights to compress: built-ins and hub ids are configs.",
-                hint="Point --model at a checkpoint folder (config.json beside *.safetensors).",
-                param="model",
-            )
-        check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
-        check_seq_len(source.config(), calibration.seq_len)
-        out_path = Path(out_dir) if out_dir is not None else None
-        if out_path is not None:
-            check_output(out_path, overwrite=overwrite)
-        data_kind = _check_data(calibration, source)
         values = {
             "model": model,
             "out_dir": out_dir,
             "overwrite": overwrite,
             **sections,
             "stages": stages,
-            "source": source,
-            "out_path": out_path,
-            "data_kind": data_kind,
+            "out_path": Path(out_dir) if out_dir is not None else None,
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
+
+    @cached_property
+    def source(self) -> ModelSource:
+        """The model, resolved (its config read): bad input for a name that is none."""
+        model = self.model
+        return model if isinstance(model, ModelSource) else resolve_model(str(model))
+
+    @cached_property
+    def data_kind(self) -> str:
+        """What the dataset is: ``npy`` token ids, a text file, a hub dataset, or the media
+        modality (``image``, ``video``, ``audio``) of rows that go through the model's
+        processor; read from the dataset, which is checked on the way (:func:`validate`)."""
+        return _check_data(self.calibration, self.source)
 
     @property
     def modality(self) -> str:
@@ -184,6 +186,25 @@ class CompressRequest:
     def recipe(self) -> Recipe:
         """This request's options as a recipe (what ``recipe.yaml`` serialises)."""
         return Recipe(self.calibration, self.tracing, self.checkpoint, self.stages)
+
+
+def validate(request: CompressRequest) -> None:
+    """Check ``request`` against the files it names, before any heavy work: the model is a
+    folder with sound weights and room for ``seq_len`` tokens, the output folder is free (or,
+    with ``overwrite``, a checkpoint this tool wrote), and the dataset is one the run can
+    read. Raises :class:`~llmc_trace.errors.BadInputError` naming the parameter."""
+    source = request.source
+    if source.folder is None:
+        raise BadInputError(
+            f"{source.name} has no weights to compress: built-ins and hub ids are configs.",
+            hint="Point --model at a checkpoint folder (config.json beside *.safetensors).",
+            param="model",
+        )
+    check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
+    check_seq_len(source.config(), request.calibration.seq_len)
+    if request.out_path is not None:
+        check_output(request.out_path, overwrite=request.overwrite)
+    request.data_kind  # noqa: B018 - read and checked here, kept for the run
 
 
 def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
