@@ -14,6 +14,7 @@ transformers only with torchvision installed, so without it its twin is refused 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
 from pathlib import Path
@@ -33,6 +34,7 @@ TEMPLATES = Path(__file__).parent / "chat_templates"
 THROUGH_TWINS = {
     "Qwen/Qwen2-VL-2B-Instruct": ("qwen2_vl.jinja", "image"),
     "Qwen/Qwen2.5-VL-7B-Instruct": ("qwen2_vl.jinja", "image"),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl.jinja", "image"),
     "llava-hf/llava-1.5-7b-hf": ("llava_1_5.jinja", "image"),
     "HuggingFaceTB/SmolVLM-Instruct": ("smolvlm.jinja", "image"),
     "google/gemma-3-4b-it": ("gemma3.jinja", "image"),
@@ -124,6 +126,16 @@ def test_mistral3_calibrates_through_its_published_template_where_its_processor_
     assert "Install torchvision" in message and "\n" not in message
     # the twin itself is ready for it: float weights, without the published FP8 storage format
     assert "quantization_config" not in load_twin(twins(name)).config.to_dict()
+
+
+def test_qwen3_vl_template_is_the_bytes_its_source_pins():
+    """`SOURCES.md`: the source pins Qwen3-VL-Instruct's published template by size and hash;
+    the kept copy must be those bytes, not a retyped or reformatted text."""
+    data = (TEMPLATES / "qwen3_vl.jinja").read_bytes()
+    assert len(data) == 5292
+    assert hashlib.sha256(data).hexdigest() == (
+        "3636d0f0bd6bef02654cdffdc447b79cb2cef8ab02cc75267345946291a489e4"
+    )
 
 
 @pytest.mark.parametrize("name", list(RENDERED_ONLY))

@@ -57,13 +57,25 @@ def processor_plan(config: PretrainedConfig) -> ProcessorPlan:
     return make(config)
 
 
+#: Qwen-VL generations by `model_type`: processor class, image normalisation, and whether the
+#: config names a `vision_token_id` (Qwen3-VL's does not).
+_QWEN_VL = {
+    "qwen2_vl": ("Qwen2VLProcessor", CLIP_MEAN, CLIP_STD, True),
+    "qwen2_5_vl": ("Qwen2_5_VLProcessor", CLIP_MEAN, CLIP_STD, True),
+    "qwen3_vl": ("Qwen3VLProcessor", HALF, HALF, False),
+    "qwen3_vl_moe": ("Qwen3VLProcessor", HALF, HALF, False),
+}
+
+
 def _qwen2_vl(config: PretrainedConfig) -> ProcessorPlan:
+    """Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense and MoE) share one image processor class and one
+    chat layout; they differ in processor class, normalisation and which token ids they name."""
+    processor_class, mean, std, names_vision_token = _QWEN_VL[config.model_type]
     vision = config.vision_config
     factor = vision.patch_size * vision.spatial_merge_size
+    vision_token = {"vision_token_id": "<|vision_pad|>"} if names_vision_token else {}
     return ProcessorPlan(
-        processor_class="Qwen2_5_VLProcessor"
-        if config.model_type == "qwen2_5_vl"
-        else "Qwen2VLProcessor",
+        processor_class=processor_class,
         preprocessor={
             "image_processor_type": "Qwen2VLImageProcessor",
             # 4 to 64 merged tokens per image: drawn images of 64-200 pixels stay small
@@ -72,15 +84,15 @@ def _qwen2_vl(config: PretrainedConfig) -> ProcessorPlan:
             "patch_size": vision.patch_size,
             "temporal_patch_size": vision.temporal_patch_size,
             "merge_size": vision.spatial_merge_size,
-            "image_mean": CLIP_MEAN,
-            "image_std": CLIP_STD,
+            "image_mean": mean,
+            "image_std": std,
         },
         config_tokens={
             "image_token_id": "<|image_pad|>",
             "video_token_id": "<|video_pad|>",
             "vision_start_token_id": "<|vision_start|>",
             "vision_end_token_id": "<|vision_end|>",
-            "vision_token_id": "<|vision_pad|>",
+            **vision_token,
             "bos_token_id": "<|endoftext|>",
             "eos_token_id": "<|im_end|>",
         },
@@ -330,6 +342,8 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
 TWIN_PROCESSORS: dict[str, Callable[[PretrainedConfig], ProcessorPlan]] = {
     "qwen2_vl": _qwen2_vl,
     "qwen2_5_vl": _qwen2_vl,
+    "qwen3_vl": _qwen2_vl,
+    "qwen3_vl_moe": _qwen2_vl,
     "llava": _llava,
     "idefics3": _idefics3,
     "gemma3": _gemma3,
