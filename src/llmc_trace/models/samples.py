@@ -341,6 +341,20 @@ def kyutai_text(
     return sample
 
 
+@sample_builder("audio", "voxtral_realtime")
+def voxtral_realtime_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Streamed speech: each text position gets the audio of its own time step added to its
+    embedding (no placeholders), so the mel frames come to exactly one encoder row per token:
+    the encoder's stride-2 convolution, then ``downsample_factor`` rows stacked into one."""
+    sample = text_sample(config, options, generator)
+    frames = options.seq_len * 2 * config.downsample_factor
+    mel = config.audio_config.num_mel_bins
+    sample["input_features"] = torch.randn(options.batch_size, mel, frames, generator=generator)
+    return sample
+
+
 @sample_builder("text", "speecht5")
 def speecht5_text(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
