@@ -96,7 +96,9 @@ def sweep_table(document: dict[str, Any]) -> str:
         mine = [row for row in rows if row.model_type == model_type]
         counted = [row for row in mine if row.counted]
         if mine[0].outcome == NOT_STANDALONE:
-            standalone.append(f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |")
+            standalone.append(
+                f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |"
+            )
             continue
         if not counted:  # the config's own error: where it failed to build, else on text
             first = next((row for row in mine if row.modality in ("-", "text")), mine[0])

@@ -671,9 +671,7 @@ def inkling_image(
         config, options, generator, [token_id(config, "image_token_id")] * patches
     )
     block = (vision.temporal_patch_size, vision.patch_size, vision.patch_size, vision.num_channels)
-    sample["pixel_values"] = torch.randn(
-        options.batch_size * patches, *block, generator=generator
-    )
+    sample["pixel_values"] = torch.randn(options.batch_size * patches, *block, generator=generator)
     return sample
 
 
