@@ -151,7 +151,9 @@ def main() -> None:
     summary = document["summary"]
     print(
         f"coverage --all: {summary['verified']} of {summary['counted']} types verified, "
-        f"{len(summary['transformers_cannot_run'])} apart; {document['elapsed_s']:.0f} s, "
+        f"{len(summary['transformers_cannot_run'])} transformers cannot run and "
+        f"{len(summary['not_standalone'])} with no forward of their own apart; "
+        f"{document['elapsed_s']:.0f} s, "
         f"{document['cpu_s']:.0f} CPU s (sweep); process peak {process['peak_rss_gib']:.2f} GiB"
     )
     print(f"{len(changed)} rows changed from the file replaced" + (":" if changed else ""))

@@ -19,7 +19,8 @@ import transformers
 from llmc_trace.attempt.swept import SWEEP_FILE
 from llmc_trace.attempt.sweep import SweepRow, cpu_seconds
 from llmc_trace.attempt.sweep_report import summarize, sweep_table
-from llmc_trace.attempt.sweep_type import DEFAULT, resweep
+from llmc_trace.attempt.standalone import not_standalone
+from llmc_trace.attempt.sweep_type import DEFAULT, NOT_COUNTED, NOT_STANDALONE, resweep
 from llmc_trace.models.defaults import default_config, generative_types
 from llmc_trace.models.source import builtin_root
 
@@ -37,8 +38,8 @@ def verified_types(rows: list[dict[str, object]]) -> set[str]:
     return {
         model_type
         for model_type, mine in by_type.items()
-        if any(r["outcome"] != "transformers" for r in mine)
-        and all(r["outcome"] in ("verified", "transformers") for r in mine)
+        if any(r["outcome"] not in NOT_COUNTED for r in mine)
+        and all(r["outcome"] in ("verified", *NOT_COUNTED) for r in mine)
     }
 
 
@@ -107,9 +108,11 @@ def test_summary_counts_only_what_transformers_can_run() -> None:
         row("b", "-", "transformers"),  # apart
         row("c", "text", "verified"),
         row("c", "image", "not_traceable"),  # one counted modality failed: not verified
+        row("d", "-", NOT_STANDALONE),  # apart again: no forward of its own
     ]
     summary = summarize(rows)
     assert summary["transformers_cannot_run"] == ["b"]
+    assert summary["not_standalone"] == ["d"]
     assert (summary["counted"], summary["verified"], summary["failed"]) == (2, 1, ["c"])
     assert verified_types([vars(r) for r in rows]) == {"a"}
 
@@ -139,6 +142,22 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     assert settled.attempt.ok
     assert [t.tracing_ignore for t in settled.tried] == [["ValueBranch.prepare"]]
     assert "coverage --all" in settled.tried[0].description
+
+
+def test_classes_with_no_forward_of_their_own_are_read_off_the_class() -> None:
+    """A generate-only wrapper (forward left as nn.Module's) and a draft model reading its main
+    model's key/value states are told apart from a class with a forward, with why; the sweep
+    builds nothing for them."""
+    from llmc_trace.attempt.sweep_type import sweep_type
+
+    wrapper = not_standalone(transformers.Qwen2_5OmniForConditionalGeneration)
+    draft = not_standalone(transformers.Gemma4AssistantForCausalLM)
+    assert wrapper is not None and "only generates" in wrapper
+    assert draft is not None and "shared_kv_states" in draft
+    assert not_standalone(transformers.Qwen2_5OmniThinkerForConditionalGeneration) is None
+    assert not_standalone(transformers.LlamaForCausalLM) is None
+    [only] = sweep_type("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration")
+    assert (only.outcome, only.modality, only.problem) == (NOT_STANDALONE, "-", wrapper)
 
 
 def test_coverage_all_json_and_the_table_generated_from_it(tmp_path) -> None:

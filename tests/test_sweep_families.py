@@ -91,6 +91,34 @@ def test_a_class_is_built_from_the_sub_config_of_its_own_config_class() -> None:
     assert "Qwen/Qwen2.5-Omni-3B" in builtin_names_of_type("qwen2_5_omni_thinker")
 
 
+def test_blt_global_width_is_its_patches_of_local_states() -> None:
+    """BLT's global transformer reads patches of ``cross_attn_k`` local encoder states: at full
+    size 2048 = 1024 x 2, and the twin keeps the relation, the local configs' view of the
+    global width with it."""
+    for config in (default_config("blt"), twin_config("blt")):
+        width = config.global_config.hidden_size
+        assert width == config.encoder_config.hidden_size * config.cross_attn_k
+        assert config.encoder_config.hidden_size_global == width
+        assert config.decoder_config.hidden_size_global == width
+
+
+def test_a_twin_layer_the_model_init_leaves_alone_still_gets_drawn() -> None:
+    """Linear layers are made zero and drawn by the model's own init; one the init leaves alone
+    gets torch's draw after, one it drew keeps the model's values."""
+    import torch
+
+    from llmc_trace.models.build import _initialized_once
+
+    with _initialized_once():
+        left = torch.nn.Linear(8, 8)
+        drawn = torch.nn.Linear(8, 8)
+        assert not left.weight.any() and not drawn.weight.any()
+        torch.nn.init.constant_(drawn.weight, 0.5)
+    assert left.weight.any() and left.weight.abs().max() <= 8**-0.5
+    assert bool((drawn.weight == 0.5).all())
+    assert torch.nn.Linear(2, 2).weight.any()  # torch's own draw is back
+
+
 @pytest.mark.usefixtures("one_thread")  # as in the sweep's workers
 @pytest.mark.parametrize(
     ("model_type", "config", "modalities"),
@@ -101,6 +129,10 @@ def test_a_class_is_built_from_the_sub_config_of_its_own_config_class() -> None:
         ("minimax_m3_vl", DEFAULT, ["image"]),
         ("apertus1p5", DEFAULT, ["audio", "image"]),  # VQ and audio codes as token ids
         ("qwen2_5_omni_thinker", "Qwen/Qwen2.5-Omni-3B", ["text"]),
+        ("blt", DEFAULT, ["text"]),
+        ("xmod", DEFAULT, ["text"]),  # each sequence's language
+        ("idefics", DEFAULT, ["image"]),  # pictures read by cross-attention
+        ("voxtral_realtime", DEFAULT, ["audio"]),  # one encoder row per token
     ],
 )
 def test_the_family_verifies(model_type: str, config: str, modalities: list[str]) -> None:

@@ -2,7 +2,8 @@
 
 A type counts when transformers can run some modality of it, and verifies when every counted
 modality does; the types transformers cannot run at all are listed apart with its own error for
-the type's default config. A type swept from a built-in published config (its default cannot
+the type's default config, and apart again the classes with no forward a calibration can run on
+its own (a generate-only wrapper, a draft model), with why. A type swept from a built-in published config (its default cannot
 run) says which.
 The README's table is generated from the document alone, so it cannot drift from the JSON.
 """
@@ -15,7 +16,7 @@ import torch
 import transformers
 
 from llmc_trace.attempt.sweep import SweepRow
-from llmc_trace.attempt.sweep_type import DEFAULT
+from llmc_trace.attempt.sweep_type import DEFAULT, NOT_STANDALONE
 
 
 def sweep_document(
@@ -35,8 +36,8 @@ def sweep_document(
 
 def summarize(rows: list[SweepRow]) -> dict[str, Any]:
     """Types counted (some modality transformers can run), verified (every counted modality
-    verified), and the share; the types swept from a built-in config; the types transformers
-    cannot run, apart; the decisions of the settled traces by kind and status, and the
+    verified), and the share; the types swept from a built-in config; apart, the types whose
+    class has no forward a calibration can run on its own, and those transformers cannot run; the decisions of the settled traces by kind and status, and the
     data-dependent ones no opaque call owns (the risk list)."""
     by_type: dict[str, list[SweepRow]] = {}
     for row in rows:
@@ -44,6 +45,7 @@ def summarize(rows: list[SweepRow]) -> dict[str, Any]:
     counted = {t: [r for r in rs if r.counted] for t, rs in by_type.items()}
     counted = {t: rs for t, rs in counted.items() if rs}
     verified = sorted(t for t, rs in counted.items() if all(r.verified for r in rs))
+    standalone = {r.model_type for r in rows if r.outcome == NOT_STANDALONE}
     return {
         "types": len(by_type),
         "counted": len(counted),
@@ -51,7 +53,8 @@ def summarize(rows: list[SweepRow]) -> dict[str, Any]:
         "verified_share": round(len(verified) / len(counted), 4) if counted else 0.0,
         "failed": sorted(set(counted) - set(verified)),
         "from_builtin": sorted({r.model_type for r in rows if r.counted and r.config != DEFAULT}),
-        "transformers_cannot_run": sorted(set(by_type) - set(counted)),
+        "not_standalone": sorted(standalone),
+        "transformers_cannot_run": sorted(set(by_type) - set(counted) - standalone),
         "decisions": decision_counts(rows),
         "unguarded": [
             {"model_type": r.model_type, "modality": r.modality, "where": where}
@@ -74,7 +77,8 @@ def decision_counts(rows: list[SweepRow]) -> dict[str, dict[str, int]]:
 
 def sweep_table(document: dict[str, Any]) -> str:
     """The README's table from a sweep document: one row per model type, then the types
-    transformers itself cannot run, with its error."""
+    transformers itself cannot run, with its error, and the classes with no forward of their
+    own to calibrate, with why."""
     rows = [SweepRow(**row) for row in document["rows"]]
     summary = document["summary"]
     lines = [
@@ -87,10 +91,15 @@ def sweep_table(document: dict[str, Any]) -> str:
         "| model type | class | config | verified | fix | not verified: where |",
         "|---|---|---|---|---|---|",
     ]
-    apart = []
+    apart, standalone = [], []
     for model_type in sorted({row.model_type for row in rows}):
         mine = [row for row in rows if row.model_type == model_type]
         counted = [row for row in mine if row.counted]
+        if mine[0].outcome == NOT_STANDALONE:
+            standalone.append(
+                f"| {model_type} | {mine[0].model_class} | {_cell(mine[0].problem)} |"
+            )
+            continue
         if not counted:  # the config's own error: where it failed to build, else on text
             first = next((row for row in mine if row.modality in ("-", "text")), mine[0])
             apart.append(f"| {model_type} | {first.model_class} | {_cell(first.problem)} |")
@@ -114,6 +123,12 @@ def sweep_table(document: dict[str, Any]) -> str:
         "| model type | class | transformers' error |",
         "|---|---|---|",
         *apart,
+        "",
+        "Not counted either: classes with no forward a calibration can run on their own:",
+        "",
+        "| model type | class | why |",
+        "|---|---|---|",
+        *standalone,
     ]
     return "\n".join(lines + _decisions_lines(summary))
 

@@ -15,6 +15,9 @@ from. Each row says what happened and where:
   input none has, or a sample probed from the model (:mod:`llmc_trace.traced.probe`) runs at
   neither size (a sample we guessed cannot put the blame on transformers); or the type ran
   past :data:`TYPE_TIMEOUT_S` CPU seconds;
+* ``not_standalone``: the class has no forward a calibration can run on its own (a wrapper
+  that only generates, a draft model reading its main model's states:
+  :mod:`llmc_trace.attempt.standalone`): listed apart, not counted, and nothing built;
 * ``transformers``: transformers itself cannot build the config, or run it eagerly at full
   size (on ``meta``, operation by operation, see
   :class:`~llmc_trace.tracing.values.MixedExecution`), with a sample built from the config
@@ -41,6 +44,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from llmc_trace.attempt.prove import settle
+from llmc_trace.attempt.standalone import not_standalone
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
@@ -54,7 +58,8 @@ from llmc_trace.tracing.trace import concrete_arguments
 from llmc_trace.tracing.values import MixedExecution
 
 #: Outcomes that are transformers' own, not the tracer's: listed apart, never counted.
-NOT_COUNTED = ("transformers",)
+NOT_STANDALONE = "not_standalone"
+NOT_COUNTED = ("transformers", NOT_STANDALONE)
 #: The ``config`` of a row swept from the type's config class's own defaults.
 DEFAULT = "default"
 #: Outcomes that say the config did not run, not where the tracer failed: a built-in config
@@ -107,6 +112,9 @@ def sweep_type(model_type: str, class_name: str, *, fix: bool = True) -> list[Sw
     """Sweep ``model_type`` from its default config; each modality the default did not run
     (:data:`DID_NOT_RUN`) again from each built-in config of the type, until one runs it."""
     cls = getattr(transformers, class_name)
+    reason = not_standalone(cls)
+    if reason is not None:
+        return [SweepRow(model_type, class_name, DEFAULT, "-", NOT_STANDALONE, "", reason, 0, 0.0)]
     swept = DEFAULT
     start = time.perf_counter()
     try:

@@ -186,7 +186,8 @@ def _sweep_all(
         table = Table(
             title=f"coverage --all (transformers {document['transformers']}): "
             f"{summary['verified']}/{summary['counted']} model types verified, "
-            f"{len(summary['transformers_cannot_run'])} that transformers cannot run apart, "
+            f"{len(summary['transformers_cannot_run'])} that transformers cannot run and "
+            f"{len(summary.get('not_standalone', []))} with no forward of their own apart, "
             f"{document['elapsed_s']:.0f} s",
             title_justify="left",
         )

@@ -169,8 +169,43 @@ def twin_of_class(
     config = prepare_config(shrink_config(copy.deepcopy(config), min_layers))
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _instantiate(cls, config, attn_implementation=attn_implementation, dtype=dtype)
+        with _initialized_once():
+            model = _instantiate(cls, config, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _initialized_once() -> Iterator[None]:
+    """Linear and embedding layers drawn once, by the model's own initialization, not twice.
+
+    ``nn.Linear`` and ``nn.Embedding`` draw their weights when made, and transformers' init
+    then draws them again: half of a twin's build time. Here they are made zero, the model's
+    init draws them, and the few it leaves alone (still all zero) get torch's own draw after.
+    """
+    made: list[tuple[torch.nn.Module, object]] = []
+    originals = {kind: kind.reset_parameters for kind in (torch.nn.Linear, torch.nn.Embedding)}
+
+    def zeroed_by(original: object) -> object:
+        def zeroed(module: torch.nn.Module) -> None:
+            made.append((module, original))
+            with torch.no_grad():
+                for tensor in (module.weight, getattr(module, "bias", None)):
+                    if tensor is not None and tensor.device.type != "meta":
+                        tensor.zero_()
+
+        return zeroed
+
+    for kind, original in originals.items():
+        kind.reset_parameters = zeroed_by(original)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for kind, original in originals.items():
+            kind.reset_parameters = original  # type: ignore[method-assign]
+    for module, original in made:
+        weight = module.weight
+        if weight.device.type != "meta" and not weight.any():
+            original(module)  # type: ignore[operator]
 
 
 def load_pretrained(

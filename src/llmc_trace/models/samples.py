@@ -314,6 +314,47 @@ def musicgen_text(
     return sample
 
 
+@sample_builder("text", "xmod")
+def xmod_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Text in one of the model's languages: X-MOD routes each sequence through the adapter
+    of its language (``lang_ids``, an index into ``config.languages``), and its config names
+    no default language to fall back on."""
+    sample = text_sample(config, options, generator)
+    languages = len(config.languages)
+    sample["lang_ids"] = torch.randint(0, languages, (options.batch_size,), generator=generator)
+    return sample
+
+
+@sample_builder("text", "kyutai_speech_to_text")
+def kyutai_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Kyutai's decoder reads, at each step, a text token and one audio code per codebook:
+    ``input_ids`` is (batch, length, 1 + num_codebooks), each code below the codebook's size
+    (the embedding offsets each column into its own range)."""
+    sample = text_sample(config, options, generator)
+    shape = (options.batch_size, options.seq_len, config.num_codebooks)
+    codes = torch.randint(0, config.codebook_vocab_size - 1, shape, generator=generator)
+    sample["input_ids"] = torch.cat([sample["input_ids"].unsqueeze(-1), codes], dim=-1)
+    return sample
+
+
+@sample_builder("audio", "voxtral_realtime")
+def voxtral_realtime_audio(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """Streamed speech: each text position gets the audio of its own time step added to its
+    embedding (no placeholders), so the mel frames come to exactly one encoder row per token:
+    the encoder's stride-2 convolution, then ``downsample_factor`` rows stacked into one."""
+    sample = text_sample(config, options, generator)
+    frames = options.seq_len * 2 * config.downsample_factor
+    mel = config.audio_config.num_mel_bins
+    sample["input_features"] = torch.randn(options.batch_size, mel, frames, generator=generator)
+    return sample
+
+
 @sample_builder("text", "speecht5")
 def speecht5_text(
     config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
@@ -614,6 +655,75 @@ def mllama_image(
     first_image = int((sample["input_ids"][0] == middle[0]).nonzero()[0])
     cross[:, first_image:, :, 0] = 1
     sample["cross_attention_mask"] = cross
+    return sample
+
+
+@sample_builder("image", "inkling_mm_model")
+def inkling_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """A picture as Inkling's vision tower reads it: its patches, each a (frames, side, side,
+    channels) block, channels last, with one image token per patch; ``pixel_values`` holds
+    the patches of the whole batch, (batch * patches, frames, side, side, channels)."""
+    vision = config.vision_config
+    patches = 4
+    sample: dict[str, Any] = with_placeholders(
+        config, options, generator, [token_id(config, "image_token_id")] * patches
+    )
+    block = (vision.temporal_patch_size, vision.patch_size, vision.patch_size, vision.num_channels)
+    sample["pixel_values"] = torch.randn(options.batch_size * patches, *block, generator=generator)
+    return sample
+
+
+@sample_builder("image", "idefics")
+def idefics_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """One picture per prompt, read by IDEFICS's cross-attention layers, not put in place of
+    tokens: ``pixel_values`` is (batch, pictures, channels, side, side) and
+    ``image_attention_mask`` (batch, length, pictures) says which picture each token sees."""
+    vision = config.vision_config
+    sample = text_sample(config, options, generator)
+    side = vision.image_size
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, 1, vision.num_channels, side, side, generator=generator
+    )
+    sample["image_attention_mask"] = torch.ones(
+        options.batch_size, options.seq_len, 1, dtype=torch.long
+    )
+    return sample
+
+
+def _word_boxes(options: SampleOptions, generator: torch.Generator) -> torch.Tensor:
+    """A box per token, (x0, y0, x1, y1) on the page scaled to [0, 1], the upper left corner
+    first: (batch, length, 4)."""
+    corners = torch.rand(options.batch_size, options.seq_len, 2, 2, generator=generator)
+    low, high = corners.min(dim=2).values, corners.max(dim=2).values
+    return torch.cat([low, high], dim=-1)
+
+
+@sample_builder("text", "udop")
+def udop_text(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """A document's words and where each lies on the page (``bbox``): UDOP's layout
+    embeddings read the boxes even where no page image is given."""
+    sample = text_sample(config, options, generator)
+    sample["bbox"] = _word_boxes(options, generator)
+    return sample
+
+
+@sample_builder("image", "udop")
+def udop_image(
+    config: PretrainedConfig, options: SampleOptions, generator: torch.Generator
+) -> dict[str, Any]:
+    """A document's words, their boxes and the page's image, of the size UDOP's patch
+    embedding is built for (its patches join the word embeddings, boxes made by the model)."""
+    sample = udop_text(config, options, generator)
+    side = config.image_size
+    sample["pixel_values"] = torch.randn(
+        options.batch_size, config.num_channels, side, side, generator=generator
+    )
     return sample
 
 

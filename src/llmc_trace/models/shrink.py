@@ -597,7 +597,9 @@ def _derive_again(config: PretrainedConfig) -> None:
     (a set ``mamba_d_ssm``, else the expanded hidden size) over their SSM heads; the head size
     of a tower that assumes it is its width over its heads (:data:`WIDTH_OVER_HEADS`) is so again,
     also where its width followed another config's (Mistral Large 4's Pixtral tower follows a
-    text width down to 32)."""
+    text width down to 32); BLT's global transformer reads patches of ``cross_attn_k`` local
+    states each, so its width is the local encoder's times that again, and the local configs'
+    ``hidden_size_global`` follows it."""
     attrs = vars(config)
     heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
     if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
@@ -608,3 +610,9 @@ def _derive_again(config: PretrainedConfig) -> None:
     for sub in [config, *_sub_configs(config)]:
         if sub.model_type in WIDTH_OVER_HEADS:
             sub.head_dim = max(1, sub.hidden_size // sub.num_attention_heads)
+    glob, local, k = (attrs.get(key) for key in ("global_config", "encoder_config", "cross_attn_k"))
+    if glob is not None and local is not None and _is_count(k):
+        glob.hidden_size = local.hidden_size * k
+        for sub in _sub_configs(config):
+            if _is_count(vars(sub).get("hidden_size_global")):
+                sub.hidden_size_global = glob.hidden_size
