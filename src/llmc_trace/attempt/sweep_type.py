@@ -49,7 +49,7 @@ from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
 from llmc_trace.models.samples import SampleOptions, has_builder, supported_modalities
-from llmc_trace.models.source import builtin_names_of_type, resolve_model
+from llmc_trace.models.source import builtin_names_of_type, builtin_read_as, resolve_model
 from llmc_trace.traced.model import trace_model
 from llmc_trace.traced.probe import UnfitConfig, sample_for
 from llmc_trace.traced.twin import verify_on_sample
@@ -151,6 +151,8 @@ def _config_of(model_type: str, config: str) -> Callable[[], PretrainedConfig]:
     """What makes the config a row names: the type's defaults, or a built-in's."""
     if config == DEFAULT:
         return functools.partial(default_config, model_type)
+    if config in builtin_read_as().get(model_type, []):
+        return functools.partial(resolve_model(config).config, model_type)
     return resolve_model(config).config
 
 

@@ -37,10 +37,13 @@ class ModelSource:
     def has_tokenizer(self) -> bool:
         return self.folder is not None and (self.folder / "tokenizer.json").exists()
 
-    def config(self) -> PretrainedConfig:
-        """A fresh config object (callers may change it)."""
+    def config(self, read_as: str | None = None) -> PretrainedConfig:
+        """A fresh config object (callers may change it); with ``read_as``, the published values
+        built into that model type's config class instead of the one the JSON names (a built-in
+        whose ``SOURCES.json`` entry says the type reads it, see :func:`builtin_names_of_type`)."""
         data = dict(self.config_dict)
-        model_type = data.pop("model_type", None)
+        own = data.pop("model_type", None)
+        model_type = read_as or own
         if model_type is None:
             raise BadInputError(
                 f"The config of {self.name} has no 'model_type'.",
@@ -81,9 +84,27 @@ def builtin_names() -> list[str]:
 
 def builtin_names_of_type(model_type: str) -> list[str]:
     """Hub ids of the built-ins whose config is of ``model_type``, or holds a sub-config of it
-    (a published Qwen2.5-Omni config's thinker), sorted: published configs to sweep a type
-    from where its config class's defaults cannot run."""
-    return _builtin_types().get(model_type, [])
+    (a published Qwen2.5-Omni config's thinker), sorted, then those read as ``model_type``:
+    published configs to sweep a type from where its config class's defaults cannot run."""
+    return _builtin_types().get(model_type, []) + builtin_read_as().get(model_type, [])
+
+
+def builtin_read_as() -> dict[str, list[str]]:
+    """Model type -> the built-ins its config class reads although their JSON names a sibling
+    type, from the ``read_as`` of each ``SOURCES.json`` entry (which says why: transformers'
+    config class for the type names that checkpoint as its own, or runs the type with the
+    implementation of the checkpoint's model)."""
+    found: dict[str, list[str]] = {}
+    for name, entry in sorted(_sources().items()):
+        for model_type in entry.get("read_as", {}):
+            found.setdefault(model_type, []).append(name)
+    return found
+
+
+@functools.cache
+def _sources() -> dict[str, Any]:
+    path = builtin_root() / "SOURCES.json"
+    return read_json(path) if path.exists() else {}
 
 
 @functools.cache
