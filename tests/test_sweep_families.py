@@ -13,10 +13,10 @@ import copy
 import pytest
 import transformers
 
-from llmc_trace.attempt.sweep_type import DEFAULT, _built_from, resweep
+from llmc_trace.attempt.sweep_type import DEFAULT, _built_from, _config_of, resweep
 from llmc_trace.models.defaults import default_config, generative_types
 from llmc_trace.models.shrink import VOCAB_LIMIT, shrink_config
-from llmc_trace.models.source import builtin_names_of_type
+from llmc_trace.models.source import builtin_names_of_type, builtin_read_as
 
 
 def twin_config(model_type: str) -> transformers.PretrainedConfig:
@@ -91,6 +91,24 @@ def test_a_class_is_built_from_the_sub_config_of_its_own_config_class() -> None:
     assert "Qwen/Qwen2.5-Omni-3B" in builtin_names_of_type("qwen2_5_omni_thinker")
 
 
+def test_a_built_in_is_read_as_the_sibling_type_its_sources_name() -> None:
+    """Ministral-8B's published config says ``mistral``; transformers' ``MinistralConfig`` names
+    that checkpoint as its own, so ``SOURCES.json`` lets the ministral sweep read it: the
+    published values in ``MinistralConfig``, while the mistral sweep still reads it as
+    ``MistralConfig``. Every type a built-in is read as is one transformers knows."""
+    name = "mistralai/Ministral-8B-Instruct-2410"
+    assert name in builtin_names_of_type("ministral") and name in builtin_names_of_type("mistral")
+    ministral = _config_of("ministral", name)()
+    assert type(ministral) is transformers.MinistralConfig
+    assert (ministral.head_dim, ministral.sliding_window, ministral.num_hidden_layers) == (
+        128,
+        32768,
+        36,
+    )
+    assert type(_config_of("mistral", name)()) is transformers.MistralConfig
+    assert set(builtin_read_as()) <= set(transformers.CONFIG_MAPPING)
+
+
 def test_blt_global_width_is_its_patches_of_local_states() -> None:
     """BLT's global transformer reads patches of ``cross_attn_k`` local encoder states: at full
     size 2048 = 1024 x 2, and the twin keeps the relation, the local configs' view of the
@@ -133,6 +151,11 @@ def test_a_twin_layer_the_model_init_leaves_alone_still_gets_drawn() -> None:
         ("xmod", DEFAULT, ["text"]),  # each sequence's language
         ("idefics", DEFAULT, ["image"]),  # pictures read by cross-attention
         ("voxtral_realtime", DEFAULT, ["audio"]),  # one encoder row per token
+        # published configs of a sibling type, read as the type (SOURCES.json's read_as)
+        ("ministral", "mistralai/Ministral-8B-Instruct-2410", ["text"]),
+        ("glm46v", "zai-org/GLM-4.6V-Flash", ["image", "text", "video"]),
+        ("glmga", "zai-org/GLM-4.6V-Flash", ["image"]),
+        ("instructblipvideo", "Salesforce/instructblip-flan-t5-xl", ["image"]),
     ],
 )
 def test_the_family_verifies(model_type: str, config: str, modalities: list[str]) -> None:
