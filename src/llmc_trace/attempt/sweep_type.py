@@ -148,7 +148,8 @@ def resweep(
 
 
 def _config_of(model_type: str, config: str) -> Callable[[], PretrainedConfig]:
-    """What makes the config a row names: the type's defaults, or a built-in's."""
+    """What makes the config a row names: the type's defaults, or a built-in's (read into the
+    type's own config class where the built-in's ``SOURCES.json`` entry says the type reads it)."""
     if config == DEFAULT:
         return functools.partial(default_config, model_type)
     if config in builtin_read_as().get(model_type, []):
