@@ -19,6 +19,12 @@ slowest and the spread beside it: one timing of the same shape's floor differed 
 two device runs. ``gptq_floor_ratio`` and ``sparsegpt_floor_ratio`` (the larger of 50 % and
 2:4) are the medians' ratios the goals judge.
 
+Before the timings, the sweep kernel is held against the torch loop on one small layer
+(:func:`kernel_agreement`): GPTQ's integers and SparseGPT's masks and weights at 50 % and 2:4.
+On a GPU the compiled kernel; in the dry run on the CPU, Triton's interpreter in a child
+process (``TRITON_INTERPRET=1`` must be set before Triton is first imported), so the dry run
+exercises the kernels the device run will use.
+
 The shapes are every projection of Llama-3-8B and Llama-3-70B (q and o share one, as do k and
 v, and gate and up); the 70B MLP's Hessian takes 3.3 GB in float32. They run cheapest first,
 so that what the step's deadline leaves out is the most expensive and is named.
@@ -26,7 +32,12 @@ so that what the step's deadline leaves out is the most expensive and is named.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -149,8 +160,72 @@ def measure_shape(
         row[solve] = timed
         row[f"{solve}_s"] = timed["median_s"]
         row[f"{solve}_floor_ratio"] = timed["median_s"] / floor_s
-    row["sparsegpt_floor_ratio"] = max(row["sparsegpt_floor_ratio"], row["sparsegpt_2of4_floor_ratio"])
+    row["sparsegpt_floor_ratio"] = max(
+        row["sparsegpt_floor_ratio"], row["sparsegpt_2of4_floor_ratio"]
+    )
     return row
+
+
+def kernel_agreement(device: torch.device) -> dict[str, Any]:
+    """The sweep kernel against the torch loop on one 40 x 128 layer (two blocks of 64 columns,
+    rows not a multiple of the kernel's tile): the share of GPTQ's integers, and of SparseGPT's mask
+    and weights, that differ (0.0 on the CPU's interpreter; on a GPU the loop's rank-1
+    updates may fuse multiply and add), and whether the kernel ran at all."""
+    gptq_module = sys.modules[gptq.__module__]
+    sparsegpt_module = sys.modules[sparsegpt.__module__]
+    generator = torch.Generator().manual_seed(0)
+    W = (torch.randn(40, 128, generator=generator) * 0.02).to(device)
+    X = torch.randn(512, 128, generator=generator) * torch.linspace(0.2, 3.0, 128)
+    H = (2 * X.T @ X / 512).to(device)
+    blocks = SolverSettings(blocksize=64)
+    solvers = {
+        "gptq": lambda: gptq(W, H, W4A16.weights, blocks).quantized.int_weight,
+        "sparsegpt": lambda: sparsegpt(W, H, 0.5, settings=blocks),
+        "sparsegpt_2of4": lambda: sparsegpt(W, H, (2, 4), settings=blocks),
+    }
+    through_kernel = {name: solve() for name, solve in solvers.items()}
+    saved = gptq_module.kernel_sweeps, sparsegpt_module.kernel_sweeps
+    gptq_module.kernel_sweeps = sparsegpt_module.kernel_sweeps = lambda grid, device: False
+    try:
+        through_loop = {name: solve() for name, solve in solvers.items()}
+    finally:
+        gptq_module.kernel_sweeps, sparsegpt_module.kernel_sweeps = saved
+
+    def differing(a: torch.Tensor, b: torch.Tensor) -> float:
+        return (a != b).float().mean().item()
+
+    result: dict[str, Any] = {"kernel_ran": kernel_sweeps(None, device)}
+    result["gptq_integers_differing"] = differing(through_kernel["gptq"], through_loop["gptq"])
+    for name in ("sparsegpt", "sparsegpt_2of4"):
+        kernel, loop = through_kernel[name], through_loop[name]
+        result[f"{name}_mask_differing"] = differing(kernel.pruned, loop.pruned)
+        result[f"{name}_weight_differing"] = differing(kernel.weight, loop.weight)
+    return result
+
+
+def interpreted_agreement() -> dict[str, Any]:
+    """:func:`kernel_agreement` on the CPU through Triton's interpreter, in a child process;
+    ``{"skipped": why}`` where Triton is not installed."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        return {"skipped": f"Triton cannot be imported ({err})"}
+    here = str(Path(__file__).resolve().parent)
+    code = (
+        "import json, torch; from kernel_speed import kernel_agreement; "
+        "print(json.dumps(kernel_agreement(torch.device('cpu'))))"
+    )
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path},
+    )
+    if child.returncode:
+        raise RuntimeError(f"the interpreted kernel check failed: {child.stderr[-2000:]}")
+    return json.loads(child.stdout.splitlines()[-1])
 
 
 def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
@@ -174,6 +249,8 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
         "shapes": [],
         "skipped": [],
     }
+    result["kernel_agreement"] = kernel_agreement(device) if on_cuda else interpreted_agreement()
+    save(result)
     peak = matmul_tflops(size, torch.float32, device, tf32=True) if on_cuda else None
     result["tf32_matmul_tflops"] = peak
     hessian_peak = peak if peak is not None else result["fp32_matmul_tflops"]

@@ -32,7 +32,11 @@ CASES: dict[str, tuple[Sparsity, QuantizationArgs | None, bool]] = {
         QuantizationArgs(num_bits=4, strategy="channel", group_size=None, symmetric=False),
         False,
     ),
-    "60%-w4-channel": (0.6, QuantizationArgs(num_bits=4, strategy="channel", group_size=None), False),
+    "60%-w4-channel": (
+        0.6,
+        QuantizationArgs(num_bits=4, strategy="channel", group_size=None),
+        False,
+    ),
 }
 
 
@@ -60,9 +64,10 @@ def _swept_both_ways(device: str) -> Iterator[tuple[str, Swept]]:
         W, H = _problem(device, ties)
         settings = SolverSettings(blocksize=32)
         launched: list[int] = []
-        kernel = SPARSEGPT_MODULE.prune_block
 
-        def counted(*arguments: object) -> bool:
+        def counted(
+            *arguments: object, kernel=SPARSEGPT_MODULE.prune_block, launched=launched
+        ) -> bool:
             launched.append(arguments[6])  # i1
             return kernel(*arguments)
 

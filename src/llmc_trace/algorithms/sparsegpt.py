@@ -151,7 +151,9 @@ def _prune_columns(
     # rounds them (the CPU's `addr_` fuses some multiply-adds and not others)
     product = torch.empty_like(W1)
     # views made once per block, so that the column loop allocates no tensor
-    columns_of_block = zip(W1.unbind(), mask1.unbind(), Q1.unbind(), diff1.unbind(), integers.unbind())
+    columns_of_block = zip(
+        W1.unbind(), mask1.unbind(), Q1.unbind(), diff1.unbind(), integers.unbind()
+    )
     for i, (w, prune, q, diff, integer) in enumerate(columns_of_block):
         if nm is not None and i % nm[1] == 0:
             scores = W1[i : i + nm[1]].T ** 2 / d2[i : i + nm[1]]
