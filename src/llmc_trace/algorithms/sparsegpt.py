@@ -68,6 +68,11 @@ def sparsegpt(
     gave 4 to 44 % lower output error than scales fitted up front from the unpruned weights
     (W4 group 128 at 50 %: -4 %, at 2:4: -9 %; W3 group 32 at 2:4: -31 %).
 
+    On a GPU, with Triton, each block's column steps run as one kernel
+    (`llmc_trace.algorithms.sweep_kernel.prune_block`: the N:M choice made inside it) unless
+    the quantization grid is fitted inside the sweep (groups); the results are the column
+    loop's.
+
     `settings` (`SolverSettings`) holds the sweep's damping and block size as for GPTQ (it does
     not refine). `overwrite_hessian=True`: the caller gives `H` up, and the factorisation reuses its
     storage (see `gptq`).

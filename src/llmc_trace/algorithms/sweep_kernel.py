@@ -19,8 +19,10 @@ The arithmetic is the torch loops' op for op: IEEE division by the scale (and fo
 w * w divided by the squared diagonal), rounding half to even, the zero point added before
 clamping and taken off before the scale, a pruned weight held at the zero point, the N:M runs'
 M - N lowest scores with ties to the earlier column (a stable sort's choice), every product
-rounded before it is subtracted (no fused multiply-adds). On the CPU, through the interpreter,
-the results are the torch loops' bit for bit (`tests/algorithms/test_sweep_kernel.py`,
+rounded before it is subtracted (no fused multiply-adds, as SparseGPT's loop rounds them; GPTQ's
+loop updates with `addr_`, which a CPU may fuse, so there only the integers are compared). On
+the CPU, through the interpreter, GPTQ's integers and SparseGPT's masks, weights and integers
+are the torch loops' bit for bit (`tests/algorithms/test_sweep_kernel.py`,
 `tests/algorithms/test_prune_kernel.py`).
 
 Scales fitted inside the sweep (`SweepGrid.fits_in_sweep`: the original GPTQ's per-group fits,
