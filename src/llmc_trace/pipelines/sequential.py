@@ -297,10 +297,12 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
     output needs a slab of its own while the consumed inputs' slabs are still held.
 
     Stops at the last subgraph holding a target, and counts of that one only what its
-    targets need, as the run does: the head's weights and its logits (at 8B, 8 x 2048 tokens over 128,256 words, 4 GiB) were once most of the
-    estimate. Per phase (``PipelineEstimate.device_phases``): calibrating holds the Hessians,
-    the layer's activations and the hooks' float32 copy of the widest input; solving, the
-    Hessians not yet given up and one solve's working memory; propagating, the activations."""
+    targets need, as the run does: the head's weights and its logits (at 8B, 8 x 2048 tokens
+    over 128,256 words, 4 GiB) were once most of the estimate. Per phase
+    (``PipelineEstimate.device_phases``): calibrating holds the Hessians, the layer's
+    activations and the hooks' float32 copy of the widest input (of 16-bit activations);
+    solving, the Hessians not yet given up and one solve's working memory; propagating, the
+    activations."""
     model, partitioned, settings = inputs.model, inputs.partitioned, inputs.settings
     if partitioned is None:
         return None
@@ -327,7 +329,8 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         group = parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         forward = (working if subgraph.targets else 0) + transient_bytes(subgraph.graph, size)
-        hooks = max((tokens * c.widest_input * 4 for c in mine), default=0)
+        # a float32 run's hooks read the activations as they are: no copy
+        hooks = max((tokens * c.widest_input * 4 for c in mine), default=0) if compute != 4 else 0
         calibrating = sum(c.hessian_bytes for c in mine) + forward + hooks
         io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
         phases["calibrate"] = max(phases["calibrate"], group + io + calibrating)
