@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
+
+import llmc_trace.plan.estimate as plan_estimate
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.graph.partition import partition_trace
@@ -220,7 +225,9 @@ def test_the_sequential_estimate_leaves_out_the_head_that_never_runs() -> None:
         assert estimate.device_bytes == max(estimate.device_phases.values())
 
 
-def test_the_hooks_float32_copy_of_the_widest_input_is_counted_while_calibrating() -> None:
+def test_the_hooks_float32_copy_of_the_widest_input_is_counted_while_calibrating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each Hessian's hook folds its batch in as a float32 copy: the widest input of a Llama
     layer is down_proj's, the MLP's inner width; the calibrate phase grows by tokens x inner x
     4 bytes with it (the solve phase, which holds no activations, does not)."""
@@ -231,3 +238,16 @@ def test_the_hooks_float32_copy_of_the_widest_input_is_counted_while_calibrating
     assert [c.widest_input for c in costs] == [model.config.intermediate_size] * 2
     free = compressor_costs(model, partitioned, RunSettings(8, 64, 2, needs_data=False))
     assert [c.widest_input for c in free] == [0, 0]
+
+    def phases() -> dict[str, int]:
+        estimates = estimate_pipelines(model, partitioned, settings, traced=(2, 16))
+        return next(e for e in estimates if e.pipeline == "sequential").device_phases
+
+    with_copy = phases()
+    without = [dataclasses.replace(c, widest_input=0) for c in costs]
+    monkeypatch.setattr(plan_estimate, "compressor_costs", lambda *args: without)
+    without_copy = phases()
+    copy = 2 * 64 * model.config.intermediate_size * 4  # batch x seq x inner, float32
+    assert with_copy["calibrate"] - without_copy["calibrate"] == copy
+    assert with_copy["solve"] == without_copy["solve"]
+    assert with_copy["propagate"] == without_copy["propagate"]
