@@ -251,10 +251,10 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
                 save(figures)
                 continue
 
-        def partial(progress: dict[str, Any], key: str = key) -> None:
+        def save_progress(progress: dict[str, Any], key: str = key) -> None:
             save({**figures, "runs": {**figures["runs"], key: progress}})
 
-        figures["runs"][key] = compress_once(options, propagate, device, partial)
+        figures["runs"][key] = compress_once(options, propagate, device, save_progress)
         save(figures)
     goal_run = figures["runs"].get("propagate") or next(iter(figures["runs"].values()))
     figures.update(goal_run)  # the goal's figures at the top, as the summary reads them

@@ -56,8 +56,11 @@ def goals(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "compress_8b_s": goal(
             seconds,
-            seconds is not None and seconds < COMPRESS_8B_S and llama.get("samples") == 512,
-            f"< {COMPRESS_8B_S:.0f} s with 512 x 2048 tokens",
+            seconds is not None
+            and seconds < COMPRESS_8B_S
+            and llama.get("samples") == 512
+            and llama.get("propagate", True),
+            f"< {COMPRESS_8B_S:.0f} s with 512 x 2048 tokens, error propagation on",
             full,
         ),
         "gptq_floor_ratio": goal(
