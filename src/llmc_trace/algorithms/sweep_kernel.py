@@ -170,7 +170,8 @@ def _launch(
             columns, rows, qmin, qmax,
             QUANTIZES=grid is not None, SYMMETRIC=symmetric,
             HOLDS_ZEROS=held is not None and n_m is None, KEEP=n, RUN=m,
-            BLOCK=_next_power_of_2(columns), RUN_P2=_next_power_of_2(m), ROWS=ROWS_PER_PROGRAM,
+            BLOCK=_next_power_of_2(columns), RUN_P2=max(_next_power_of_2(m), 2),
+            ROWS=ROWS_PER_PROGRAM,
             enable_fp_fusion=False,  # each product rounded on its own, as the torch ops round it
         )  # fmt: skip
     except Exception as err:  # noqa: BLE001 - any compiler failure means: sweep with torch ops
@@ -229,7 +230,8 @@ def _kernel() -> Any:
                     scores = tl.zeros((RUN_P2, ROWS), dtype=tl.float32)
                     for j in tl.static_range(RUN):
                         wj = tl.sum(tl.where(column[:, None] == i + j, tile, 0.0), axis=0)
-                        score = tl.math.div_rn(wj * wj, tl.load(D2 + i + j))
+                        d2 = tl.full((ROWS,), 0.0, tl.float32) + tl.load(D2 + i + j)
+                        score = tl.math.div_rn(wj * wj, d2)
                         scores = tl.where(in_run[:, None] == j, score[None, :], scores)
                     for j in tl.static_range(RUN):
                         score = tl.sum(tl.where(in_run[:, None] == j, scores, 0.0), axis=0)
