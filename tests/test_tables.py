@@ -50,25 +50,35 @@ def test_a_marker_without_its_result_file_is_an_error(tables, tmp_path: Path, ca
 
 def test_the_gpu_goals_say_plainly_when_no_device_run_is_kept(tables) -> None:
     shutil.rmtree(tables.GPU_RESULTS, ignore_errors=True)
-    assert tables.render("gpu:goals").startswith("No device run has been committed yet")
+    rendered = tables.render("gpu:goals")
+    assert rendered.startswith("No device run has been committed yet")
+    awaiting = [line for line in rendered.splitlines() if "**awaits a device run**" in line]
+    assert len(awaiting) == 5 and any("plan_peak_ratio" in line for line in awaiting)
 
 
 def test_the_gpu_goals_are_judged_by_the_run_s_own_summary(tables) -> None:
     """A kept run's verdicts are ``benchmarks/gpu/summary.goals``' on its record."""
     folder = tables.GPU_RESULTS / "2026-01-01-0123456789"
     folder.mkdir(parents=True)
+    shapes = [
+        {"name": "8B q/o_proj", "gptq_floor_ratio": 1.4, "sparsegpt_floor_ratio": 1.8},
+        {"name": "70B down_proj", "gptq_floor_ratio": 2.6, "sparsegpt_floor_ratio": 1.9},
+    ]
     record = {
         "mode": "full",
         "date": "2026-01-01",
         "steps": {
-            "kernels": {"figures": {"shapes": [{"gptq_over_floor": 1.4}, {"gptq_over_floor": 2.6}]}},
-            "llama": {"figures": {"compress_s": 150.0, "samples": 512, "device_peak_over_plan": 0.95}},
+            "kernels": {"figures": {"shapes": shapes}},
+            "llama": {"figures": {"compress_s": 150.0, "samples": 512, "plan_peak_ratio": 0.95}},
         },
     }
     (folder / "gpu-benchmark.json").write_text(json.dumps(record))
     rendered = tables.render("gpu:goals")
     rows = {line.split("|")[1].strip(): line for line in rendered.splitlines() if line.count("|") > 3}
     assert "**met**" in rows["compress_8b_s"]
-    assert "**missed**" in rows["gptq_over_floor"] and "2.6" in rows["gptq_over_floor"]
-    assert "**met**" in rows["device_peak_over_plan"]
+    assert "**missed**" in rows["gptq_floor_ratio"] and "2.6" in rows["gptq_floor_ratio"]
+    # every ratio within 2, but six of the eight shapes were not measured: not met
+    assert "**missed**" in rows["sparsegpt_floor_ratio"]
+    assert "**met**" in rows["plan_peak_ratio"]
+    assert "**not judged**" in rows["refmodel_plan_peak_ratio"]
     assert "device run of 2026-01-01" in rendered

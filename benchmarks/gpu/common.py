@@ -47,36 +47,32 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_s(work: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
-    """The fastest of ``repeats`` runs of ``work`` after one untimed warm-up, in seconds.
-
-    The warm-up keeps one-time costs (cuBLAS and cuSOLVER handles, kernel loading, the
-    allocator's first blocks) out of the figure; the fastest run is the one least disturbed by
-    the shared machine. For work of seconds, where a second run costs too much of the
-    budget, warm up on a small instance once and use :func:`measured_once`.
-    """
+def timings(work: Callable[[], Any], device: torch.device, repeats: int = 5) -> dict[str, Any]:
+    """``repeats`` timed runs of ``work`` after one untimed warm-up: their median (the figure
+    a verdict reads), fastest and slowest, the spread (slowest over fastest, minus one: how
+    far one timing alone could have been off), every run's seconds, and CUDA's allocated
+    high-water mark over the runs (None off CUDA)."""
     work()
     synchronize(device)
-    best = float("inf")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         work()
         synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measured_once(work: Callable[[], Any], device: torch.device) -> tuple[float, int | None]:
-    """Seconds of one run of ``work``, and CUDA's allocated high-water mark during it (None
-    off CUDA, where no peak can be reset for one piece of work)."""
-    if device.type == "cuda":
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    work()
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    return seconds, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        runs.append(time.perf_counter() - start)
+    ordered = sorted(runs)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {
+        "median_s": median,
+        "min_s": ordered[0],
+        "max_s": ordered[-1],
+        "spread": ordered[-1] / ordered[0] - 1,
+        "runs_s": runs,
+        "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    }
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

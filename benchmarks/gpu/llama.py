@@ -1,19 +1,20 @@
-"""``compress`` an 8B-shaped bf16 Llama with random weights: seconds per phase, peaks against the plan.
+"""``compress`` an 8B-shaped bf16 Llama with random weights: seconds and peaks per phase, the plan.
 
 The model (Llama-3-8B's shape: 32 layers, hidden 4096, MLP 14336, 32 heads of which 8 for
 keys and values, 128,256 tokens) is written to local disk first, its random weights drawn on
-the run's device and saved shard by shard, so the host never holds the model. Then one
-``compress`` call streams it (weights read from disk a layer at a time, written out as each
-layer is done) through the sequential pipeline, GPTQ W4A16, on ``samples`` rows of 2048
-random tokens: as many as the step's budget allows, up to 512 (:func:`choose_samples`, from
-the rates the ``kernels`` step measured on the same device).
+the run's device and saved shard by shard, so the host never holds the model. Then
+``compress`` streams it (weights read from disk a layer at a time, written out as each layer
+is done) through the sequential pipeline, GPTQ W4A16, on ``samples`` rows of 2048 random
+tokens: as many as the step's budget allows, up to 512 (:func:`choose_samples`, from the rates
+the ``kernels`` step measured on the same device). It runs with error propagation (the goal's
+run), then, when the budget still holds it, without (``propagate=False``: what the
+propagation passes cost, beside it); ``--no-propagate`` to ``run.py`` runs only the latter.
 
-Reported: seconds per phase, from the progress ``compress`` reports (``load``, ``trace``:
-tracing, the tiny twin's proof, planning and the first cache; ``calibrate``: forward passes
-with the Hessians' hooks, reading weights, and the solves, also given alone as ``solve``;
-``propagate``: the passes on the compressed layer; ``write``: the checkpoint's last shard and
-its files), the device's peak against the plan's device estimate for the pipeline that ran,
-and the host's peak resident set, whole and above what the process held before the call.
+Reported per run: seconds and device peak per phase (:mod:`phases`: load, trace, forwards,
+Hessians, solves, propagation's compute and host copies, write), the plan's device estimate
+per phase for the pipeline that ran beside the measured peaks, ``plan_peak_ratio`` (the run's
+device peak over the plan's estimate), and the host's peak resident set, whole and above what
+the process held before the call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from common import GiB, Deadline
+from phases import PhaseMeter, phase_peaks_against_plan
 from llmc_trace import CompressRequest, compress
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
@@ -121,14 +123,14 @@ def predicted_s(
     figures on the same device: per layer, two forward passes (calibrate, propagate) at
     ``FORWARD_EFFICIENCY`` of the bf16 rate, the Hessians at their measured tokens per second
     (q/k/v, o and gate/up read 4096-wide inputs, down 14336-wide), and the seven GPTQ solves
-    at their measured seconds (k and v as q: a solve's time is its column sweep, which does
-    not shrink with fewer rows); plus ``FIXED_S``. None when a needed figure is missing."""
+    at their measured seconds; plus ``FIXED_S``. None when a needed figure is missing."""
     hidden, intermediate, layers, heads, kv_heads, _ = shape
     by_name = {row["name"]: row for row in kernels.get("shapes", [])}
-    needed = ("8B q_proj", "8B gate_proj", "8B down_proj")
+    needed = ("8B q/o_proj", "8B gate/up_proj", "8B down_proj")
     if any(name not in by_name for name in needed) or "bf16_matmul_tflops" not in kernels:
         return None
     q, up, down = (by_name[name] for name in needed)
+    kv_solve_s = by_name.get("8B k/v_proj", q)["gptq_s"]  # at most q's: fewer rows, same sweep
     tokens = samples * seq_len
     kv = hidden * kv_heads // heads
     linear = hidden * (2 * hidden + 2 * kv) + 3 * hidden * intermediate  # parameters
@@ -136,7 +138,7 @@ def predicted_s(
     forward = 2 * 2 * tokens * (linear + attention)
     forward_s = forward / (kernels["bf16_matmul_tflops"] * 1e12 * FORWARD_EFFICIENCY)
     hessian_s = 3 * tokens / q["hessian_tokens_per_s"] + tokens / down["hessian_tokens_per_s"]
-    solve_s = 4 * q["gptq_s"] + 2 * up["gptq_s"] + down["gptq_s"]
+    solve_s = 2 * q["gptq_s"] + 2 * kv_solve_s + 2 * up["gptq_s"] + down["gptq_s"]
     return FIXED_S + layers * (forward_s + hessian_s + solve_s)
 
 
@@ -155,38 +157,44 @@ def choose_samples(
     return (max(fitting) if fitting else min(candidates)), predictions
 
 
-class PhaseClock:
-    """A progress reporter that times ``compress``'s phases (see the module docstring).
-
-    The seconds from one report to the next belong to the phase of the first; ``save`` is
-    called whenever the label changes, so a step killed mid-run still leaves its phases.
-    """
-
-    def __init__(self, save: Any) -> None:
-        self.save = save
-        self.phases_s: dict[str, float] = {}
-        self._label: str | None = None
-        self._since = time.perf_counter()
-
-    @staticmethod
-    def phase(label: str) -> str:
-        if label.startswith("subgraph"):
-            return "propagate" if label.endswith("propagate") else "calibrate"
-        return label
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        if label != self._label:
-            self.close()
-            self._label = label
-            self.save(self.phases_s)
-
-    def close(self) -> None:
-        """Give the time since the last report to its phase."""
-        now = time.perf_counter()
-        if self._label is not None:
-            phase = self.phase(self._label)
-            self.phases_s[phase] = self.phases_s.get(phase, 0.0) + now - self._since
-        self._since = now
+def compress_once(
+    request_options: dict[str, Any], propagate: bool, device: torch.device, save: Any
+) -> dict[str, Any]:
+    """One ``compress`` of the written model, measured per phase (see the module docstring)."""
+    request = CompressRequest(**request_options, propagate=propagate)
+    meter = PhaseMeter(lambda phases: save({"phases_s": dict(phases)}), device)
+    try:
+        baseline = reset_peak_rss()
+        whole_process = False
+    except OSError:  # no /proc/self/clear_refs: the peak then includes writing the model
+        baseline, whole_process = resident_bytes(), True
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with meter.instrumented():
+        result = compress(request, device=device, progress=meter)
+    estimate = result.plan.estimate(result.pipeline)
+    device_peak = max(meter.peaks.values()) if meter.peaks else None
+    host_peak = peak_rss_since_reset()
+    out = Path(request_options["out_dir"])
+    return {
+        "propagate": propagate,
+        "pipeline": result.pipeline,
+        "compress_s": result.elapsed_s,
+        "phases_s": meter.phases_s,
+        "solve_s": sum(layer.seconds for layer in result.layers),
+        "layers": len(result.layers),
+        "device_peak_bytes": device_peak,
+        "phase_peak_bytes": meter.peaks or None,
+        "plan_device_bytes": estimate.device_bytes,
+        "plan_phase_bytes": estimate.device_phases,
+        "phases_against_plan": phase_peaks_against_plan(meter.peaks, estimate.device_phases),
+        "plan_peak_ratio": device_peak / estimate.device_bytes if device_peak else None,
+        "host_peak_bytes": host_peak,
+        "host_growth_bytes": host_peak - baseline,
+        "host_peak_is_whole_process": whole_process,
+        "plan_host_bytes": estimate.host_bytes,
+        "checkpoint_bytes": sum(p.stat().st_size for p in out.glob("*.safetensors")),
+    }
 
 
 def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
@@ -196,10 +204,10 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
     shape = SMALL_SHAPE if small else FULL_SHAPE
     seq_len = SMALL_SEQ_LEN if small else FULL_SEQ_LEN
     work = Path(spec["work"]) / "llama"
-    folder, out = work / "model", work / "out"
+    folder = work / "model"
     config = llama_config(shape)
     names = ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab")
-    figures: dict[str, Any] = {"shape": dict(zip(names, shape))}
+    figures: dict[str, Any] = {"shape": dict(zip(names, shape)), "runs": {}, "skipped": []}
     start = time.perf_counter()
     figures["model_bytes"] = write_random_llama(folder, config, device, spec["seed"])
     figures["write_model_s"] = time.perf_counter() - start
@@ -218,48 +226,36 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
         tokens=samples * seq_len,
         predicted_s={str(n): s for n, s in predictions.items()},
     )
-    request = CompressRequest(
-        str(folder),
-        dataset=str(work / "calib.npy"),
-        out_dir=str(out),
-        scheme="W4A16",
-        samples=samples,
-        seq_len=seq_len,
-        batch_size=SMALL_BATCH if small else FULL_BATCH,
-        pipeline="sequential",
-        overwrite=True,
-    )
-    clock = PhaseClock(lambda phases: save({**figures, "phases_s": dict(phases)}))
-    try:
-        baseline = reset_peak_rss()
-        figures["host_peak_is_whole_process"] = False
-    except OSError:  # no /proc/self/clear_refs: the peak then includes writing the model
-        baseline = resident_bytes()
-        figures["host_peak_is_whole_process"] = True
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    result = compress(request, device=device, progress=clock)
-    clock.close()
-    estimate = result.plan.estimate(result.pipeline)
-    device_peak = None
-    if device.type == "cuda":
-        device_peak = max(
-            torch.cuda.max_memory_allocated(device), result.report.device_peak_bytes or 0
-        )
-    host_peak = peak_rss_since_reset()
-    solve_s = sum(layer.seconds for layer in result.layers)
-    figures.update(
-        pipeline=result.pipeline,
-        compress_s=result.elapsed_s,
-        phases_s=clock.phases_s,
-        solve_s=solve_s,
-        layers=len(result.layers),
-        device_peak_bytes=device_peak,
-        plan_device_bytes=estimate.device_bytes,
-        device_peak_over_plan=device_peak / estimate.device_bytes if device_peak else None,
-        host_peak_bytes=host_peak,
-        host_growth_bytes=host_peak - baseline,
-        plan_host_bytes=estimate.host_bytes,
-        checkpoint_bytes=sum(p.stat().st_size for p in out.glob("*.safetensors")),
-    )
+    options = {
+        "model": str(folder),
+        "dataset": str(work / "calib.npy"),
+        "out_dir": str(work / "out"),
+        "scheme": "W4A16",
+        "samples": samples,
+        "seq_len": seq_len,
+        "batch_size": SMALL_BATCH if small else FULL_BATCH,
+        "pipeline": "sequential",
+        "overwrite": True,
+    }
+    variants = [False] if spec.get("no_propagate") else [True, False]
+    for propagate in variants:
+        key = "propagate" if propagate else "no_propagate"
+        if figures["runs"]:  # the second run: what the first took, less its propagation
+            first = next(iter(figures["runs"].values()))
+            phases = first["phases_s"]
+            expected = first["compress_s"] - sum(
+                phases.get(p, 0.0) for p in ("propagate_compute", "propagate_copy")
+            )
+            if not deadline.allows(expected / SAFETY):
+                figures["skipped"].append(key)
+                save(figures)
+                continue
+
+        def save_progress(progress: dict[str, Any], key: str = key) -> None:
+            save({**figures, "runs": {**figures["runs"], key: progress}})
+
+        figures["runs"][key] = compress_once(options, propagate, device, save_progress)
+        save(figures)
+    goal_run = figures["runs"].get("propagate") or next(iter(figures["runs"].values()))
+    figures.update(goal_run)  # the goal's figures at the top, as the summary reads them
     return figures

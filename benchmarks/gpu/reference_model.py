@@ -6,7 +6,9 @@ W4A16; on the CPU the forward passes run in float32, on a GPU in bf16
 activations' rounding and a few roundings of the solve may flip. The float model and both
 checkpoints are then scored on the same evaluation rows on the run's device, so a difference
 comes from compression alone. Beside the perplexities: the share of the 4-bit integers the two
-checkpoints agree on (unpacked from compressed-tensors' int32 words).
+checkpoints agree on (unpacked from compressed-tensors' int32 words), and for the run on a GPU
+its device peak per phase (:mod:`phases`) against the memory plan's estimate,
+``plan_peak_ratio`` the whole run's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from phases import PhaseMeter, phase_peaks_against_plan
 from llmc_trace import CompressRequest, compress
 from llmc_trace.evaluate import load_for_evaluation, perplexity
 
@@ -80,12 +83,23 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
             overwrite=True,
         )
         start = time.perf_counter()
-        compress(request, device=torch.device(where))
+        meter = PhaseMeter(lambda phases: None, torch.device(where))
+        with meter.instrumented():
+            result = compress(request, device=torch.device(where), progress=meter)
         figures[key] = {
             "compress_device": where,
             "compress_s": time.perf_counter() - start,
             **score(out, rows, device),
         }
+        if meter.peaks:  # a GPU run: its peaks against the plan
+            estimate = result.plan.estimate(result.pipeline)
+            peak = max(meter.peaks.values())
+            figures.update(
+                device_peak_bytes=peak,
+                plan_device_bytes=estimate.device_bytes,
+                plan_peak_ratio=peak / estimate.device_bytes,
+                phases_against_plan=phase_peaks_against_plan(meter.peaks, estimate.device_phases),
+            )
         outputs[key] = out
         save(figures)
     figures["int_weights_equal_fraction"] = agreement(*outputs.values())

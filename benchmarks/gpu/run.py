@@ -17,12 +17,15 @@ on an H100):
 2. ``versions``: what runs: each package's version and location, the device, the carried
    wheels' unmet requirements (``versions.py``).
 3. ``cuda_tests``: the suite's tests a machine without CUDA skips (``cuda_selection.py``).
-4. ``kernels``: per-layer GPTQ and SparseGPT against their matrix-product floor, and the
-   Hessian's rate (``kernel_speed.py``).
+4. ``kernels``: per-layer GPTQ and SparseGPT against their matrix-product floor on every
+   Llama-3-8B and -70B projection, medians of 5, and the Hessian's rate against the device's
+   matrix peak (``kernel_speed.py``).
 5. ``refmodel``: the reference model compressed on the CPU and on the device, perplexities
    side by side (``reference_model.py``).
 6. ``llama``: ``compress`` of an 8B-shaped random Llama, streamed, with as many calibration
-   tokens as the rest of the budget holds (``llama.py``).
+   tokens as the rest of the budget holds, up to 512 x 2048, seconds and device peaks per
+   phase against the plan's; then without error propagation when the budget holds it
+   (``llama.py``, ``phases.py``).
 
 Each step runs in a process of its own with a hard timeout, so one that fails or hangs costs
 its share and no more (with ``--small`` the measuring steps share one process: on two CPU
@@ -56,7 +59,7 @@ from wheels import source_digest  # noqa: E402
 
 DEFAULT_WHEELS = HERE / "wheels"
 #: each step's share of the budget; ``llama`` takes what is left when it starts
-SHARES = {"versions": 0.04, "cuda_tests": 0.2, "kernels": 0.15, "refmodel": 0.15}
+SHARES = {"versions": 0.03, "cuda_tests": 0.15, "kernels": 0.27, "refmodel": 0.1}
 MEASURING = ("kernels", "refmodel", "llama")
 #: seconds past a step's budget before its process is killed: the budget is the step's own
 #: target (it stops starting work it cannot finish), the kill only guards against a hang
@@ -182,6 +185,7 @@ def step_specs(run: Run, names: list[str], budgets: dict[str, float]) -> list[di
             "refmodel": str(REPO / "refmodel"),
             "target": str(args.target) if run.record["steps"].get("install") else None,
             "kernels_result": str(run.work / "kernels.json"),
+            "no_propagate": args.no_propagate,
         }
         for name in names
     ]
@@ -282,6 +286,12 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=Path("/tmp/llmc-gpu-site"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmc-gpu-work"))
     parser.add_argument("--steps", nargs="+", help="only these steps (versions always runs)")
+    parser.add_argument(
+        "--no-propagate",
+        action="store_true",
+        help="the 8B compress without error propagation only (default: with, then without "
+        "when the budget holds it)",
+    )
     args = parser.parse_args()
     if args.dry_run:
         args.device, args.small = "cpu", True

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
+
+import llmc_trace.plan.estimate as plan_estimate
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.graph.partition import partition_trace
@@ -194,3 +199,55 @@ def test_fused_attention_on_a_gpu_holds_no_score_matrix() -> None:
     scores = batch * heads * seq * (seq * (4 + dtype_bytes) - 4)
     assert sequential_device("eager", False) - sequential_device("sdpa", False) == scores
     assert sequential_device("eager", True) == sequential_device("sdpa", True)
+
+
+def test_the_sequential_estimate_leaves_out_the_head_that_never_runs() -> None:
+    """The pipeline stops after the last decoder layer: a larger vocabulary adds only its
+    embedding rows to the device estimate, never ``lm_head``'s weight nor the logits (which
+    alone would be batch x seq x vocab x 2 bytes here, more than the whole estimate)."""
+    batch, seq, dtype_bytes = 2, 256, 2
+
+    def sequential(vocab: int) -> object:
+        model = tiny_llama(layers=2, seed=0)
+        model.resize_token_embeddings(vocab)
+        model.config.tie_word_embeddings = False
+        partitioned = partition_trace(trace_graph(model, token_batch(2, 16, seed=0)))
+        settings = RunSettings(8, seq, batch, dtype_bytes=dtype_bytes, attention="sdpa")
+        estimates = estimate_pipelines(model, partitioned, settings, traced=(2, 16))
+        return next(e for e in estimates if e.pipeline == "sequential")
+
+    small, large = sequential(128), sequential(20_000)
+    hidden = 64
+    assert 0 <= large.device_bytes - small.device_bytes <= (20_000 - 128) * hidden * dtype_bytes
+    assert large.device_bytes < batch * seq * 20_000 * dtype_bytes  # the logits of one batch
+    for estimate in (small, large):
+        assert set(estimate.device_phases) == {"calibrate", "solve", "propagate"}
+        assert estimate.device_bytes == max(estimate.device_phases.values())
+
+
+def test_the_hooks_float32_copy_of_the_widest_input_is_counted_while_calibrating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each Hessian's hook folds its batch in as a float32 copy: the widest input of a Llama
+    layer is down_proj's, the MLP's inner width; the calibrate phase grows by tokens x inner x
+    4 bytes with it (the solve phase, which holds no activations, does not)."""
+    model = tiny_llama(layers=2, seed=0)
+    partitioned = partition_trace(trace_graph(model, token_batch(2, 16, seed=0)))
+    settings = RunSettings(8, 64, 2)
+    costs = compressor_costs(model, partitioned, settings)
+    assert [c.widest_input for c in costs] == [model.config.intermediate_size] * 2
+    free = compressor_costs(model, partitioned, RunSettings(8, 64, 2, needs_data=False))
+    assert [c.widest_input for c in free] == [0, 0]
+
+    def phases() -> dict[str, int]:
+        estimates = estimate_pipelines(model, partitioned, settings, traced=(2, 16))
+        return next(e for e in estimates if e.pipeline == "sequential").device_phases
+
+    with_copy = phases()
+    without = [dataclasses.replace(c, widest_input=0) for c in costs]
+    monkeypatch.setattr(plan_estimate, "compressor_costs", lambda *args: without)
+    without_copy = phases()
+    copy = 2 * 64 * model.config.intermediate_size * 4  # batch x seq x inner, float32
+    assert with_copy["calibrate"] - without_copy["calibrate"] == copy
+    assert with_copy["solve"] == without_copy["solve"]
+    assert with_copy["propagate"] == without_copy["propagate"]

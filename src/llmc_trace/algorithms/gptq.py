@@ -60,7 +60,8 @@ def gptq(
     error is spread through the Cholesky factor of H itself (`SweepFactor`), which gives the
     paper's updates without inverting H. On a GPU, with Triton, each block's column steps run
     as one kernel (`llmc_trace.algorithms.sweep_kernel`) when the grid's scales are fitted up
-    front; the integers are those of the column loop.
+    front; the integers are those of the column loop. Where Triton is missing or cannot compile
+    the kernel, the column loop runs, with one `KernelFallbackWarning`.
 
     `args.actorder` chooses the sweep order:
 
@@ -151,9 +152,7 @@ def gptq(
         Q1 = torch.empty_like(W1)  # integers
         q1 = torch.empty_like(W1)  # their grid values
         diff1 = torch.empty_like(W1)  # w - q
-        if in_one_launch:
-            sweep_block(grid, i1, W1, V1, Q1, q1, diff1)
-        else:
+        if not (in_one_launch and sweep_block(grid, i1, W1, V1, Q1, q1, diff1)):
             _sweep_columns(grid, i1, W1, V1, Q1, q1, diff1)
         grid.set_block(i1, Q1)
         loss += factor.leave_block(G, before, q1.T, diff1, U1, i1, i2)

@@ -16,6 +16,7 @@ from llmc_trace.algorithms.grid import SweepGrid
 from llmc_trace.algorithms.hessian import sweep_factor
 from llmc_trace.algorithms.quantize import QuantizedWeight
 from llmc_trace.algorithms.scheme import QuantizationArgs
+from llmc_trace.algorithms.sweep_kernel import kernel_sweeps, prune_block
 from llmc_trace.core.solver import DEFAULTS, SolverSettings
 
 Sparsity = float | tuple[int, int]
@@ -67,6 +68,11 @@ def sparsegpt(
     gave 4 to 44 % lower output error than scales fitted up front from the unpruned weights
     (W4 group 128 at 50 %: -4 %, at 2:4: -9 %; W3 group 32 at 2:4: -31 %).
 
+    On a GPU, with Triton, each block's column steps run as one kernel
+    (`llmc_trace.algorithms.sweep_kernel.prune_block`: the N:M choice made inside it) unless
+    the quantization grid is fitted inside the sweep (groups); the results are the column
+    loop's.
+
     `settings` (`SolverSettings`) holds the sweep's damping and block size as for GPTQ (it does
     not refine). `overwrite_hessian=True`: the caller gives `H` up, and the factorisation reuses its
     storage (see `gptq`).
@@ -97,7 +103,7 @@ def sparsegpt(
     Q = torch.zeros_like(G)
     pruned = torch.zeros_like(G, dtype=torch.bool)
     loss = torch.zeros((), device=G.device)
-    zero = torch.zeros((), device=G.device)  # what a pruned weight becomes
+    in_one_launch = kernel_sweeps(grid, G.device)  # a block per kernel on a GPU
     for i1 in range(0, columns, blocksize):
         i2 = min(i1 + blocksize, columns)
         before = factor.original_block(original, None, i1, i2)  # (out, block)
@@ -113,22 +119,10 @@ def sparsegpt(
             mask1 = _lowest(W1.T**2 / d2, count).T.contiguous()
         else:
             mask1 = torch.zeros_like(W1, dtype=torch.bool)
-        # views made once per block, so that the column loop allocates no tensor
-        columns_of_block = zip(
-            W1.unbind(), mask1.unbind(), Q1.unbind(), diff1.unbind(), integers.unbind()
-        )
-        for i, (w, prune, q, diff, integer) in enumerate(columns_of_block):
-            if nm is not None and i % nm[1] == 0:
-                scores = W1[i : i + nm[1]].T ** 2 / d2[i : i + nm[1]]
-                mask1[i : i + nm[1]] = _n_m_mask(scores, *nm).T
-            torch.where(prune, zero, w, out=q)
-            if grid is not None:
-                if grid.starts_group(i1 + i):
-                    group = slice(i, i + grid.group_size)
-                    grid.fit(i1 + i, W1[group].T.masked_fill(mask1[group].T, 0))
-                grid.quantize_into(i1 + i, q, integer, q)
-            torch.sub(w, q, out=diff)
-            W1[i:].addr_(V1[i, i:], diff, alpha=-1)  # rank-1, in place
+        if not (
+            in_one_launch and prune_block(W1, V1, mask1, nm, d2, grid, i1, integers, Q1, diff1)
+        ):
+            _prune_columns(W1, V1, mask1, nm, d2, grid, i1, integers, Q1, diff1)
         if grid is not None:
             grid.set_block(i1, integers)
         Q[:, i1:i2] = Q1.T
@@ -139,6 +133,44 @@ def sparsegpt(
     weight = Q.to(dtype) if quantized is None else quantized.weight
     assert weight is not None  # a fresh result always carries its dense weight
     return SparseGPTResult(weight, pruned, quantized, loss.item(), factor.percdamp)
+
+
+def _prune_columns(
+    W1: torch.Tensor,
+    V1: torch.Tensor,
+    mask1: torch.Tensor,
+    nm: tuple[int, int] | None,
+    d2: torch.Tensor,
+    grid: SweepGrid | None,
+    i1: int,
+    integers: torch.Tensor,
+    Q1: torch.Tensor,
+    diff1: torch.Tensor,
+) -> None:
+    """The paper's steps over one block (`prune_block`'s contract), a column at a time with
+    torch ops: for N:M each run's mask chosen as the sweep reaches it, each column pruned (and
+    rounded, its group's scale fitted first where the sweep fits it), and its w - q spread over
+    the block's later columns."""
+    zero = torch.zeros((), device=W1.device)  # what a pruned weight becomes
+    # the rank-1 updates' products, each rounded before it is subtracted, as the kernel
+    # rounds them (the CPU's `addr_` fuses some multiply-adds and not others)
+    product = torch.empty_like(W1)
+    # views made once per block, so that the column loop allocates no tensor
+    columns_of_block = zip(
+        W1.unbind(), mask1.unbind(), Q1.unbind(), diff1.unbind(), integers.unbind()
+    )
+    for i, (w, prune, q, diff, integer) in enumerate(columns_of_block):
+        if nm is not None and i % nm[1] == 0:
+            scores = W1[i : i + nm[1]].T ** 2 / d2[i : i + nm[1]]
+            mask1[i : i + nm[1]] = _n_m_mask(scores, *nm).T
+        torch.where(prune, zero, w, out=q)
+        if grid is not None:
+            if grid.starts_group(i1 + i):
+                group = slice(i, i + grid.group_size)
+                grid.fit(i1 + i, W1[group].T.masked_fill(mask1[group].T, 0))
+            grid.quantize_into(i1 + i, q, integer, q)
+        torch.sub(w, q, out=diff)
+        W1[i:].sub_(torch.outer(V1[i, i:], diff, out=product[i:]))  # rank-1, in place
 
 
 def magnitude_prune(W: torch.Tensor, sparsity: Sparsity = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +207,11 @@ def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _n_m_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """Mask pruning the m - n lowest of every m consecutive entries of each row of `scores`."""
+    """Mask pruning the m - n lowest of every m consecutive entries of each row of `scores`;
+    of equal scores the earlier is pruned first (a stable sort's order, which the sweep
+    kernel's choice follows)."""
     runs = scores.reshape(scores.shape[0], -1, m)  # (rows, in / m, m)
-    lowest = torch.topk(runs, m - n, dim=-1, largest=False).indices
+    lowest = torch.sort(runs, dim=-1, stable=True).indices[..., : m - n]
     mask = torch.zeros_like(runs, dtype=torch.bool).scatter_(-1, lowest, True)
     return mask.reshape(scores.shape)
 

@@ -26,7 +26,7 @@ after. On a CPU run the device *is* the host, so the host figure includes the de
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -86,13 +86,20 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class PipelineEstimate:
-    """Peak bytes of one pipeline; ``device`` and ``host`` are separate memories."""
+    """Peak bytes of one pipeline; ``device`` and ``host`` are separate memories.
+
+    ``device_phases`` splits the device peak by what the run is doing when it is reached,
+    where the pipeline's formula tells them apart (the sequential one: ``calibrate``, the
+    forwards with the Hessians' hooks; ``solve``, the layers compressed; ``propagate``, the
+    forwards on the compressed layers): a measured peak per phase can then be held against
+    each term, and ``device_bytes`` is their largest."""
 
     pipeline: str
     device_bytes: int
     host_bytes: int
     cache_bytes: int
     detail: str
+    device_phases: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ class CompressorCost:
     #: one GPTQ/SparseGPT call's working memory
     compress_bytes: int
     kept_bytes: int  # integer weights kept on the host for the checkpoint
+    #: the widest input a Hessian's hook reads: it folds each batch in as a float32 copy,
+    #: tokens x this x 4 bytes beside the layer's activations (0 when no Hessian is made)
+    widest_input: int = 0
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,15 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
 
     Walks the subgraphs as the cache stores their values: an output that has the shape of
     an input the same subgraph consumes takes that input's slab over row by row; any other
-    output needs a slab of its own while the consumed inputs' slabs are still held."""
+    output needs a slab of its own while the consumed inputs' slabs are still held.
+
+    Stops at the last subgraph holding a target, and counts of that one only what its
+    targets need, as the run does: the head's weights and its logits (at 8B, 8 x 2048 tokens
+    over 128,256 words, 4 GiB) were once most of the estimate. Per phase
+    (``PipelineEstimate.device_phases``): calibrating holds the Hessians, the layer's
+    activations and the hooks' float32 copy of the widest input (of 16-bit activations);
+    solving, the Hessians not yet given up and one solve's working memory; propagating, the
+    activations."""
     model, partitioned, settings = inputs.model, inputs.partitioned, inputs.settings
     if partitioned is None:
         return None
@@ -309,12 +317,25 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
     }
     peak_cache = peak_device = peak_host = 0
-    for subgraph in partitioned.subgraphs:
+    phases = {"calibrate": 0, "solve": 0, "propagate": 0}
+    tokens = settings.batch_size * settings.seq_len
+    # the subgraphs after the last one holding a target never run (see the module docstring):
+    # the head's weights and logits are no part of the peak
+    ran = [s for s in partitioned.subgraphs if any(t in cost_of for t in s.targets)]
+    last = partitioned.subgraphs.index(ran[-1]) if ran else len(partitioned.subgraphs) - 1
+    for position, subgraph in enumerate(partitioned.subgraphs[: last + 1]):
+        if position == last and ran:  # the run's `_listened_part`: the targets alone
+            subgraph = subgraph.restricted_to(set(subgraph.targets))
         group = parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
-        calibrating = sum(c.hessian_bytes for c in mine) + (working if subgraph.targets else 0)
-        calibrating += transient_bytes(subgraph.graph, size)
+        forward = (working if subgraph.targets else 0) + transient_bytes(subgraph.graph, size)
+        # a float32 run's hooks read the activations as they are: no copy
+        hooks = max((tokens * c.widest_input * 4 for c in mine), default=0) if compute != 4 else 0
+        calibrating = sum(c.hessian_bytes for c in mine) + forward + hooks
         io = sum(size(values.get(n)) for n in subgraph.input_names + subgraph.output_names)
+        phases["calibrate"] = max(phases["calibrate"], group + io + calibrating)
+        phases["solve"] = max(phases["solve"], group + io + compressing(mine))
+        phases["propagate"] = max(phases["propagate"], group + io + forward)
         device = group + io + max(calibrating, compressing(mine))
         peak_device = max(peak_device, device)
         donors = [_signature(values.get(n)) for n in subgraph.consumed_names if n in live]
@@ -344,6 +365,7 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         host_bytes=peak_host,
         cache_bytes=peak_cache,
         detail="one subgraph on the device; cross-subgraph values of every batch on the host",
+        device_phases=phases,
     )
 
 

@@ -171,6 +171,9 @@ def compressor_costs(
                     (sum(m.weight.numel() for m in linears) + experts.weights)
                     * settings.kept_bytes_per_weight
                 ),
+                widest_input=max((_linear(g[0]).in_features for g in groups), default=0)
+                if column2
+                else 0,
             )
         )
     return costs
