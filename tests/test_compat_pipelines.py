@@ -54,9 +54,7 @@ def target_paths(model: torch.nn.Module, cls: str) -> list[str]:
     return [p for p, m in model.named_modules() if any(c.__name__ == cls for c in type(m).__mro__)]
 
 
-def eager_calls(
-    model: torch.nn.Module, paths: list[str], batches: list[dict[str, Any]]
-) -> Calls:
+def eager_calls(model: torch.nn.Module, paths: list[str], batches: list[dict[str, Any]]) -> Calls:
     """Each target's calls in plain forwards, hooked with torch alone (caches off, as the
     pipelines run the model)."""
     calls: Calls = defaultdict(list)
@@ -408,6 +406,7 @@ def test_dispatch_for_sequential_removes_accelerate_offloading() -> None:
     the CPU, no hook is left, and the outputs are what they were (accelerate is in the test
     extras)."""
     import accelerate
+
     model, batch = tiny_llama(layers=2), token_batch()
     with torch.no_grad():
         expected = model(**batch).logits

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """``benchmarks/tables.py`` reading a copy of the result files, with fresh caches."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("tables_under_test", ROOT / "benchmarks" / "tables.py")
+    spec = importlib.util.spec_from_file_location(
+        "tables_under_test", ROOT / "benchmarks" / "tables.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     results = tmp_path / "results"
@@ -74,7 +76,9 @@ def test_the_gpu_goals_are_judged_by_the_run_s_own_summary(tables) -> None:
     }
     (folder / "gpu-benchmark.json").write_text(json.dumps(record))
     rendered = tables.render("gpu:goals")
-    rows = {line.split("|")[1].strip(): line for line in rendered.splitlines() if line.count("|") > 3}
+    rows = {
+        line.split("|")[1].strip(): line for line in rendered.splitlines() if line.count("|") > 3
+    }
     assert "**met**" in rows["compress_8b_s"]
     assert "**missed**" in rows["gptq_floor_ratio"] and "2.6" in rows["gptq_floor_ratio"]
     # every ratio within 2, but six of the eight shapes were not measured: not met

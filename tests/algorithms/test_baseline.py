@@ -61,7 +61,9 @@ def test_gptq_loss_is_the_error_of_its_result_under_the_damped_hessian(
     problem: tuple[torch.Tensor, torch.Tensor], args: QuantizationArgs, refine_passes: int
 ) -> None:
     W, H = problem
-    result = gptq(W, H, args, settings=SolverSettings(percdamp=PERCDAMP, refine_passes=refine_passes))
+    result = gptq(
+        W, H, args, settings=SolverSettings(percdamp=PERCDAMP, refine_passes=refine_passes)
+    )
     Q = result.quantized.weight
     assert Q is not None and result.percdamp == PERCDAMP
     exact = exact_damped_error(W, Q, H, PERCDAMP)

@@ -70,7 +70,9 @@ def test_predicted_loss_equals_the_damped_quadratic_and_the_output_error(
     W, X = problem
     H = hessian(X)
     for percdamp in (0.01, 1e-5):
-        result = gptq(W, H, QuantizationArgs(num_bits=3), settings=SolverSettings(percdamp=percdamp))
+        result = gptq(
+            W, H, QuantizationArgs(num_bits=3), settings=SolverSettings(percdamp=percdamp)
+        )
         delta = (W - result.quantized.weight).double()
         damp = percdamp * torch.diag(H).mean().double()
         H_damped = H.double() + damp * torch.eye(H.shape[0], dtype=torch.double)
@@ -235,5 +237,7 @@ def test_gptq_keeps_an_earlier_pruning_mask(
     assert output_error(pruned_weight, kept.weight, X) < 0.8 * output_error(
         pruned_weight, nearest, X
     )
-    refined = gptq(pruned_weight, H, args, zeros=pruned, settings=SolverSettings(refine_passes=5)).quantized
+    refined = gptq(
+        pruned_weight, H, args, zeros=pruned, settings=SolverSettings(refine_passes=5)
+    ).quantized
     assert torch.equal(refined.weight[pruned], torch.zeros(int(pruned.sum())))

@@ -52,7 +52,9 @@ def test_refinement_lowers_the_objective_on_the_same_grid(
     W, H = problem
     static_groups = args.symmetric  # asymmetric groups fitted in the sweep: the grid moves too
     plain = gptq(W, H, args, SolverSettings(refine_passes=0, static_groups=static_groups))
-    refined = gptq(W, H, args, SolverSettings(refine_passes=MAX_PASSES, static_groups=static_groups))
+    refined = gptq(
+        W, H, args, SolverSettings(refine_passes=MAX_PASSES, static_groups=static_groups)
+    )
     p, r = plain.quantized, refined.quantized
     assert plain.refinement is None and refined.refinement is not None
     assert refined.refinement.converged and refined.refinement.passes >= 1

@@ -54,7 +54,10 @@ def test_negative_refine_passes_exit_2_before_loading(
 def test_the_default_is_the_library_default(saved_llama: tuple[Path, Path]) -> None:
     folder, data = saved_llama
     option = next(p for p in compress_command().params if p.name == "refine_passes")
-    assert option.default == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].solver.refine_passes
+    assert (
+        option.default
+        == CompressRequest(folder, data, samples=8, seq_len=64).stages[0].solver.refine_passes
+    )
 
 
 def test_static_groups_reach_gptq_the_recipe_and_the_report(
@@ -79,7 +82,10 @@ def test_static_groups_reach_gptq_the_recipe_and_the_report(
     (settings,) = json.loads((again / "report.json").read_text())["settings"]["stages"]
     assert settings["solver"]["static_groups"] is False
     original = load_file(folder / "model.safetensors")
-    up_front, in_sweep = load_file(first / "model.safetensors"), load_file(again / "model.safetensors")
+    up_front, in_sweep = (
+        load_file(first / "model.safetensors"),
+        load_file(again / "model.safetensors"),
+    )
     scales = [name for name in up_front if name.endswith("weight_scale")]
     assert scales
     for name in scales:

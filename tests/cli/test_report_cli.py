@@ -62,7 +62,11 @@ def report_file(tmp_path: Path) -> Path:
             1,
             0,
             "bfloat16",
-            (StageSettings("gptq", "W4A16", {"num_bits": 4}, None, "sequential", {"percdamp": 0.05}),),
+            (
+                StageSettings(
+                    "gptq", "W4A16", {"num_bits": 4}, None, "sequential", {"percdamp": 0.05}
+                ),
+            ),
         ),
         subgraphs=(SubgraphRow(0, ()), SubgraphRow(1, ("model.layers.0",))),
         layers=(

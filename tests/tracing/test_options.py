@@ -26,7 +26,9 @@ def test_each_kind_of_entry_lands_in_its_field_and_round_trips() -> None:
     assert options.definitions == ("tracing_models:RwkvModel",)
     assert options.sequential_targets == ("LlamaDecoderLayer",)
     assert options.tracing_ignore() == ignore
-    assert TracingOptions.parse(model, options.tracing_ignore(), ["LlamaDecoderLayer"], 2) == options
+    assert (
+        TracingOptions.parse(model, options.tracing_ignore(), ["LlamaDecoderLayer"], 2) == options
+    )
 
 
 def test_a_mistyped_class_name_is_refused_with_the_closest_names() -> None:
