@@ -134,9 +134,9 @@ def _goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--eval-rows", type=int, default=32)
+    parser.add_argument("--eval-rows", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
