@@ -185,8 +185,8 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--eval-rows", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--eval-rows", type=int, default=128)
     parser.add_argument(
         "--reference-python", type=Path, default=HERE / ".venv-llmc" / "bin" / "python"
     )
