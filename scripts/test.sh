@@ -15,7 +15,7 @@ step() {
 
 step bash scripts/setup.sh
 . .venv/bin/activate
-step python -m pytest -q -n 2 --durations=15
+step python -m pytest -q -n 2 --dist worksteal --durations=15
 export NO_MKDOCS_2_WARNING=1  # the theme's notice about its successor, printed on every build
 step mkdocs build --strict --quiet --site-dir "$(mktemp -d)/site"
 step python benchmarks/tables.py --check

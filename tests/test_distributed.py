@@ -125,6 +125,7 @@ def test_two_ranks_write_the_one_process_checkpoint_up_to_float_order(
         assert torch.isfinite(model(torch.as_tensor(np.load(data)[:2])).logits).all()
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_a_killed_rank_ends_every_rank_and_leaves_no_output(tmp_path: Path) -> None:
     from tests.test_streamed_compress import bf16_llama

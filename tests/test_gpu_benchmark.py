@@ -51,6 +51,7 @@ def cuda_tests_in_suite() -> int:
     )
 
 
+@pytest.mark.slow
 def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
     """Every step runs on the CPU with tiny shapes and the JSON holds each figure the GPU run
     reports; the reference model compressed twice on the same device gives one checkpoint."""

@@ -29,6 +29,7 @@ def _rows(name: str, drawn_rows: Path, tone_rows: Path) -> Path:
     return tone_rows if TWINS[name] == "audio" else drawn_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TWINS))
 def test_media_calibrate_through_the_sequential_pipeline_and_reload(
     name: str, twins, drawn_rows: Path, tone_rows: Path, tmp_path: Path

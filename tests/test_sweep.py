@@ -54,6 +54,7 @@ def verified_pairs(rows: list[dict[str, object]]) -> dict[tuple[str, str], list[
     return pairs
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")  # as in the sweep's workers
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"shard{s + 1}of{SHARDS}")
 def test_every_pair_verified_in_the_shipped_sweep_still_verifies(shard: int) -> None:

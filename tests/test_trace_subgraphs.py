@@ -181,6 +181,7 @@ BUILTIN_CASES = [case for case in cases() if case not in EXPECTED_FAILURES]
 SHARDS = 4
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"shard{s + 1}of{SHARDS}")
 def test_llm_compressors_default_ignore_verifies_on_every_builtin_twin(shard: int) -> None:

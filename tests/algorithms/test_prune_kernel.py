@@ -112,6 +112,7 @@ def _tied_runs(case: str) -> int:
     return int((runs.unsqueeze(-1) == runs.unsqueeze(-2)).sum(dim=(-1, -2)).gt(4).sum())
 
 
+@pytest.mark.slow
 def test_the_interpreted_kernel_prunes_as_the_torch_loop() -> None:
     child = subprocess.run(
         [sys.executable, "-c", "import json; from test_prune_kernel import compare_on_the_cpu; "

@@ -92,6 +92,7 @@ def compare_on_the_cpu() -> dict[str, dict[str, object]]:
     return results
 
 
+@pytest.mark.slow
 def test_the_interpreted_kernel_chooses_the_torch_loops_integers() -> None:
     child = subprocess.run(
         [sys.executable, "-c", "import json; from test_sweep_kernel import compare_on_the_cpu; "

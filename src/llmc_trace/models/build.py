@@ -204,8 +204,16 @@ def _initialized_once() -> Iterator[None]:
             kind.reset_parameters = original  # type: ignore[method-assign]
     for module, original in made:
         weight = module.weight
-        if weight.device.type != "meta" and not weight.any():
+        if weight.device.type != "meta" and not _drawn(weight):
             original(module)  # type: ignore[operator]
+
+
+def _drawn(weight: torch.Tensor) -> bool:
+    """Whether any entry of ``weight`` is non-zero. A drawn weight shows it in its first few
+    entries, so the whole tensor (a large vocabulary's embedding) is read only when those are
+    all zero."""
+    flat = weight.detach().reshape(-1)
+    return bool(flat[:256].any()) or bool(flat.any())
 
 
 def load_pretrained(
