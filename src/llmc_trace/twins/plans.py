@@ -22,6 +22,15 @@ HALF = [0.5, 0.5, 0.5]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
+#: The Qwen2 tokenizer's own tokens, shared by the Qwen-VL generations and InternVL's Qwen2 text
+#: stack: what the config's bos/eos ids stand for, and the tokenizer's named tokens.
+QWEN_CONFIG_TOKENS = {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"}
+QWEN_NAMED_TOKENS = {
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "unk_token": "<|unk|>",
+}
+
 
 @dataclass(frozen=True)
 class ProcessorPlan:
@@ -93,14 +102,9 @@ def _qwen2_vl(config: PretrainedConfig) -> ProcessorPlan:
             "vision_start_token_id": "<|vision_start|>",
             "vision_end_token_id": "<|vision_end|>",
             **vision_token,
-            "bos_token_id": "<|endoftext|>",
-            "eos_token_id": "<|im_end|>",
+            **QWEN_CONFIG_TOKENS,
         },
-        named_tokens={
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "unk_token": "<|unk|>",
-        },
+        named_tokens=dict(QWEN_NAMED_TOKENS),
         extra_tokens=("<|im_start|>",),
         media_markers={
             "image": "<|vision_start|><|image_pad|><|vision_end|>",
@@ -314,15 +318,9 @@ def _internvl(config: PretrainedConfig) -> ProcessorPlan:
             "image_mean": IMAGENET_MEAN,
             "image_std": IMAGENET_STD,
         },
-        config_tokens={
-            "image_token_id": "<IMG_CONTEXT>",
-            "bos_token_id": "<|endoftext|>",
-            "eos_token_id": "<|im_end|>",
-        },
+        config_tokens={"image_token_id": "<IMG_CONTEXT>", **QWEN_CONFIG_TOKENS},
         named_tokens={
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "unk_token": "<|unk|>",
+            **QWEN_NAMED_TOKENS,
             "start_image_token": "<img>",
             "end_image_token": "</img>",
             "context_image_token": "<IMG_CONTEXT>",
