@@ -139,6 +139,7 @@ def test_an_image_url_is_fetched_and_an_unreachable_one_is_one_sentence(
         assert all((fetched.batches[0][k] == read.batches[0][k]).all() for k in read.batches[0])
     finally:
         server.shutdown()
+        server.server_close()  # refuse at once, rather than accept and never answer
     unreachable = tmp_path / "unreachable.jsonl"
     unreachable.write_text(json.dumps({**rows[0], "image": base + rows[0]["image"]}) + "\n")
     with pytest.raises(DataError) as err:

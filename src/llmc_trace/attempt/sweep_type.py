@@ -261,18 +261,24 @@ def _sweep_modality(
     missing = _required_inputs(twin, sample)
     if missing:
         return row(modality, "sample", f"forward requires {', '.join(missing)}; no sample has it")
-    twin_error = _eager_error(twin, sample)
-    if twin_error is not None:
-        full = _full_size_failure(cls, config, modality)
-        if full is None:
-            return row(modality, "twin", f"twin does not run: {twin_error}")
-        if probed and not text_broken and not isinstance(full, UnfitConfig):
-            return row(modality, "sample", f"the probed sample runs at neither size: {_said(full)}")
-        return row(modality, "transformers", _said(full))
     options = TracingOptions.parse(twin, [], None)
     options = dataclasses.replace(options, record_decisions=True)
     traced = trace_model(twin, sample, options, name=type(twin).__name__)
-    settled = settle(traced, verify_on_sample, fix=fix)
+    # Verification runs the eager forward itself: only a trace that does not verify as it is
+    # asks whether the twin runs eagerly at all (whose failure it is) before fixes are searched.
+    settled = settle(traced, verify_on_sample, fix=False)
+    if not settled.attempt.ok:
+        twin_error = _eager_error(twin, sample)
+        if twin_error is not None:
+            full = _full_size_failure(cls, config, modality)
+            if full is None:
+                return row(modality, "twin", f"twin does not run: {twin_error}")
+            if probed and not text_broken and not isinstance(full, UnfitConfig):
+                problem = f"the probed sample runs at neither size: {_said(full)}"
+                return row(modality, "sample", problem)
+            return row(modality, "transformers", _said(full))
+        if fix:
+            settled = settle(traced, verify_on_sample, fix=True)
     attempt = settled.attempt
     fix_used = ", ".join(settled.applied.tracing_ignore) if settled.applied else ""
     if attempt.ok:
