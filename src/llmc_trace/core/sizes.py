@@ -63,6 +63,16 @@ def parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = No
     return sum(p.numel() * (dtype_bytes or p.element_size()) for p in unique.values())
 
 
+def largest_parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = None) -> int:
+    """Bytes of the largest parameter ``modules`` hold themselves (see :func:`parameter_bytes`)."""
+    sizes = (
+        p.numel() * (dtype_bytes or p.element_size())
+        for m in modules
+        for p in m.parameters(recurse=False)
+    )
+    return max(sizes, default=0)
+
+
 def parameter_bytes_by_path(model: torch.nn.Module) -> dict[str, int]:
     """Bytes of the parameters under every module path; a tied parameter counts once per path."""
     totals: dict[str, int] = {}

@@ -121,7 +121,13 @@ def estimate_basic(inputs: EstimateInputs) -> PipelineEstimate:
         BASIC,
         device_bytes=device,
         host_bytes=settings.host_bytes(
-            device, everything, inputs.weights, 0, inputs.kept, inputs.kept
+            device,
+            everything,
+            inputs.weights,
+            0,
+            inputs.kept,
+            inputs.kept,
+            largest=inputs.largest_tensor_bytes(),
         ),
         cache_bytes=0,
         detail="the whole model and every compressor's state on the device at once "
@@ -137,7 +143,13 @@ def estimate_data_free(inputs: EstimateInputs) -> PipelineEstimate:
         DATA_FREE,
         device_bytes=device,
         host_bytes=inputs.settings.host_bytes(
-            device, device, inputs.weights, 0, inputs.kept, inputs.kept_one
+            device,
+            device,
+            inputs.weights,
+            0,
+            inputs.kept,
+            inputs.kept_one,
+            largest=inputs.largest_tensor_bytes(),
         ),
         cache_bytes=0,
         detail="weights only, one target at a time",

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from llmc_trace.core.sizes import parameter_bytes
+from llmc_trace.core.sizes import largest_parameter_bytes, parameter_bytes
 from llmc_trace.graph.partition import PartitionedTrace
 from llmc_trace.pipelines.callbacks import modules_outside
 
@@ -66,17 +66,32 @@ class RunSettings:
     attention: str = "eager"
 
     def host_bytes(
-        self, device: int, group: int, weights: int, cache: int, kept: int, kept_group: int
+        self,
+        device: int,
+        group: int,
+        weights: int,
+        cache: int,
+        kept: int,
+        kept_group: int,
+        largest: int = 0,
     ) -> int:
         """Host peak from the device peak and the weights: ``group`` is the largest group's
         parameter count times ``dtype_bytes`` (what the device holds of it), ``weights`` all
-        of the model's at ``storage_bytes`` (see the module docstring)."""
+        of the model's at ``storage_bytes`` (see the module docstring); ``largest``, the
+        group's largest tensor at ``dtype_bytes``."""
         # the group in the stored dtype as it is read (an upper bound: each tensor is cast to
         # the compute dtype as soon as it is read)
         staged = group * self.storage_bytes // self.dtype_bytes
         if self.streamed:
-            held = kept_group + (max(device, group + staged) if self.device_is_host else staged)
-            return cache + held
+            # streamed, the group goes to the checkpoint as it leaves, tensor by tensor; one
+            # that is cast to the stored dtype (float32 compute on a CPU) or brought back from
+            # the device is copied on its way, beside the pages it was read from: at 0.1B the
+            # embedding's bfloat16 copy was the quarter of the peak the plan had missed
+            copied = not self.device_is_host or self.storage_bytes != self.dtype_bytes
+            writing = largest * self.storage_bytes // self.dtype_bytes if copied else 0
+            if self.device_is_host:
+                return cache + kept_group + max(device, group + staged + writing)
+            return cache + kept_group + staged + writing
         on_host = weights + kept
         if self.device_is_host:  # the group's weights are the host's, cast when dtypes differ
             shared = staged if self.storage_bytes == self.dtype_bytes else 0
@@ -165,6 +180,10 @@ class EstimateInputs:
         """The largest target's weights in the compute dtype."""
         compute = self.settings.dtype_bytes
         return max((parameter_bytes(list(t.modules()), compute) for t in self.targets), default=0)
+
+    def largest_tensor_bytes(self) -> int:
+        """The model's largest parameter in the compute dtype."""
+        return largest_parameter_bytes(list(self.model.modules()), self.settings.dtype_bytes)
 
     def outside_bytes(self) -> int:
         """The weights outside every target (embeddings, final norm, head), in the compute

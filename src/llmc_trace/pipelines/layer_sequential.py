@@ -304,7 +304,13 @@ def estimate_layer_sequential(inputs: EstimateInputs) -> PipelineEstimate:
         LAYER_SEQUENTIAL,
         device_bytes=device,
         host_bytes=settings.host_bytes(
-            device, outside + largest_target, inputs.weights, calls, inputs.kept, inputs.kept_one
+            device,
+            outside + largest_target,
+            inputs.weights,
+            calls,
+            inputs.kept,
+            inputs.kept_one,
+            largest=inputs.largest_tensor_bytes(),
         ),
         cache_bytes=calls,
         detail="one target and one batch on the device, with the modules outside the "

@@ -25,7 +25,7 @@ import torch
 
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
-from llmc_trace.core.sizes import parameter_bytes
+from llmc_trace.core.sizes import largest_parameter_bytes, parameter_bytes
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
 from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
@@ -327,6 +327,7 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         if position == last and ran:  # the run's `_listened_part`: the targets alone
             subgraph = subgraph.restricted_to(set(subgraph.targets))
         group = parameter_bytes(subgraph.submodules(model), compute)
+        largest = largest_parameter_bytes(subgraph.submodules(model), compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         forward = (working if subgraph.targets else 0) + transient_bytes(subgraph.graph, size)
         # a float32 run's hooks read the activations as they are: no copy
@@ -353,7 +354,7 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         kept_here = sum(c.kept_bytes for c in mine)
         peak_host = max(
             peak_host,
-            settings.host_bytes(device, group, weights, before + added, 0, kept_here),
+            settings.host_bytes(device, group, weights, before + added, 0, kept_here, largest),
         )
         for name in subgraph.consumed_names:
             live.pop(name, None)
