@@ -134,7 +134,8 @@ def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
 def test_the_wheels_install_offline_and_run_from_the_target(tmp_path: Path) -> None:
     """Wheels built for this Python (no download: every tag fits, ``PIP_NO_INDEX`` forbids the
     registry) install into an empty folder, and a step imports llmc-trace and
-    compressed-tensors from there, not from the checkout."""
+    compressed-tensors from there, not from the checkout (``versions``, which every run runs
+    first: it imports each package and names the folder it came from)."""
     folder, target = tmp_path / "wheels", tmp_path / "site"
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     env = {**os.environ, "PIP_NO_INDEX": "1"}
@@ -147,7 +148,7 @@ def test_the_wheels_install_offline_and_run_from_the_target(tmp_path: Path) -> N
     }
     out = tmp_path / "out"
     run_gpu_script(
-        "--small", "--device", "cpu", "--steps", "kernels", "--budget-s", "900", "--wheels", str(folder),
+        "--small", "--device", "cpu", "--steps", "versions", "--budget-s", "900", "--wheels", str(folder),
         "--target", str(target), "--out", str(out), "--work", str(tmp_path / "work"), env=env,
     )  # fmt: skip
     record = json.loads((out / "gpu-benchmark.json").read_text())
@@ -156,7 +157,6 @@ def test_the_wheels_install_offline_and_run_from_the_target(tmp_path: Path) -> N
     for name in ("llmc-trace", "compressed-tensors", "pydantic", "graphviz"):
         assert packages[name]["location"].startswith(str(target)), (name, packages[name])
     assert packages["torch"]["location"].startswith(sys.prefix)  # the machine's own torch
-    assert record["steps"]["kernels"]["status"] == "ok"
 
 
 def test_stale_wheels_are_refused_before_anything_runs(tmp_path: Path) -> None:
