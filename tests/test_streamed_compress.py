@@ -162,8 +162,8 @@ def test_the_plan_counts_the_stored_copy_a_streamed_cpu_run_writes(
     """A streamed CPU run computes in float32 and writes each group as it leaves: a tensor
     stored dense in bfloat16 (the embedding) is cast on its way out, beside its float32 self
     and the pages it was read from. With an embedding of 64,000 x 1,024 words, that copy (131
-    MB) is a quarter of the peak. The plan's host estimate covers the measured growth (1.09-1.12x
-    it; 0.82x when it left the copy out) without overshooting it."""
+    MB) is a quarter of the peak. The plan's host estimate covers the measured growth (1.09-1.13x
+    it; 0.82-0.85x when it left the copy out) without overshooting it."""
     source = bf16_llama(tmp_path / "wide", 1, 1024, 64_000)
     growth, planned = _child_peak_growth(source, calib, "spawn")
     assert 0.95 * growth < planned < 1.25 * growth, (growth, planned)

@@ -158,13 +158,19 @@ class SettledTrace:
 
 
 def settle(
-    traced: TracedModel, check: Callable[[TracedModel], TwinCheck] | None, *, fix: bool
+    traced: TracedModel,
+    check: Callable[[TracedModel], TwinCheck] | None,
+    *,
+    fix: bool,
+    proved: Attempt | None = None,
 ) -> SettledTrace:
     """Verify ``traced`` with ``check``; when it did not trace and ``fix`` is set, search fixes,
     each retry tracing ``traced.model`` on ``traced.sample`` with the fix added. The fix the
     sweep verified for the model's type seeds the search; it never replaces it.
 
-    ``check=None`` skips verification (the attempt is then never ``ok``).
+    ``check=None`` skips verification (the attempt is then never ``ok``). ``proved``: the
+    attempt a caller already made of ``traced`` with ``check`` (a sweep that settles without
+    fixes first), which is then not verified again.
     """
 
     def prove(candidate: TracedModel) -> Attempt:
@@ -179,7 +185,7 @@ def settle(
             )
         )
 
-    first = prove(traced)
+    first = proved or prove(traced)
     if not fix or first.ok or first.failure is None:
         return SettledTrace(first, first, [], None)
     found = search_fixes(first, traced.model, retry, _swept_seeds(traced))

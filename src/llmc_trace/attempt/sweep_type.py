@@ -278,7 +278,7 @@ def _sweep_modality(
                 return row(modality, "sample", problem)
             return row(modality, "transformers", _said(full))
         if fix:
-            settled = settle(traced, verify_on_sample, fix=True)
+            settled = settle(traced, verify_on_sample, fix=True, proved=settled.first)
     attempt = settled.attempt
     fix_used = ", ".join(settled.applied.tracing_ignore) if settled.applied else ""
     if attempt.ok:

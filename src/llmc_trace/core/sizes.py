@@ -59,18 +59,17 @@ def value_bytes(value: Any) -> int:
 def parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = None) -> int:
     """Bytes of the parameters ``modules`` hold themselves, a tied parameter counted once; at
     ``dtype_bytes`` per element when given (a plan for another dtype), else as stored."""
-    unique = {id(p): p for m in modules for p in m.parameters(recurse=False)}
-    return sum(p.numel() * (dtype_bytes or p.element_size()) for p in unique.values())
+    return sum(_each_parameter_bytes(modules, dtype_bytes))
 
 
 def largest_parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None = None) -> int:
     """Bytes of the largest parameter ``modules`` hold themselves (see :func:`parameter_bytes`)."""
-    sizes = (
-        p.numel() * (dtype_bytes or p.element_size())
-        for m in modules
-        for p in m.parameters(recurse=False)
-    )
-    return max(sizes, default=0)
+    return max(_each_parameter_bytes(modules, dtype_bytes), default=0)
+
+
+def _each_parameter_bytes(modules: list[torch.nn.Module], dtype_bytes: int | None) -> list[int]:
+    unique = {id(p): p for m in modules for p in m.parameters(recurse=False)}
+    return [p.numel() * (dtype_bytes or p.element_size()) for p in unique.values()]
 
 
 def parameter_bytes_by_path(model: torch.nn.Module) -> dict[str, int]:

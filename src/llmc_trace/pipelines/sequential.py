@@ -326,8 +326,9 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
     for position, subgraph in enumerate(partitioned.subgraphs[: last + 1]):
         if position == last and ran:  # the run's `_listened_part`: the targets alone
             subgraph = subgraph.restricted_to(set(subgraph.targets))
-        group = parameter_bytes(subgraph.submodules(model), compute)
-        largest = largest_parameter_bytes(subgraph.submodules(model), compute)
+        modules = subgraph.submodules(model)
+        group = parameter_bytes(modules, compute)
+        largest = largest_parameter_bytes(modules, compute)
         mine = [cost_of[t] for t in subgraph.targets if t in cost_of]
         forward = (working if subgraph.targets else 0) + transient_bytes(subgraph.graph, size)
         # a float32 run's hooks read the activations as they are: no copy
