@@ -309,3 +309,31 @@ def test_compress_refuses_token_ids_outside_the_vocabulary(
     )
     assert code == 2 and "holds token ids from -3 to -3, outside [0, 128)" in output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["absolute", "relative", "home"])
+def test_a_model_folder_that_does_not_exist_is_named_as_a_folder(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that cannot be a hub id is reported as the missing folder it is, not as a hub
+    id that failed to fetch."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    name = {"absolute": str(tmp_path / "gone"), "relative": "./gone", "home": "~/gone"}[kind]
+    code, output = invoke("attempt", "-m", name)
+    assert code == 2 and f"No folder at {name}." in output, output
+    assert "Hugging Face Hub" not in output
+
+
+def test_an_unreachable_hub_id_suggests_only_builtins_that_resemble_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import huggingface_hub.constants
+
+    # offline: the failure at once, instead of the hub client's retries on a machine without
+    # network (the message is the same)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, output = invoke("attempt", "-m", "Qwen/Qwen2-VL-2B-Instructt")
+    assert code == 2 and "closest: Qwen/Qwen2-VL-2B-Instruct" in output, output
+    code, output = invoke("attempt", "-m", "nobody/zzzzzzzz")
+    assert code == 2 and "closest" not in output and "e.g. " in output, output

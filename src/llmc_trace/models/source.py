@@ -140,6 +140,13 @@ def resolve_model(name: str) -> ModelSource:
                 param="model",
             )
         return ModelSource(name, "folder", path, read_json(path / "config.json"))
+    if not is_hub_style or name.startswith((".", "~")):
+        raise BadInputError(
+            f"No folder at {name}.",
+            hint="Point --model at an existing checkpoint folder (config.json beside the "
+            "weights), or use a hub id or a built-in name.",
+            param="model",
+        )
     if name.count("/") != 1:
         raise BadInputError(
             f"{name!r} is not a built-in model, a folder, or a hub id of the form org/name.",
@@ -155,11 +162,14 @@ def _from_hub(name: str) -> ModelSource:
         config = AutoConfig.from_pretrained(name)
     except OSError as err:
         close = difflib.get_close_matches(name, builtin_names(), n=3, cutoff=0.6)
-        suggestion = ", ".join(close) if close else ", ".join(builtin_names()[:3])
+        suggestion = (
+            f"closest: {', '.join(close)}" if close else f"e.g. {', '.join(builtin_names()[:3])}"
+        )
         raise BadInputError(
             f"Could not fetch the config of {name!r} from the Hugging Face Hub ({_short(err)}).",
-            hint=f"Without network access, use a built-in (closest: {suggestion}; "
-            "`llmc-trace coverage` lists all) or a local folder holding config.json.",
+            hint=f"Without network access, use a built-in ({suggestion}; "
+            "`llmc-trace coverage` lists all) or a local folder holding config.json "
+            "(HF_HUB_OFFLINE=1 skips the hub client's retries).",
             param="model",
         ) from err
     return ModelSource(name, "hub", None, config.to_dict())
