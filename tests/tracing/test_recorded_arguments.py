@@ -57,7 +57,7 @@ def test_a_closure_over_a_traced_value_is_rebuilt_from_each_batch() -> None:
     torch.manual_seed(0)
     model = ClosureModel().eval()
     subgraphs = trace_subgraphs(
-        model, {"x": torch.randn(2, 3, 4)}, ["Block"], ignore=["add_overlay"]
+        model, {"x": torch.randn(2, 3, 4)}, ["Block"], tracing_ignore=["add_overlay"]
     )
     targets = [n.target for s in subgraphs for n in s.graph.nodes if n.op == "call_function"]
     assert any(isinstance(t, RebuildFunction) for t in targets)

@@ -229,7 +229,9 @@ def _qwen2_audio(config: PretrainedConfig) -> ProcessorPlan:
             "feature_size": audio.num_mel_bins,
             "sampling_rate": 16000,
             "hop_length": 160,
-            "chunk_length": 30,  # 3000 frames: the encoder's 2 x max_source_positions
+            # the window the encoder takes: 2 x max_source_positions frames of 10 ms (30 s for
+            # the published 1500)
+            "chunk_length": audio.max_source_positions // 50,
             "n_fft": 400,
             "padding_value": 0.0,
             "return_attention_mask": True,
