@@ -158,8 +158,8 @@ def test_evaluate_refuses_missing_data_and_a_folder_without_weights(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:
     folder, data = saved_llama
-    code, output = invoke("evaluate", "-m", str(folder), "--data", str(tmp_path / "none.npy"))
-    assert code == 2 and "does not exist" in output
+    code, output = invoke("evaluate", "-m", str(folder), "-d", str(tmp_path / "none.npy"))
+    assert code == 2 and "does not exist" in output  # -d as in compress
     bare = config_only(tmp_path, folder)
     code, output = invoke("evaluate", "-m", str(bare), "--data", str(data))
     assert code == 2 and "holds no weights" in output

@@ -118,6 +118,15 @@ def test_malformed_files_name_the_line(tmp_path: Path) -> None:
         validate_source(not_a_table, samples=1, seq_len=8)
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "txt"])
+def test_a_file_without_rows_is_named_as_empty(kind: str, write_records) -> None:
+    """Not reported as a missing text column: an empty file has no columns to look in."""
+    path = write_records(kind, [])
+    with pytest.raises(DataError, match=rf"{path.name} holds no rows") as caught:
+        validate_source(path, samples=1, seq_len=8)
+    assert "at least one record" in caught.value.hint
+
+
 def test_truncation_skips_empty_texts_and_pads_right(write_records, tokenizer) -> None:
     texts = ["import os", None, "", "def add(a, b): return a + b"]
     path = write_records("jsonl", [{"text": text} for text in texts])

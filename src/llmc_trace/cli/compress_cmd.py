@@ -269,6 +269,7 @@ def _column_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option(
     "--data",
     "--dataset",
+    "-d",
     "data",
     required=True,
     help="Token array (.npy), text file, or rows of images/video/audio with text, as for "

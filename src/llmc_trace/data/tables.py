@@ -38,19 +38,33 @@ class TextTable:
 
 
 def read_text_table(path: Path, kind: str, description: str) -> TextTable:
-    """Open the local file `path` of type `kind` (its suffix without the dot) as a table."""
+    """Open the local file `path` of type `kind` (its suffix without the dot) as a table.
+
+    A table without rows is refused here, where the file can be named, rather than reported
+    later as a missing column or too few samples."""
     if kind == "parquet":
-        return _read_parquet(path, description)
+        table = _read_parquet(path, description)
+    else:
+        table = _table_from_records(_read_records(path, kind, description), description)
+    if table.num_rows == 0:
+        raise DataError(
+            f"calibration file {description} holds no rows",
+            hint="Point --dataset at a file with at least one record (one JSON object per "
+            "line for .jsonl, one text per line for .txt).",
+            source=description,
+        )
+    return table
+
+
+def _read_records(path: Path, kind: str, description: str) -> list[object]:
     text = _read_utf8(path, description)
     if kind == "jsonl":
-        records = _parse_jsonl(text, description)
-    elif kind == "json":
-        records = _parse_json(text, description)
-    elif kind == "txt":
-        records = [{"text": line} for line in text.splitlines() if line.strip()]
-    else:
-        raise AssertionError(f"read_text_table called for non-text kind {kind!r}")
-    return _table_from_records(records, description)
+        return _parse_jsonl(text, description)
+    if kind == "json":
+        return _parse_json(text, description)
+    if kind == "txt":
+        return [{"text": line} for line in text.splitlines() if line.strip()]
+    raise AssertionError(f"read_text_table called for non-text kind {kind!r}")
 
 
 def _read_utf8(path: Path, description: str) -> str:
