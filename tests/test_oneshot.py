@@ -100,6 +100,7 @@ def test_interrupted_write_leaves_no_folder(
         ({"method": "sparsegpt", "sparsity": "4:2"}, "sparsity"),
         ({"samples": 100}, None),
         ({"scheme": W4A16.with_weights(group_size=256)}, "scheme"),
+        ({"group_size": 48}, "group_size"),  # the 128-wide layers take no 48-column groups
         ({"scheme": "FP8_BLOCK"}, "scheme"),  # k_proj's 64 rows are no 128-row block
         ({"scheme": "FP8"}, "scheme"),  # static activation scales
         ({"scheme": "NVFP4A16", "group_size": 32}, "group_size"),  # NVFP4's groups are 16

@@ -50,7 +50,12 @@ def run_stage(context: RunContext, stage: Stage, model: torch.nn.Module, sink: S
     )  # fmt: skip
     check_memory_limit(plan, stage.pipeline, memory_limit())
     compressor = _compressor(context, stage, storage, _dense(stage, model, routers, parts))
-    targets = check_targets(model, compressor, context.request.source.name)
+    targets = check_targets(
+        model,
+        compressor,
+        context.request.source.name,
+        group_size_given=stage.group_size is not None,
+    )
     if isinstance(compressor, SmoothingCompressor):
         compressor.smoother.mappings = stage_mappings(context, model, batches[0], compressor)
     pruned = Pruned(stage.sparsity, targets) if stage.prunes else context.pruned

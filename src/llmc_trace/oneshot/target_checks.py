@@ -14,9 +14,12 @@ from llmc_trace.calibrate.hessians import Targets
 from llmc_trace.spec.stage import Stage
 
 
-def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str) -> list[str]:
+def check_targets(
+    model: torch.nn.Module, compressor: LayerCompressor, name: str, *, group_size_given: bool
+) -> list[str]:
     """The paths of the targeted layers: something must be targeted, and every group must
-    fit its layer, before calibration."""
+    fit its layer, before calibration. A misfit is blamed on --group-size where the user gave
+    one, else on the scheme whose groups they are."""
     targets = compressor.targets(list(model.named_modules()))
     if not targets:
         raise BadInputError(
@@ -26,11 +29,12 @@ def check_targets(model: torch.nn.Module, compressor: LayerCompressor, name: str
         )
     args = compressor.scheme.weights if compressor.scheme is not None else None
     if args is not None:
-        _check_widths(args, targets, compressor.scheme.name)
+        param = "group_size" if group_size_given else "scheme"
+        _check_widths(args, targets, compressor.scheme.name, param)
     return [n for n, _ in targets]
 
 
-def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str) -> None:
+def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str, param: str) -> None:
     """Every targeted layer's widths divide into the scheme's groups (or blocks)."""
     if args.strategy == "block":
         assert args.block_structure is not None
@@ -59,7 +63,7 @@ def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str) -> None
     raise BadInputError(
         f"{len(misfits)} targeted layers (e.g. {misfits[0]}) have {what}.",
         hint=hint,
-        param="scheme",
+        param=param,
     )
 
 
