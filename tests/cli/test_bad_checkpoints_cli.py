@@ -337,3 +337,31 @@ def test_an_unreachable_hub_id_suggests_only_builtins_that_resemble_it(
     assert code == 2 and "closest: Qwen/Qwen2-VL-2B-Instruct" in output, output
     code, output = invoke("attempt", "-m", "nobody/zzzzzzzz")
     assert code == 2 and "closest" not in output and "e.g. " in output, output
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (
+            {"model_type": "llama", "hidden_size": 100, "num_attention_heads": 3},
+            "is not a valid 'llama' config: ValueError: The hidden size (100) is not a multiple "
+            "of the number of attention heads (3)",
+        ),
+        (
+            {"model_type": "llama", "hidden_size": "wide"},
+            "is not a valid 'llama' config: TypeError: Field 'hidden_size' expected int",
+        ),
+        ({"model_type": "no_such_type"}, "does not know the model type 'no_such_type'"),
+        (
+            {"model_type": "own_code", "auto_map": {"AutoConfig": "configuration.OwnConfig"}},
+            "asks for the checkpoint's own Python code (auto_map)",
+        ),
+    ],
+    ids=["heads", "field-type", "unknown-type", "remote-code"],
+)
+def test_a_config_transformers_refuses_exits_2_with_its_reason(
+    config: dict[str, object], expected: str, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, output = invoke("attempt", "-m", str(tmp_path))
+    assert code == 2 and expected in output, output

@@ -50,13 +50,32 @@ class ModelSource:
                 hint="Point --model at a folder whose config.json was saved by transformers.",
                 param="model",
             )
-        try:
-            return AutoConfig.for_model(model_type, **data)
-        except (KeyError, ValueError) as err:
+        from huggingface_hub.errors import StrictDataclassError
+        from transformers import CONFIG_MAPPING
+
+        if model_type not in CONFIG_MAPPING:
+            hint = "Upgrade transformers, or pick a built-in (`llmc-trace coverage` lists them)."
+            if "auto_map" in data:
+                hint = (
+                    "Its config.json asks for the checkpoint's own Python code (auto_map), which "
+                    "llmc-trace does not run: use a version of the model that transformers ships "
+                    "(often published under the same name with an -hf suffix)."
+                )
             raise BadInputError(
                 f"transformers {__import__('transformers').__version__} does not know the "
                 f"model type {model_type!r} of {self.name}.",
-                hint="Upgrade transformers, or pick a built-in (`llmc-trace coverage` lists them).",
+                hint=hint,
+                param="model",
+            )
+        try:
+            return AutoConfig.for_model(model_type, **data)
+        except (StrictDataclassError, KeyError, TypeError, ValueError) as err:
+            # transformers' own checks of the values (a width its heads do not divide, a field
+            # of the wrong type): the model could not be built from this config either
+            raise BadInputError(
+                f"The config of {self.name} is not a valid {model_type!r} config: "
+                f"{_validation_message(err)}",
+                hint="Correct config.json (or restore it from the checkpoint it came from).",
                 param="model",
             ) from err
 
@@ -173,6 +192,13 @@ def _from_hub(name: str) -> ModelSource:
             param="model",
         ) from err
     return ModelSource(name, "hub", None, config.to_dict())
+
+
+def _validation_message(err: BaseException) -> str:
+    """The innermost reason of a config check: transformers wraps each in a line naming its
+    validator, with the reason on the last line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def _short(err: BaseException) -> str:
