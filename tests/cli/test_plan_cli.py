@@ -59,3 +59,24 @@ def test_mappings_lists_every_layers_pairs_and_the_ones_left_out() -> None:
     reasons = {s["smooth"]: s["reason"] for s in document["skipped"]}
     assert "grouped-query attention" in reasons["model.layers.0.self_attn.v_proj"]
     assert reasons["model.norm"] == "lm_head is not quantized"
+
+
+def test_every_pipeline_name_and_description_reads_whole_at_any_width() -> None:
+    """Narrow, the descriptions go under the table instead of wrapping a word per line; wide,
+    they are its last column. Either way each pipeline's name is whole, on one line."""
+    details = {e["pipeline"]: e["detail"] for e in plan_json()["estimates"]}
+    for columns in (80, 160):
+        result = CliRunner().invoke(
+            cli, ["--quiet", "plan", "-m", MODEL], env={"COLUMNS": str(columns), "NO_COLOR": "1"}
+        )
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert max(len(line) for line in lines) <= columns
+        cells = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+        assert [row[0].strip() for row in cells if row[0].strip()] == list(details)
+        if columns < 120:
+            assert all(len(row) == 4 for row in cells)  # one line per pipeline
+            words = " ".join(result.output.split())
+            assert all(f"{name}: {detail}" in words for name, detail in details.items())
+        else:
+            assert all(len(row) == 5 for row in cells)

@@ -207,26 +207,36 @@ def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:
     }
 
 
+#: Terminal columns from which each pipeline's description fits in the plan's table.
+WIDE_TABLE = 120
+
+
 def _print_plan(
     ctx: CliContext, title: str, label: str, result: MemoryPlan, expert_group: int | None
 ) -> None:
-    """One plan as a table: each pipeline's peaks, the chosen one highlighted, and why."""
+    """One plan as a table: each pipeline's peaks, the chosen one highlighted, and why.
+
+    On a terminal narrower than :data:`WIDE_TABLE` the descriptions leave the table for a list
+    under it: squeezed into a column they wrapped a word per line, a screen per pipeline."""
     from llmc_trace.core.sizes import human_bytes
 
-    table = Table(title=f"{title}, {label}" if label else title, title_justify="left")
-    for column in ("pipeline", "device peak", "host peak", "of which cache", "how"):
-        table.add_column(column, justify="left" if column in ("pipeline", "how") else "right")
+    wide = ctx.out.width >= WIDE_TABLE
+    # the title on its own line: as the table's title it would wrap to the table's width
+    ctx.out.print(f"{title}, {label}" if label else title, highlight=False)
+    table = Table()
+    table.add_column("pipeline", no_wrap=True)
+    for column in ("device peak", "host peak", "of which cache"):
+        table.add_column(column, justify="right")
+    if wide:
+        table.add_column("how")
     for e in result.estimates:
         style = "bold green" if e.pipeline == result.chosen else ""
-        table.add_row(
-            e.pipeline,
-            human_bytes(e.device_bytes),
-            human_bytes(e.host_bytes),
-            human_bytes(e.cache_bytes),
-            e.detail,
-            style=style,
-        )
+        sizes = (human_bytes(e.device_bytes), human_bytes(e.host_bytes), human_bytes(e.cache_bytes))
+        table.add_row(e.pipeline, *sizes, *([e.detail] if wide else []), style=style)
     ctx.out.print(table)
+    if not wide:
+        for e in result.estimates:
+            ctx.out.print(f"[bold]{e.pipeline}[/]: {e.detail}", highlight=False)
     ctx.out.print(f"chosen: [bold]{result.chosen}[/] — {result.reason}")
     if result.experts is not None:
         ctx.out.print(_experts_line(*result.experts, expert_group))
