@@ -46,6 +46,54 @@ def test_per_layer_widths_and_vocabularies_shrink() -> None:
     assert full.vocab_size_per_layer_input > VOCAB_LIMIT >= twin.vocab_size_per_layer_input
 
 
+def test_an_odd_head_count_left_by_halving_becomes_four_heads() -> None:
+    """Jais 2's 26 heads halve to 13: four heads, every width at the same 4/26 (its twin was
+    114M parameters at 13 heads)."""
+    full, twin = default_config("jais2"), twin_config("jais2")
+    assert twin.num_attention_heads == 4 and full.num_attention_heads == 26
+    for key in ("hidden_size", "intermediate_size"):
+        assert getattr(twin, key) * 26 == getattr(full, key) * 4, key
+    assert twin.head_dim == full.head_dim
+
+
+def test_widths_apart_from_the_heads_shrink_past_them() -> None:
+    """Gemma 3's width is not its heads x head_dim: the twin keeps four heads of the full
+    head_dim and shrinks the widths four times further (a tenth of the parameters), its MLP
+    keeping its ratio to the width. A mixture of experts (Gemma 4 26B-A4B) does not."""
+    full, twin = default_config("gemma3_text"), twin_config("gemma3_text")
+    assert full.num_attention_heads * full.head_dim != full.hidden_size
+    assert (twin.num_attention_heads, twin.head_dim) == (4, full.head_dim)
+    heads_ratio = twin.num_attention_heads / full.num_attention_heads
+    assert twin.hidden_size == full.hidden_size * heads_ratio / 4
+    assert twin.intermediate_size / twin.hidden_size == full.intermediate_size / full.hidden_size
+    moe = "google/gemma-4-26B-A4B"
+    full_moe = _config_of("gemma4", moe)().text_config
+    twin_moe = shrink_config(_config_of("gemma4", moe)()).text_config
+    moe_ratio = twin_moe.num_attention_heads / full_moe.num_attention_heads
+    assert twin_moe.intermediate_size == full_moe.intermediate_size * moe_ratio
+
+
+def test_an_audio_tokenizers_channels_start_small() -> None:
+    """VibeVoice's acoustic tokenizer doubles 32 channels over six downsampling stages (2048
+    at the last, 34M weights a convolution): the twin starts from 4, every stage kept."""
+    full, twin = default_config("vibevoice"), twin_config("vibevoice")
+    for key in ("audio_config", "semantic_model_config"):
+        before, after = getattr(full, key), getattr(twin, key)
+        assert before.num_filters == 32 and after.num_filters == 4
+        assert after.downsampling_ratios == before.downsampling_ratios
+
+
+def test_an_xlm_width_named_emb_dim_shrinks() -> None:
+    """XLM names its width ``emb_dim`` (no other width key): it shrinks with the heads. Where
+    ``emb_dim`` sits beside a ``hidden_size`` (Qwen2.5-Omni's DiT) it is left alone."""
+    full, twin = default_config("xlm"), twin_config("xlm")
+    assert twin.emb_dim * full.n_heads == full.emb_dim * twin.n_heads < full.emb_dim * full.n_heads
+    omni = shrink_config(_config_of("qwen2_5_omni", DEFAULT)())
+    assert omni.token2wav_config.dit_config.emb_dim == (
+        default_config("qwen2_5_omni").token2wav_config.dit_config.emb_dim
+    )
+
+
 def test_a_layer_count_that_counts_stages_keeps_them() -> None:
     """Muse Spark's audio tower has one layer per stage (four widths, four layers): the twin
     keeps every stage, one block in each."""

@@ -3,11 +3,14 @@
 Verification runs real numbers, so it needs real (random) weights; a 70B config cannot
 provide them, its twin can. Widths are divided by one power-of-two factor per config, chosen
 so that at least four attention heads remain; a head count that no power of two divides
-(Falcon-7B's 71) becomes four heads, every width scaled by the same ratio. Head dimensions,
-rope sections, patch sizes and every ratio the code relies on are kept, which is what keeps
-the twin on the same code paths. Layer counts shrink to the shortest prefix that still holds every distinct layer
-type (dense and MoE, sliding and full attention, attention and SSM). Vocabularies shrink too,
-with special token ids moved inside the smaller vocabulary.
+(Falcon-7B's 71), or that halves to an odd eight or more (Jais 2's 26 to 13), becomes four
+heads, every width scaled by the same ratio. A dense config whose heads are already apart
+from its width (Gemma's ``head_dim``: 8 heads of 256 in a 2560 width) shrinks its widths up
+to 4x further than its heads. Head dimensions, rope sections, patch sizes and every ratio the
+code relies on are kept, which is what keeps the twin on the same code paths. Layer counts
+shrink to the shortest prefix that still holds every distinct layer type (dense and MoE,
+sliding and full attention, attention and SSM). Vocabularies shrink too, with special token
+ids moved inside the smaller vocabulary, and convolutional tokenizers start from few channels.
 
 Fields of one sub-config that mirror another's width (a vision tower's output size equal to
 the text hidden size) follow that width, so projections still line up.
@@ -96,6 +99,11 @@ TOP_K_KEYS = (
     "top_k_experts",  # Gemma 4
     "moe_k",  # ERNIE 4.5
 )
+#: Keys naming a config's model width, the first present read; ``emb_dim`` only where no
+#: other is (see :func:`_width_keys`).
+HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width", "emb_dim")
+#: The narrowest width :func:`_decoupled_ratio` shrinks to.
+DECOUPLED_MIN_WIDTH = 256
 VOCAB_LIMIT = 1024
 EXPERTS = 4
 MIN_LAYERS = 2
@@ -151,10 +159,11 @@ def _get(config: PretrainedConfig, keys: tuple[str, ...]) -> tuple[str, Any] | N
 
 
 def _width_ratio(config: PretrainedConfig) -> Fraction:
-    """What every width of ``config`` is multiplied by: ``1/2**k``, or ``4/heads`` when no
-    power of two divides the head count but that ratio keeps every width whole."""
+    """What every width of ``config`` is multiplied by: ``1/2**k``, or ``4/heads`` when the
+    powers of two leave at least eight heads (an odd count) and that ratio keeps every width
+    whole."""
     heads = _get(config, HEAD_KEYS)
-    hidden = _get(config, ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width"))
+    hidden = _get(config, HIDDEN_KEYS)
     factor = 1
     while True:
         nxt = factor * 2
@@ -163,12 +172,62 @@ def _width_ratio(config: PretrainedConfig) -> Fraction:
         if hidden is None or hidden[1] % nxt or hidden[1] // nxt < 64:
             break
         factor = nxt
-    if factor > 1 or heads is None or hidden is None or heads[1] < 2 * MIN_HEADS:
-        return Fraction(1, factor)
+    power = Fraction(1, factor)
+    if heads is None or hidden is None or heads[1] // factor < 2 * MIN_HEADS:
+        return power
+    # an odd head count left (Jais 2's 26 heads halve to 13): four heads where every width
+    # stays whole at that ratio
     ratio = Fraction(MIN_HEADS, heads[1])
-    widths = [vars(config).get(key) for key in WIDTH_KEYS]
+    widths = [vars(config).get(key) for key in _width_keys(config)]
     whole = all((w * ratio).denominator == 1 for w in widths if _is_count(w))
-    return ratio if whole and hidden[1] * ratio >= 64 else Fraction(1)
+    return ratio if whole and hidden[1] * ratio >= 64 else power
+
+
+def _width_keys(config: PretrainedConfig) -> tuple[str, ...]:
+    """:data:`WIDTH_KEYS`, and ``emb_dim`` where it is the config's width (XLM's, FlauBERT's:
+    no other key names one). Elsewhere it is one block's own size (Qwen2.5-Omni's DiT beside
+    its ``hidden_size``), which is left as it is."""
+    if _get(config, HIDDEN_KEYS[:-1]) is None and _get(config, ("emb_dim",)) is not None:
+        return (*WIDTH_KEYS, "emb_dim")
+    return WIDTH_KEYS
+
+
+def _decoupled_ratio(config: PretrainedConfig, ratio: Fraction) -> Fraction:
+    """A further shrink of the widths alone where the published config already sets its
+    attention apart from its width (``head_dim`` given, heads x head_dim not the hidden size:
+    Gemma's 8 heads of 256 in a 2560 width): its code projects between the two, so the width
+    can shrink past where the heads stop (four heads of 256 kept a 1152 width and a 4608 MLP,
+    most of the twin). Down to a width of :data:`DECOUPLED_MIN_WIDTH`, by at most 4."""
+    attrs = vars(config)
+    heads, hidden, head_dim = (
+        _get(config, HEAD_KEYS),
+        _get(config, HIDDEN_KEYS),
+        attrs.get("head_dim"),
+    )
+    if (
+        heads is None
+        or hidden is None
+        or not _is_count(head_dim)
+        or heads[1] * head_dim == hidden[1]
+        or _get(config, EXPERT_KEYS) is not None  # a mixture of experts' widths stay as they are
+    ):
+        return Fraction(1)
+    values = [v for key in _width_keys(config) for v in _counts(attrs.get(key))]
+    extra = 1
+    while extra < 4:
+        nxt = Fraction(ratio, extra * 2)
+        too_narrow = hidden[1] * nxt < DECOUPLED_MIN_WIDTH
+        if too_narrow or any((v * nxt).denominator != 1 for v in values):
+            break
+        extra *= 2
+    return Fraction(1, extra)
+
+
+def _counts(value: Any) -> list[int]:
+    """A width field's values: one, one per layer, or none."""
+    if _is_count(value):
+        return [value]
+    return list(value) if _is_counts(value) else []
 
 
 def _is_count(value: Any) -> bool:
@@ -191,21 +250,23 @@ def _shrink_one(config: PretrainedConfig, renamed: dict[int, int], min_layers: i
         and isinstance(attrs["hidden_size"], int)
     ):
         head_dim = attrs["hidden_size"] // heads[1]
-    if ratio < 1:
-        for key in WIDTH_KEYS:
+    widths = ratio * _decoupled_ratio(config, ratio)
+    if widths < 1:
+        for key in _width_keys(config):
             value = attrs.get(key)
-            if _is_counts(value) and all(v * ratio >= 1 for v in value):
+            if _is_counts(value) and all(v * widths >= 1 for v in value):
                 # one width per layer (Gemma 3n's intermediate_size): each shrinks alike
-                shrunk = (renamed.setdefault(v, int(v * ratio)) for v in value)
+                shrunk = (renamed.setdefault(v, int(v * widths)) for v in value)
                 setattr(config, key, type(value)(shrunk))
                 continue
-            if not _is_count(value) or value * ratio < 1:
+            if not _is_count(value) or value * widths < 1:
                 continue
             if value in renamed:  # mirrors a width already shrunk (a tower's output = text width)
                 setattr(config, key, renamed[value])
             else:
-                renamed[value] = int(value * ratio)
+                renamed[value] = int(value * widths)
                 setattr(config, key, renamed[value])
+    if ratio < 1:
         for key in (*HEAD_KEYS, *KV_HEAD_KEYS, "n_groups"):
             if isinstance(attrs.get(key), int):
                 setattr(config, key, max(1, int(attrs[key] * ratio)))
@@ -550,17 +611,25 @@ def _shrink_images(config: PretrainedConfig) -> None:
 
 #: Channels of a convolutional image tokenizer's first stage in a twin: GroupNorm's 32 groups.
 CONV_BASE_CHANNELS = 32
+#: Channels a convolutional audio tokenizer's first stage keeps (each later stage doubles them).
+CONV_AUDIO_FILTERS = 4
 
 
 def _shrink_conv_towers(config: PretrainedConfig) -> None:
     """A convolutional image tokenizer (a VQ-GAN encoder: ``base_channels`` times each stage's
     multiplier, ``num_res_blocks`` per stage) with its narrowest channels and one block per
-    stage: at 256 channels its convolutions cost more than the rest of the twin together."""
+    stage: at 256 channels its convolutions cost more than the rest of the twin together.
+    Likewise a convolutional audio tokenizer whose ``num_filters`` channels double at each
+    downsampling stage (VibeVoice's: 32 become 2048 over six stages, 34M weights a convolution)
+    starts from :data:`CONV_AUDIO_FILTERS`."""
     for sub in [config, *_sub_configs(config)]:
         attrs = vars(sub)
         if _is_count(attrs.get("base_channels")) and _is_count(attrs.get("num_res_blocks")):
             sub.base_channels = min(sub.base_channels, CONV_BASE_CHANNELS)
             sub.num_res_blocks = 1
+        stages = attrs.get("downsampling_ratios")
+        if _is_count(attrs.get("num_filters")) and _is_counts(stages):
+            sub.num_filters = min(sub.num_filters, CONV_AUDIO_FILTERS)
 
 
 def _retarget_feature_layers(config: PretrainedConfig) -> None:
