@@ -178,18 +178,23 @@ def _width_ratio(config: PretrainedConfig) -> Fraction:
     # an odd head count left (Jais 2's 26 heads halve to 13): four heads where every width
     # stays whole at that ratio
     ratio = Fraction(MIN_HEADS, heads[1])
-    widths = [vars(config).get(key) for key in _width_keys(config)]
-    whole = all((w * ratio).denominator == 1 for w in widths if _is_count(w))
-    return ratio if whole and hidden[1] * ratio >= 64 else power
+    return ratio if _whole_at(config, ratio) and hidden[1] * ratio >= 64 else power
 
 
 def _width_keys(config: PretrainedConfig) -> tuple[str, ...]:
     """:data:`WIDTH_KEYS`, and ``emb_dim`` where it is the config's width (XLM's, FlauBERT's:
     no other key names one). Elsewhere it is one block's own size (Qwen2.5-Omni's DiT beside
     its ``hidden_size``), which is left as it is."""
-    if _get(config, HIDDEN_KEYS[:-1]) is None and _get(config, ("emb_dim",)) is not None:
-        return (*WIDTH_KEYS, "emb_dim")
-    return WIDTH_KEYS
+    hidden = _get(config, HIDDEN_KEYS)
+    return (*WIDTH_KEYS, "emb_dim") if hidden is not None and hidden[0] == "emb_dim" else WIDTH_KEYS
+
+
+def _whole_at(config: PretrainedConfig, ratio: Fraction) -> bool:
+    """Whether every width of ``config`` (one per layer included) stays whole at ``ratio``."""
+    attrs = vars(config)
+    return all(
+        (v * ratio).denominator == 1 for key in _width_keys(config) for v in _counts(attrs.get(key))
+    )
 
 
 def _decoupled_ratio(config: PretrainedConfig, ratio: Fraction) -> Fraction:
@@ -198,12 +203,8 @@ def _decoupled_ratio(config: PretrainedConfig, ratio: Fraction) -> Fraction:
     Gemma's 8 heads of 256 in a 2560 width): its code projects between the two, so the width
     can shrink past where the heads stop (four heads of 256 kept a 1152 width and a 4608 MLP,
     most of the twin). Down to a width of :data:`DECOUPLED_MIN_WIDTH`, by at most 4."""
-    attrs = vars(config)
-    heads, hidden, head_dim = (
-        _get(config, HEAD_KEYS),
-        _get(config, HIDDEN_KEYS),
-        attrs.get("head_dim"),
-    )
+    heads, hidden = _get(config, HEAD_KEYS), _get(config, HIDDEN_KEYS)
+    head_dim = vars(config).get("head_dim")
     if (
         heads is None
         or hidden is None
@@ -212,12 +213,10 @@ def _decoupled_ratio(config: PretrainedConfig, ratio: Fraction) -> Fraction:
         or _get(config, EXPERT_KEYS) is not None  # a mixture of experts' widths stay as they are
     ):
         return Fraction(1)
-    values = [v for key in _width_keys(config) for v in _counts(attrs.get(key))]
     extra = 1
     while extra < 4:
         nxt = Fraction(ratio, extra * 2)
-        too_narrow = hidden[1] * nxt < DECOUPLED_MIN_WIDTH
-        if too_narrow or any((v * nxt).denominator != 1 for v in values):
+        if hidden[1] * nxt < DECOUPLED_MIN_WIDTH or not _whole_at(config, nxt):
             break
         extra *= 2
     return Fraction(1, extra)

@@ -16,7 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, PretrainedConfig
+from huggingface_hub.errors import StrictDataclassError
+from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from llmc_trace.core.files import read_json
 from llmc_trace.errors import BadInputError
@@ -50,9 +51,6 @@ class ModelSource:
                 hint="Point --model at a folder whose config.json was saved by transformers.",
                 param="model",
             )
-        from huggingface_hub.errors import StrictDataclassError
-        from transformers import CONFIG_MAPPING
-
         if model_type not in CONFIG_MAPPING:
             hint = "Upgrade transformers, or pick a built-in (`llmc-trace coverage` lists them)."
             if "auto_map" in data:

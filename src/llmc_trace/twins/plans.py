@@ -222,16 +222,18 @@ def _gemma3(config: PretrainedConfig) -> ProcessorPlan:
 
 def _qwen2_audio(config: PretrainedConfig) -> ProcessorPlan:
     audio = config.audio_config
+    rate, hop = 16000, 160
+    # the window the encoder takes, in seconds: its stride-2 convolution reads twice
+    # max_source_positions frames of one hop each (30 s for the published 1500)
+    window_s = 2 * audio.max_source_positions * hop // rate
     return ProcessorPlan(
         processor_class="Qwen2AudioProcessor",
         preprocessor={
             "feature_extractor_type": "WhisperFeatureExtractor",
             "feature_size": audio.num_mel_bins,
-            "sampling_rate": 16000,
-            "hop_length": 160,
-            # the window the encoder takes: 2 x max_source_positions frames of 10 ms (30 s for
-            # the published 1500)
-            "chunk_length": audio.max_source_positions // 50,
+            "sampling_rate": rate,
+            "hop_length": hop,
+            "chunk_length": window_s,
             "n_fft": 400,
             "padding_value": 0.0,
             "return_attention_mask": True,
