@@ -65,6 +65,28 @@ def test_fix_finds_a_verified_configuration() -> None:
     assert report["sequential_targets"][0] == "model.language_model.layers.0"
 
 
+@pytest.mark.parametrize("columns", [80, 160])
+def test_subgraph_table_keeps_each_row_on_one_line_at_any_width(columns: int) -> None:
+    """On 80 columns the targets' shared path moves to the title instead of folding every
+    target name (and a figure such as "1002.0 MiB") over two lines."""
+    result = CliRunner().invoke(
+        cli,
+        ["--quiet", "attempt", "-m", QWEN_VL, "--modality", "image", "--fix"],
+        env={"COLUMNS": str(columns), "NO_COLOR": "1"},
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    start = lines.index(next(line for line in lines if line.startswith("29 subgraphs")))
+    rows = [line.split("│")[1:-1] for line in lines[start:] if line.startswith("│ ")][:13]
+    assert [row[0].strip() for row in rows] == [*map(str, range(6)), "…", *map(str, range(23, 29))]
+    shared = "model.language_model."
+    assert (shared in lines[start]) == (columns == 80)
+    first_target = ("" if columns == 80 else shared) + "layers.0"
+    assert rows[1][1].strip() == first_target
+    assert all(cell.strip() for row in rows if row[0].strip() != "…" for cell in row[2:])
+
+
 @pytest.mark.parametrize(
     ("args", "param"),
     [

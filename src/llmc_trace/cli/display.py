@@ -16,32 +16,58 @@ from llmc_trace.tracing.autowrap import StatementRewrite
 from llmc_trace.core.sizes import human_bytes
 
 
-def _compress_targets(targets: list[str]) -> str:
+def _compress_targets(targets: list[str], prefix: str = "") -> str:
+    targets = [target.removeprefix(prefix) for target in targets]
     if len(targets) <= 2:
         return ", ".join(targets) or "—"
     return f"{targets[0]} … {targets[-1]} ({len(targets)})"
 
 
-def subgraph_table(report: TraceReport, max_rows: int = 12) -> Table:
-    table = Table(title=f"{len(report.subgraphs)} subgraphs", title_justify="left")
-    for column, justify in (
-        ("#", "right"),
-        ("targets", "left"),
-        ("nodes", "right"),
-        ("inputs", "right"),
-        ("consumed", "right"),
-        ("intermediates out", "right"),
-        ("parameters", "right"),
-    ):
-        table.add_column(column, justify=justify, no_wrap=column == "targets")  # type: ignore[arg-type]
+# Width of every column but ``targets``, with padding and borders: the figures never wrap.
+_FIXED_COLUMNS_WIDTH = 61
+
+
+def _shared_prefix(labels: list[str]) -> str:
+    """The dotted module path every target starts with (``model.language_model.``), kept
+    short of each target's last two parts so the rows still say which layer they hold."""
+    split = [label.split(".") for label in labels if label]
+    if not split:
+        return ""
+    shared: list[str] = []
+    for parts in zip(*(path[:-2] for path in split)):
+        if len(set(parts)) != 1:
+            break
+        shared.append(parts[0])
+    return "".join(f"{part}." for part in shared)
+
+
+def subgraph_table(report: TraceReport, width: int, max_rows: int = 12) -> Table:
+    """One row per subgraph. Short headers, explained in the caption, keep the table inside
+    80 columns; where the targets' full paths would not fit beside the figures, the path
+    they share moves to the title (``targets under model.language_model.``)."""
     rows = report.subgraphs
     shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + rows[-max_rows // 2 :]
+    prefix = ""
+    labels = [_compress_targets(sub.targets) for sub in shown]
+    if max(map(len, labels), default=0) + _FIXED_COLUMNS_WIDTH > width:
+        prefix = _shared_prefix([target for sub in shown for target in sub.targets])
+    title = f"{len(rows)} subgraphs" + (f", targets under {prefix}" if prefix else "")
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="out: written to the cache per sample · params: weights on the device",
+        caption_justify="left",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("targets", overflow="fold")
+    for column in ("nodes", "inputs", "consumed", "out", "params"):
+        table.add_column(column, justify="right", no_wrap=True)
     for i, sub in enumerate(shown):
         if len(rows) > max_rows and i == max_rows // 2:
             table.add_row("…", f"{len(rows) - max_rows} more like these", "", "", "", "", "")
         table.add_row(
             str(sub.index),
-            _compress_targets(sub.targets),
+            _compress_targets(sub.targets, prefix),
             str(sub.num_nodes),
             str(len(sub.input_names)),
             str(len(sub.consumed_names)),
@@ -138,7 +164,7 @@ def show_report(console: Console, report: TraceReport) -> None:
     if report.failure is not None:
         console.print(failure_panel(report.failure))
     if report.subgraphs:
-        console.print(subgraph_table(report))
+        console.print(subgraph_table(report, width=console.width))
     if report.verification is not None:
         v = report.verification
         verdict = "[green]matches[/]" if v.ok else "[red]differs[/]"

@@ -88,9 +88,10 @@ def parameter_bytes_by_path(model: torch.nn.Module) -> dict[str, int]:
 
 
 def human_bytes(count: float) -> str:
-    """``1717986918`` -> ``"1.6 GiB"``."""
+    """``1717986918`` -> ``"1.6 GiB"``. The next unit starts at 1000, not 1024, so a figure
+    never takes four digits ("1002.0 MiB" reads as "1.0 GiB") and table columns stay narrow."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
+        if abs(count) < 1000 or unit == "TiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
