@@ -7,6 +7,7 @@ import errno
 import json
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
 from llmc_trace.cli.main import cli
+from llmc_trace.models.source import resolve_model
 
 WEIGHTS = "model.safetensors"
+LLAMA = "meta-llama/Llama-3.1-8B"
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -325,18 +328,49 @@ def test_a_model_folder_that_does_not_exist_is_named_as_a_folder(
     assert "Hugging Face Hub" not in output
 
 
-def test_an_unreachable_hub_id_suggests_only_builtins_that_resemble_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub whose host never resolves (``.invalid`` is reserved for that), on any machine."""
     import huggingface_hub.constants
 
-    # offline: the failure at once, instead of the hub client's retries on a machine without
-    # network (the message is the same)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.llmc-trace.invalid")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for variable in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.mark.usefixtures("unreachable_hub")
+def test_an_unreachable_hub_id_fails_at_once_suggesting_builtins_that_resemble_it() -> None:
+    """Without network the answer comes from the resolver, not after the hub client's ~30 s
+    of retries."""
+    started = time.perf_counter()
     code, output = invoke("attempt", "-m", "Qwen/Qwen2-VL-2B-Instructt")
-    assert code == 2 and "closest: Qwen/Qwen2-VL-2B-Instruct" in output, output
+    assert time.perf_counter() - started < 10
+    assert code == 2 and "hub.llmc-trace.invalid cannot be reached" in output, output
+    assert "no copy is cached" in output and "closest: Qwen/Qwen2-VL-2B-Instruct" in output
     code, output = invoke("attempt", "-m", "nobody/zzzzzzzz")
     assert code == 2 and "closest" not in output and "e.g. " in output, output
+
+
+@pytest.mark.usefixtures("unreachable_hub")
+def test_an_unreachable_hub_still_serves_a_config_from_the_local_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub cache's layout (models--org--name/snapshots/<revision>, refs/main naming it)."""
+    import huggingface_hub.constants
+
+    repo = tmp_path / "models--someone--cached-llama"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    builtin = resolve_model(LLAMA).config_dict
+    (snapshot / "config.json").write_text(json.dumps(builtin))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    code, output = invoke("plan", "-m", "someone/cached-llama", "--json")
+    assert code == 0, output
+    same_config = json.loads(invoke("plan", "-m", LLAMA, "--json")[1])
+    assert json.loads(output)["estimates"] == same_config["estimates"]
 
 
 @pytest.mark.parametrize(
