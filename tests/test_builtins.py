@@ -107,6 +107,10 @@ def test_builtin_traces_and_verifies_or_fails_where_expected(name: str, modality
             assert report.applied_fix is not None
             [entry] = report.applied_fix.tracing_ignore
             assert entry.startswith(FIXED_BY[(name, modality)])
+            # the working configuration shows what an autowrap moves, whichever step found it
+            # (the sweep's seed or the search's own candidate)
+            rewrites = [rewrite.entry for rewrite in report.applied_fix.rewrites]
+            assert rewrites == ([entry] if entry.startswith("autowrap:") else [])
         return
     assert not report.ok
     if expected[0] == "trace":

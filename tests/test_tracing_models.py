@@ -176,7 +176,8 @@ def test_a_weight_write_is_never_fixed_by_recording_it(monkeypatch: pytest.Monke
         return [(fix.description.split()[0], fix.outcome) for fix in report.fixes]
 
     seeded = prove.attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
-    assert tried(seeded) == [("the", "verified")]  # "the fix `coverage --all` verified ..."
+    assert tried(seeded) == [("trace", "verified")]  # "trace RwkvModel by its definition ..."
+    assert "(verified for rwkv by `coverage --all`" in seeded.fixes[0].description
     monkeypatch.setattr(prove, "swept_fix", lambda *args: [])
     report = prove.attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert tried(report) == [("record", "refused"), ("autowrap", "refused"), ("trace", "verified")]

@@ -123,9 +123,9 @@ def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
             TracingOptions(sequential_targets=("Block",)),
         )
     fix = autowrap_fix(failure_from_exception(info.value), model)
-    assert fix is not None and fix.rewrite is not None
+    assert fix is not None and fix.rewrites
     applied = FixAttempt(
-        fix.description, list(fix.tracing_ignore), "verified", rewrites=[fix.rewrite]
+        fix.description, list(fix.tracing_ignore), "verified", rewrites=list(fix.rewrites)
     )
     report = TraceReport(
         "local", "ForwardBranch", "text", [], [], 1, True, [], {}, applied_fix=applied
@@ -133,4 +133,4 @@ def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
     snippet = fix_snippet(report)
     assert f"tracing=TracingSettings(tracing_ignore=[{fix.tracing_ignore[0]!r}])" in snippet
     assert "# before:\n#   if grid.sum() > 4:\n#       x = x * 2\n# after:\n" in snippet
-    assert f"#   x = {fix.rewrite.after.splitlines()[-1].split(' = ', 1)[1]}" in snippet
+    assert f"#   x = {fix.rewrites[0].after.splitlines()[-1].split(' = ', 1)[1]}" in snippet

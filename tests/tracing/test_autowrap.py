@@ -90,7 +90,7 @@ def test_autowrap_traces_and_replays_like_eager(
     assert fix.tracing_ignore == (
         autowrap_entry(f"{cls.__name__}.forward", line_in_forward(cls, text)),
     )
-    assert fix.rewrite is not None and fix.rewrite.before.startswith(text.split(" ")[0])
+    assert fix.rewrites and fix.rewrites[0].before.startswith(text.split(" ")[0])
 
     trace = trace_graph(
         model, sample(grids[0]), TracingOptions.parse(model, fix.tracing_ignore, ["Block"])
@@ -136,15 +136,15 @@ def test_replayed_assert_still_checks_real_batches() -> None:
 def test_before_and_after_show_the_moved_statement() -> None:
     model = build(patterns.ForwardLoop, True)
     fix = autowrap_fix_for(model, sample([1, 2, 2]))
-    assert fix.rewrite is not None
-    assert fix.rewrite.before == "for t, h, w in grid.tolist():\n    x = x + t * h * w * self.scale"
-    assert fix.rewrite.parameters == ["self", "grid", "x"]
-    assert fix.rewrite.after == (
-        f"def {EXTRACTED_PREFIX}forward_L{fix.rewrite.line}(self, grid, x):\n"
+    (rewrite,) = fix.rewrites
+    assert rewrite.before == "for t, h, w in grid.tolist():\n    x = x + t * h * w * self.scale"
+    assert rewrite.parameters == ["self", "grid", "x"]
+    assert rewrite.after == (
+        f"def {EXTRACTED_PREFIX}forward_L{rewrite.line}(self, grid, x):\n"
         "    for t, h, w in grid.tolist():\n"
         "        x = x + t * h * w * self.scale\n"
         "    return x\n\n"
-        f"x = {EXTRACTED_PREFIX}forward_L{fix.rewrite.line}(self, grid, x)"
+        f"x = {EXTRACTED_PREFIX}forward_L{rewrite.line}(self, grid, x)"
     )
 
 

@@ -21,7 +21,7 @@ import torch
 from llmc_trace.core.deprecation import renamed
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
-from llmc_trace.diagnose.fixes import Fix
+from llmc_trace.diagnose.fixes import Fix, describe_entry, preview_rewrites
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
@@ -200,10 +200,13 @@ def _swept_seeds(traced: TracedModel) -> list[Fix]:
     entries = swept_fix(model_type, sample_modality(traced.sample)) if model_type else []
     if not entries:
         return []
-    description = f"the fix `coverage --all` verified for {model_type} on transformers " + (
-        swept_transformers()
+    described = [describe_entry(entry) for entry in entries]
+    description = "; ".join(what for what, _ in described) + (
+        f" (verified for {model_type} by `coverage --all` on transformers {swept_transformers()})"
     )
-    return [Fix("swept", tuple(entries), description)]
+    cost = "; ".join(cost for _, cost in described)
+    rewrites = preview_rewrites(traced.model, tuple(entries))
+    return [Fix("swept", tuple(entries), description, cost, rewrites)]
 
 
 def attempt_trace(

@@ -29,24 +29,36 @@ import torch
 
 from llmc_trace.core.deprecation import renamed
 from llmc_trace.diagnose.failure import TraceFailure
-from llmc_trace.tracing.autowrap import StatementRewrite, autowrap_entry, preview_rewrite
+from llmc_trace.tracing.autowrap import (
+    StatementRewrite,
+    autowrap_entry,
+    is_autowrap_entry,
+    parse_entry,
+    preview_rewrite,
+)
 from llmc_trace.tracing.rewrite import RewriteRefused
-from llmc_trace.tracing.definitions import definition_entry, definitions_for
+from llmc_trace.tracing.definitions import (
+    definition_class,
+    definition_entry,
+    definitions_for,
+    is_definition_entry,
+)
 
 
 @dataclass(frozen=True)
 class Fix:
     """One candidate fix: what to add to ``tracing_ignore``, and what it changes.
 
-    ``rewrite`` holds the before/after source of an autowrapped statement. A candidate with a
-    ``refusal`` cannot be applied; the reason is reported instead of an outcome.
+    ``rewrites`` hold the before/after source of each autowrapped statement (several for a
+    seed from the sweep). A candidate with a ``refusal`` cannot be applied; the reason is
+    reported instead of an outcome.
     """
 
     kind: str  # "opaque", "autowrap", "definition", or "swept" (a seed, see diagnose.search)
     tracing_ignore: tuple[str, ...]
     description: str
     cost: str = ""
-    rewrite: StatementRewrite | None = None
+    rewrites: tuple[StatementRewrite, ...] = ()
     refusal: str = ""
 
     @property
@@ -67,20 +79,44 @@ def opaque_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
         if name == "forward":
             continue  # an ancestor's forward cannot be opaque: it would swallow targets
         if owner and owner.split(".")[-1] in classes:
-            return Fix(
-                "opaque",
-                (f"{owner.split('.')[-1]}.{name}",),
-                f"record {owner.split('.')[-1]}.{name} as one opaque call",
-                f"{name} runs as one graph node; modules it calls are not split out",
-            )
+            entry = f"{owner.split('.')[-1]}.{name}"
+            return Fix("opaque", (entry,), *describe_entry(entry))
         if not owner:
-            return Fix(
-                "opaque",
-                (name,),
-                f"record {name}() as one opaque call",
-                f"{name} runs as one graph node; modules it calls are not split out",
-            )
+            return Fix("opaque", (name,), *describe_entry(name))
     return None
+
+
+def describe_entry(entry: str) -> tuple[str, str]:
+    """What a ``tracing_ignore`` entry a fix adds does, and what it costs, in words."""
+    if is_autowrap_entry(entry):
+        function, line = parse_entry(entry)
+        return (
+            f"autowrap line {line} of {function}",
+            f"the statement at line {line} runs as one graph node",
+        )
+    if is_definition_entry(entry):
+        name = definition_class(entry)
+        return (
+            f"trace {name} by its definition in tracing_models/",
+            f"{name} is traced through its traceable definition; eager runs keep the original",
+        )
+    name = entry.rpartition(".")[2]
+    return (
+        f"record {entry}{'' if '.' in entry else '()'} as one opaque call",
+        f"{name} runs as one graph node; modules it calls are not split out",
+    )
+
+
+def preview_rewrites(model: torch.nn.Module, entries: tuple[str, ...]) -> tuple[StatementRewrite, ...]:
+    """The before/after source of each autowrap entry in ``entries`` that applies to ``model``
+    (one that does not is refused when the fix is installed, with its reason)."""
+    rewrites = []
+    for entry in filter(is_autowrap_entry, entries):
+        try:
+            rewrites.append(preview_rewrite(model, *parse_entry(entry)))
+        except RewriteRefused:
+            continue
+    return tuple(rewrites)
 
 
 def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
@@ -99,31 +135,18 @@ def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
                 "autowrap",
                 (entry,),
                 description,
-                rewrite=rewrite,
+                rewrites=(rewrite,),
                 refusal="the statement reads `self` of the root module, which a graph "
                 "cannot pass to a call as a value",
             )
-        return Fix(
-            "autowrap",
-            (entry,),
-            description,
-            f"the statement at line {frame.line} runs as one graph node",
-            rewrite=rewrite,
-        )
+        return Fix("autowrap", (entry,), description, describe_entry(entry)[1], (rewrite,))
     return None
 
 
 def definition_fixes(model: torch.nn.Module) -> list[Fix]:
     """The definition fixes: the traceable definitions registered in ``tracing_models/`` for the model's classes."""
-    return [
-        Fix(
-            "definition",
-            (definition_entry(name),),
-            f"trace {name} by its definition in tracing_models/",
-            f"{name} is traced through its traceable definition; eager runs keep the original",
-        )
-        for name in definitions_for(model)
-    ]
+    entries = [definition_entry(name) for name in definitions_for(model)]
+    return [Fix("definition", (entry,), *describe_entry(entry)) for entry in entries]
 
 
 #: Why neither an opaque call nor autowrap can fix a write into the model's own weights.

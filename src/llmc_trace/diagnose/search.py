@@ -102,7 +102,7 @@ def search_fixes(
         accepted = False
         offered = list(seeds) if round_index == 0 else []
         for fix in offered + candidate_fixes(failure, model):
-            rewrites = [fix.rewrite] if fix.rewrite else []
+            rewrites = list(fix.rewrites)
             refusal = fix.refusal
             if not refusal:
                 try:
@@ -142,7 +142,7 @@ def search_fixes(
             [n for f in applied for n in f.tracing_ignore],
             "verified",
             "; ".join(f.cost for f in applied if f.cost),
-            rewrites=[f.rewrite for f in applied if f.rewrite],
+            rewrites=[rewrite for f in applied for rewrite in f.rewrites],
         )
     return FixSearch(result, tried, combined)
 

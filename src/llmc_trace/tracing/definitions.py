@@ -81,11 +81,16 @@ def is_definition_entry(entry: str) -> bool:
     return entry.startswith(PREFIX)
 
 
+def definition_class(entry: str) -> str:
+    """``tracing_models:RwkvModel`` -> ``RwkvModel``."""
+    return entry.removeprefix(PREFIX)
+
+
 def weight_changing(entries: list[str]) -> list[str]:
     """Class names of the definitions in ``entries`` that change the model's weights while
     tracing (``changes_weights = True``, RWKV's one-off rescaling): a checkpoint written
     afterwards would hold the changed weights."""
-    wanted = {entry[len(PREFIX) :] for entry in entries if is_definition_entry(entry)}
+    wanted = {definition_class(entry) for entry in entries if is_definition_entry(entry)}
     if not wanted:
         return []
     return sorted(
@@ -113,7 +118,7 @@ def use_definitions(model: torch.nn.Module, entries: list[str]) -> Iterator[list
     Yields the module paths that changed class; every one gets its own class back, even when
     the block raises.
     """
-    wanted = {entry[len(PREFIX) :] for entry in entries}
+    wanted = {definition_class(entry) for entry in entries}
     registry = load_definitions() if wanted else REGISTRY
     changed: list[tuple[torch.nn.Module, type]] = []
     paths: list[str] = []
