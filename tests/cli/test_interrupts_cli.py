@@ -115,3 +115,28 @@ def test_sigterm_while_calibrating_removes_the_staging_and_keeps_the_old_checkpo
     else:
         assert not out.exists()
     assert os.listdir(tmp_path)  # the fixture's files are still there
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", "-m", "meta-llama/Llama-3.1-8B"],  # a rich table
+        ["coverage", "--table", "src/llmc_trace/models/builtin/coverage-all.json"],  # click.echo
+    ],
+    ids=["rich", "echo"],
+)
+def test_a_reader_that_goes_away_ends_the_command_as_the_shell_would(command: list[str]) -> None:
+    """``llmc-trace ... | head``: exit code 141 (SIGPIPE's, as the shell reports a command the
+    pipe's close ended), not the 1 that here means "the answer is failure"; nothing on stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", "from llmc_trace.cli.main import main; main()", "--quiet",
+             *command],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+            cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -24,14 +25,36 @@ from rich.progress import (
 from llmc_trace.errors import BadInputError, LlmcTraceError
 
 
+#: The shell's exit code for a command whose reader went away (killed by SIGPIPE).
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def exit_for_closed_stdout() -> NoReturn:
+    """End the command whose stdout's reader went away (``llmc-trace plan ... | head``).
+
+    rich and click both answer that with exit code 1, which here means "not traceable"; the
+    shell's own code for it says what happened. ``SystemExit`` unwinds the command as any
+    exception does (a ``compress`` removes its staging folder), and stdout moves to
+    ``/dev/null`` so that the interpreter's last flush is silent.
+    """
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(CLOSED_PIPE_EXIT)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        exit_for_closed_stdout()
+
+
 @dataclass
 class CliContext:
     """Consoles and flags; people read stdout, progress and logs go to stderr."""
 
     quiet: bool = False
     debug: bool = False
-    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    out: Console = field(default_factory=lambda: _Console(highlight=False, soft_wrap=False))
+    err: Console = field(default_factory=lambda: _Console(stderr=True, highlight=False))
 
     def print_json(self, document: dict[str, Any]) -> None:
         click.echo(json.dumps(document, sort_keys=True, indent=2, default=str))

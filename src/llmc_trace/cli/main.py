@@ -1,7 +1,8 @@
 """The ``llmc-trace`` command group.
 
 Exit codes: 0 success; 1 the job ran and its answer is failure (not traceable, verification
-mismatch, compression failed); 2 bad input, reported before heavy work starts.
+mismatch, compression failed); 2 bad input, reported before heavy work starts; 141 the reader
+of stdout went away (``| head``), as for any command the pipe's close ends.
 """
 
 from __future__ import annotations
@@ -12,14 +13,28 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
+from llmc_trace.cli.context import CliContext, exit_for_closed_stdout, handle_errors, pass_cli
 from llmc_trace.cli.options import model_options
 
 if TYPE_CHECKING:
     from llmc_trace.tracing.settings import TracingSettings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _CommandGroup(click.Group):
+    """Commands whose stdout closes under a plain write (``click.echo``: JSON, markdown) end as
+    the rich consoles' do (:func:`~llmc_trace.cli.context.exit_for_closed_stdout`)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            exit_for_closed_stdout()
+
+
+@click.group(
+    cls=_CommandGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr.")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 @click.version_option(package_name="llmc-trace")
