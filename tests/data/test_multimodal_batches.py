@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from llmc_trace.data import load_multimodal_calibration, load_processor
+from llmc_trace.errors import DataError
 from tests.multimodal import TWINS, load_twin
 
 
@@ -156,6 +157,17 @@ def test_rows_that_cannot_fit_are_dropped_and_counted(twins, drawn_rows):
         assert int((kept["input_ids"] == image).sum()) == int(
             (reference["input_ids"] == image).sum()
         )
+
+
+def test_too_few_rows_with_every_row_kept_does_not_advise_a_longer_seq_len(twins, drawn_rows):
+    """Each media row is one sample: with every row kept, a longer seq_len cannot give more,
+    and the refusal does not suggest it (nor a count of zero rows dropped)."""
+    folder = twins("Qwen/Qwen2-VL-2B-Instruct")
+    with pytest.raises(DataError) as every_row_kept:
+        load_multimodal_calibration(drawn_rows, folder, samples=7, seq_len=512, shuffle=False)
+    said = f"{every_row_kept.value.message} {every_row_kept.value.hint}"
+    assert "gives only 6 samples" in said and "Ask for at most 6 samples, or use more" in said
+    assert "seq_len," not in said and "dropped" not in said
 
 
 @pytest.mark.skipif(

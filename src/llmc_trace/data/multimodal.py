@@ -288,11 +288,18 @@ def _fitted_rows(
             param="seq_len",
         )
     if len(kept) < samples:
+        # each media row is one sample: a longer seq_len only helps when rows were dropped
+        why = (
+            f" ({dropped} rows dropped: their text and special tokens around the media do not fit)"
+            if dropped
+            else ""
+        )
+        longer = ", raise seq_len" if dropped else ""
         raise DataError(
             f"{description} gives only {len(kept)} samples of at most {seq_len} tokens, fewer "
-            f"than the {samples} asked for ({dropped} rows dropped: their text and special "
-            "tokens around the media do not fit)",
-            hint=f"Ask for at most {len(kept)} samples, raise seq_len, or use more rows.",
+            f"than the {samples} asked for{why}",
+            hint=f"Ask for at most {len(kept)} samples{longer}, or use more rows (each media "
+            "row is one sample).",
             source=description,
             param="samples",
         )

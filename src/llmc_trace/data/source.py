@@ -81,7 +81,8 @@ def resolve_source(source: str | Path) -> ResolvedSource:
         raise DataError(
             f"calibration source {description} is a folder, and not one datasets' save_to_disk "
             "wrote (it has no dataset_info.json or dataset_dict.json)",
-            hint="Name one file inside it, or the folder save_to_disk wrote: " + _SUPPORTED_HINT,
+            hint="Name one file inside it (a .jsonl, .json, .parquet or .txt text file, a .npy "
+            "token array), or the folder or .arrow file datasets' save_to_disk wrote.",
             source=description,
         )
     if not path.exists():
