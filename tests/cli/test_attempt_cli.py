@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from llmc_trace.cli.display import fix_snippet
 from llmc_trace.cli.main import cli
 from llmc_trace.diagnose.failure import failure_from_exception
-from llmc_trace.errors import TraceStopped
+from llmc_trace.errors import BadInputError, TraceStopped
 from llmc_trace.diagnose.fixes import autowrap_fix
 from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.diagnose.search import FixAttempt
@@ -134,3 +134,16 @@ def test_fix_snippet_shows_autowrapped_statements_before_and_after() -> None:
     assert f"tracing=TracingSettings(tracing_ignore=[{fix.tracing_ignore[0]!r}])" in snippet
     assert "# before:\n#   if grid.sum() > 4:\n#       x = x * 2\n# after:\n" in snippet
     assert f"#   x = {fix.rewrites[0].after.splitlines()[-1].split(' = ', 1)[1]}" in snippet
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_and_quiet_are_taken_before_or_after_the_command(where: str) -> None:
+    """`llmc-trace --debug attempt ...` and `llmc-trace attempt ... --debug` alike: the bad
+    input's own exception comes out, instead of the one-line error."""
+    command = ["attempt", "--model", "no-such-model"]
+    flags = ["--quiet", "--debug"]
+    args = [*flags, *command] if where == "before" else [*command, *flags]
+    result = CliRunner().invoke(cli, args, env={"NO_COLOR": "1"})
+    assert isinstance(result.exception, BadInputError), result.output
+    plain = CliRunner().invoke(cli, ["--quiet", *command], env={"NO_COLOR": "1"})
+    assert plain.exit_code == 2 and not isinstance(plain.exception, BadInputError)

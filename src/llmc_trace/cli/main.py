@@ -20,9 +20,34 @@ if TYPE_CHECKING:
     from llmc_trace.tracing.settings import TracingSettings
 
 
+_QUIET_HELP = "No progress display on stderr."
+_DEBUG_HELP = "Show full tracebacks instead of one-line errors."
+
+
+def _raise_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and param.name is not None:
+        setattr(ctx.ensure_object(CliContext), param.name, True)
+
+
 class _CommandGroup(click.Group):
-    """Commands whose stdout closes under a plain write (``click.echo``: JSON, markdown) end as
-    the rich consoles' do (:func:`~llmc_trace.cli.context.exit_for_closed_stdout`)."""
+    """The group every command joins.
+
+    ``--quiet`` and ``--debug`` belong to the group (``llmc-trace --quiet attempt ...``), and
+    each command takes them after its name too (``llmc-trace attempt ... --quiet``), where
+    people type them; both set the same flag.
+
+    A command whose stdout closes under a plain write (``click.echo``: JSON, markdown) ends
+    as the rich consoles' do (:func:`~llmc_trace.cli.context.exit_for_closed_stdout`).
+    """
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params += [
+            click.Option(["--quiet", "-q"], is_flag=True, expose_value=False,
+                         callback=_raise_flag, help=_QUIET_HELP),
+            click.Option(["--debug"], is_flag=True, expose_value=False, callback=_raise_flag,
+                         help=_DEBUG_HELP),
+        ]  # fmt: skip
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -35,8 +60,8 @@ class _CommandGroup(click.Group):
     cls=_CommandGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr.")
-@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.option("--quiet", "-q", is_flag=True, help=_QUIET_HELP)
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @click.version_option(package_name="llmc-trace")
 @click.pass_context
 def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
