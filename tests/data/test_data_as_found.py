@@ -11,6 +11,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 from llmc_trace import CompressRequest, compress
 from llmc_trace.data import (
@@ -74,6 +75,23 @@ def test_caption_lists_calibrate_on_the_first_caption_and_say_so(twins, drawn_ro
         parquet, folder, columns=Columns(text_lists="joined"), **settings
     )
     assert all(CAPTIONS[1].rstrip(" .") in text for text in answers(joined, tokenizer))
+
+
+def test_evaluate_scores_each_text_of_every_list_by_default(twins, drawn_rows, tmp_path):
+    """With --text-lists each, a row of four captions is four samples: evaluate's default
+    ("every row") counts them, where it counted the table's rows and scored a quarter."""
+    folder = twins(QWEN)
+    parquet = tmp_path / "flickr.parquet"
+    caption_lists(drawn_rows).to_parquet(str(parquet))
+    each = Columns(text_lists="each")
+    every = load_multimodal_calibration(
+        parquet, folder, columns=each, samples=None, seq_len=256, shuffle=False
+    )
+    assert every.num_samples == len(read_rows(drawn_rows)) * (1 + len(CAPTIONS))
+    settings = dict(columns=each, seq_len=256, dtype=torch.float32)
+    by_default = evaluate_model(folder, parquet, **settings)
+    asked = evaluate_model(folder, parquet, samples=every.num_samples, **settings)
+    assert (by_default.num_tokens, by_default.perplexity) == (asked.num_tokens, asked.perplexity)
 
 
 def test_a_save_to_disk_folder_and_an_arrow_file_calibrate(twins, drawn_rows, tmp_path):

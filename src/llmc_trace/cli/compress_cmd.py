@@ -288,8 +288,8 @@ def _column_options(command: Callable[..., None]) -> Callable[..., None]:
     "--samples",
     default=None,
     type=click.IntRange(1),
-    help="Rows to score (default: all of a .npy or of media rows; all the windows of a text, "
-    "up to 128).",
+    help="Rows to score (default: all of a .npy, every media row that fits, each text of a "
+    "list with --text-lists each; all the windows of a text, up to 128).",
 )
 @click.option(
     "--seq-len",

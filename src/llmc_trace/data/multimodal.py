@@ -85,7 +85,7 @@ def load_multimodal_calibration(
     source: str | Path,
     model: str | Path | LoadedProcessor,
     *,
-    samples: int,
+    samples: int | None,
     seq_len: int,
     seed: int = 0,
     batch_size: int = 1,
@@ -96,7 +96,8 @@ def load_multimodal_calibration(
     columns: Columns | None = None,
     split: str = "train",
 ) -> MultimodalCalibrationSet:
-    """Take `samples` rows of `source` through `model`'s processor into batches.
+    """Take `samples` rows of `source` through `model`'s processor into batches (`None`:
+    every row that fits, each text of a list counted when `columns` reads lists as rows).
 
     `source` is a `.jsonl`, `.json` or `.parquet` file, a `save_to_disk` folder or `.arrow`
     file, or a Hub dataset id (`split`), whose rows hold media and text (the layouts are in
@@ -125,7 +126,7 @@ def load_multimodal_calibration(
         >>> calib.modality, sorted(calib.batches[0])[:3]
         ('image', ['attention_mask', 'image_grid_thw', 'input_ids'])
     """
-    check_sizes(samples=samples, seq_len=seq_len, batch_size=batch_size)
+    check_sizes(samples=1 if samples is None else samples, seq_len=seq_len, batch_size=batch_size)
     resolved = resolve_source(source)
     if resolved.kind not in TABLE_KINDS:
         raise _not_a_media_table(resolved)
@@ -245,15 +246,16 @@ def _fitted_rows(
     encoder: _Encoder,
     num_rows: int,
     *,
-    samples: int,
+    samples: int | None,
     seq_len: int,
     seed: int | None,
     description: str,
     progress: Progress | None,
 ) -> tuple[list[tuple[MediaRow, TokenFit]], int, int]:
-    """The first `samples` rows (in visiting order) that fit `seq_len`, with their fits, and
-    the counts of rows shortened and dropped on the way. Too few rows kept, or fewer than
-    `MIN_KEPT_SHARE` of those visited, is a `DataError` naming the longest media seen."""
+    """The first `samples` rows (in visiting order; `None`: all of them) that fit `seq_len`,
+    with their fits, and the counts of rows shortened and dropped on the way. Too few rows
+    kept, or fewer than `MIN_KEPT_SHARE` of those visited, is a `DataError` naming the longest
+    media seen."""
     kept: list[tuple[MediaRow, TokenFit]] = []
     shortened = dropped = largest = 0
     first_dropped = ""
@@ -272,7 +274,7 @@ def _fitted_rows(
             shortened += fit.shortened
             kept.append((media_row, fit))
             if progress is not None:
-                progress("rows", len(kept), samples)
+                progress("rows", len(kept), samples or max(num_rows, len(kept)))
             if len(kept) == samples:
                 break
         if len(kept) == samples:
@@ -287,7 +289,7 @@ def _fitted_rows(
             source=description,
             param="seq_len",
         )
-    if len(kept) < samples:
+    if samples is not None and len(kept) < samples:
         # each media row is one sample: a longer seq_len only helps when rows were dropped
         why = (
             f" ({dropped} rows dropped: their text and special tokens around the media do not fit)"

@@ -12,7 +12,6 @@ from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration, source_modality
 from llmc_trace.data.source import resolve_source
-from llmc_trace.data.calibration import open_table
 from llmc_trace.data.columns import Columns
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.errors import BadInputError
@@ -58,8 +57,6 @@ def evaluate_model(
     columns = columns or Columns()
     media = source_modality(data, modality, columns)
     if media is not None:
-        if samples is None:
-            samples = open_table(resolve_source(data)).num_rows
         result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
             modality=media.modality, columns=columns, dtype=dtype, progress=progress,
@@ -113,7 +110,7 @@ def evaluate_multimodal(
     folder: str | Path,
     data: str | Path,
     *,
-    samples: int,
+    samples: int | None = None,
     seq_len: int = 512,
     batch_size: int = 8,
     modality: str | None = None,
@@ -126,7 +123,8 @@ def evaluate_multimodal(
 
     ``data`` is read as calibration rows are (:func:`~llmc_trace.data.multimodal.
     load_multimodal_calibration`, in file order): the first ``samples`` rows that fit
-    ``seq_len``, through the folder's own processor. Media placeholder tokens and padding are
+    ``seq_len`` (``None``: every one, each text of a list when ``columns`` reads lists as
+    rows), through the folder's own processor. Media placeholder tokens and padding are
     never scored. The data and the processor are checked before the model is loaded.
     """
     source = resolve_model(str(folder))
