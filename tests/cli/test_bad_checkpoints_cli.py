@@ -399,3 +399,23 @@ def test_a_config_transformers_refuses_exits_2_with_its_reason(
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, output = invoke("attempt", "-m", str(tmp_path))
     assert code == 2 and expected in output, output
+
+
+@pytest.mark.parametrize("command", ["attempt", "plan", "compress"])
+def test_a_config_json_that_is_no_object_or_cannot_be_read_exits_2_naming_it(
+    command: str, tmp_path: Path
+) -> None:
+    """A JSON array where the settings belong, and a config.json that cannot be read (here a
+    folder by that name, unreadable to any user), each get a sentence naming the file."""
+    as_array, unreadable = tmp_path / "array", tmp_path / "unreadable"
+    as_array.mkdir()
+    (as_array / "config.json").write_text("[1, 2]")
+    (unreadable / "config.json").mkdir(parents=True)
+    extra = ["-d", str(tmp_path / "unused.npy"), "-o", str(tmp_path / "out")]
+    for folder, said in (
+        (as_array, "holds an array, not a JSON object"),
+        (unreadable, "cannot be read"),
+    ):
+        code, output = invoke(command, "-m", str(folder), *(extra if command == "compress" else []))
+        assert code == 2 and f"{folder / 'config.json'} {said}" in output, output
+    assert not (tmp_path / "out").exists()

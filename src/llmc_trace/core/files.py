@@ -8,15 +8,39 @@ from typing import Any
 
 from llmc_trace.errors import BadInputError
 
+#: JSON's names for the Python types ``json.loads`` returns, for a file that holds the wrong one.
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}  # fmt: skip
+
 
 def read_json(path: Path) -> dict[str, Any]:
-    """The JSON document at ``path`` (a model folder's config, processor or template file);
-    malformed JSON is bad input naming the file and the line."""
+    """The JSON object at ``path`` (a model folder's config, processor or template file);
+    a file that cannot be read, is not JSON, or holds something other than an object of
+    settings is bad input naming the file (and the line)."""
+    restore = "Restore the file from the checkpoint it came from."
     try:
-        return json.loads(path.read_text())
+        document = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise BadInputError(
             f"{path} is not valid JSON ({err.msg} at line {err.lineno}).",
-            hint="Restore the file from the checkpoint it came from.",
+            hint=restore,
             param="model",
         ) from err
+    except UnicodeDecodeError as err:
+        raise BadInputError(
+            f"{path} is not UTF-8 text (byte {err.start}).", hint=restore, param="model"
+        ) from err
+    except OSError as err:
+        raise BadInputError(
+            f"{path} cannot be read ({err.strerror or err}).",
+            hint="Check that the file is readable by this user, or restore it.",
+            param="model",
+        ) from err
+    if not isinstance(document, dict):
+        raise BadInputError(
+            f"{path} holds {_JSON_KINDS.get(type(document), 'a value')}, not a JSON object of "
+            "settings.",
+            hint=restore,
+            param="model",
+        )
+    return document
