@@ -47,6 +47,12 @@ def narrow_a_tensor(folder: Path) -> None:
     save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
 
 
+def store_as_integers(folder: Path) -> None:
+    """What a broken conversion writes: every tensor cast to int8, no quantization_config."""
+    tensors = load_file(folder / WEIGHTS)
+    save_file({k: v.to(torch.int8) for k, v in tensors.items()}, folder / WEIGHTS)
+
+
 def truncate(folder: Path) -> None:
     data = (folder / WEIGHTS).read_bytes()
     (folder / WEIGHTS).write_bytes(data[: len(data) // 2])
@@ -82,6 +88,7 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
         "model.layers.0.mlp.up_proj.weight is (256, 10) in the file, (256, 128) by the config",
     ),
     "truncated": (truncate, "is not a readable safetensors file"),
+    "integers": (store_as_integers, "is stored as torch.int8, and config.json names no"),
     "pickle only": (pickle_only, "only pickled weights (pytorch_model.bin)"),
     "lost shard": (
         lose_a_shard,

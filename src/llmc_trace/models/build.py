@@ -225,7 +225,7 @@ def load_pretrained(
     (default: the one its ``config.json`` declares).
 
     Weights that cannot be this config's model (a missing, truncated, pickled or misshapen
-    tensor, or one holding NaN or inf) raise :class:`~llmc_trace.errors.BadInputError` instead
+    tensor, float weights stored as integers, or one holding NaN or inf) raise :class:`~llmc_trace.errors.BadInputError` instead
     of loading half.
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
@@ -236,6 +236,10 @@ def load_pretrained(
     """
     assert source.folder is not None
     store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
+    if "quantization_config" not in source.config_dict:
+        # transformers casts integer-stored float weights without a word: refused here, with
+        # missing and misshapen tensors, before anything loads
+        stored_names(build_meta_model(source), store)
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     int8_experts = (

@@ -161,12 +161,15 @@ def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, Source
     architecture's published checkpoints spell differently, such as Mixtral's
     ``block_sparse_moe``, as transformers renames it at load), or the per-expert tensors a
     fused experts parameter is stacked from. Raises :class:`~llmc_trace.errors.BadInputError`
-    for a tensor the files lack or shape otherwise."""
+    for a tensor the files lack, shape otherwise, or store as integers where the model computes
+    in floating point (cast silently, int8 weights ran GPTQ on garbage and failed mid-run)."""
     aliases: dict[int, list[str]] = {}
     shapes: dict[int, tuple[int, ...]] = {}
+    floating: dict[int, bool] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(param), []).append(name)
         shapes[id(param)] = tuple(param.shape)
+        floating[id(param)] = param.is_floating_point()
     canonical = _canonical_names(model, store)
     found: dict[str, Source] = {}
     missing: list[str] = []
@@ -183,6 +186,15 @@ def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, Source
                 f"{store.spec(stored).shape} in the file, {shapes[identity]} by the config.",
                 hint="Every tensor must have the shape its config.json implies: check that the "
                 "weights and config.json come from the same checkpoint.",
+                param="model",
+            )
+        if floating[identity] and not store.spec(stored).dtype.is_floating_point:
+            raise BadInputError(
+                f"The weights in {store.folder} are not floating point: {names[0]} is stored as "
+                f"{store.spec(stored).dtype}, and config.json names no quantization_config "
+                "that says how to read it.",
+                hint="Point --model at the float checkpoint (bfloat16, float16 or float32) the "
+                "integer one was made from.",
                 param="model",
             )
         found[names[0]] = stored
