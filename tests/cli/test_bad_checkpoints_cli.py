@@ -426,3 +426,20 @@ def test_a_config_json_that_is_no_object_or_cannot_be_read_exits_2_naming_it(
         code, output = invoke(command, "-m", str(folder), *(extra if command == "compress" else []))
         assert code == 2 and f"{folder / 'config.json'} {said}" in output, output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["compress", "evaluate", "attempt"])
+def test_a_builtin_given_where_weights_are_needed_says_it_is_a_config(
+    command: str, tmp_path: Path
+) -> None:
+    """Not "<the package's own folder> holds no weights": the name is a config, and a twin
+    with weights is one line away."""
+    name, data = "EleutherAI/gpt-j-6b", str(tmp_path / "unused.npy")
+    arguments = {
+        "compress": ["-d", data, "-o", str(tmp_path / "out")],
+        "evaluate": ["-d", data],
+        "attempt": ["--real-weights"],
+    }[command]
+    code, output = invoke(command, "-m", name, *arguments)
+    assert code == 2 and f"{name} is a built-in config: it has no weights to" in output, output
+    assert f"save_twin('{name}', 'twin')" in output and "llmc_trace/models" not in output

@@ -23,7 +23,7 @@ from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
 from llmc_trace.diagnose.fixes import Fix, describe_entry, preview_rewrites
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
-from llmc_trace.errors import BadInputError, NotTraceableError
+from llmc_trace.errors import NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.attempt.swept import swept_fix, swept_transformers
@@ -255,14 +255,11 @@ def attempt_trace(
     )
     report_progress = progress or no_progress
     source = model if isinstance(model, ModelSource) else resolve_model(model)
-    if real_weights and source.folder is None:
-        raise BadInputError(
-            f"{source.name} has no weights to verify on: built-ins and hub ids are configs.",
-            hint="Drop --real-weights, or point --model at a checkpoint folder.",
-            param="real_weights",
+    if real_weights:  # before tracing: pickles, truncation, lost shards
+        folder = source.weights_folder(
+            "verify on", param="real_weights", hint="Drop --real-weights (the twin verifies), or"
         )
-    if real_weights:
-        check_weight_files(source.folder)  # before tracing: pickles, truncation, lost shards
+        check_weight_files(folder)
     options = SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed)
     report_progress("trace", 0, 3)
     traced = trace_source(

@@ -54,6 +54,8 @@ def evaluate_model(
     vocabulary) before the model is loaded, so bad data is refused in a second. ``dtype``:
     see :func:`load_for_evaluation`.
     """
+    source = resolve_model(str(folder))
+    source.weights_folder("evaluate")  # a built-in or hub id: refused before the data is read
     columns = columns or Columns()
     media = source_modality(data, modality, columns)
     if media is not None:
@@ -62,7 +64,6 @@ def evaluate_model(
             modality=media.modality, columns=columns, dtype=dtype, progress=progress,
         )  # fmt: skip
         return replace(result, modality=media.modality)
-    source = resolve_model(str(folder))
     resolved = resolve_source(data)
     tokenizer = None
     if resolved.is_token_array:
@@ -128,6 +129,7 @@ def evaluate_multimodal(
     never scored. The data and the processor are checked before the model is loaded.
     """
     source = resolve_model(str(folder))
+    source.weights_folder("evaluate")
     calibration = load_multimodal_calibration(
         data,
         folder,

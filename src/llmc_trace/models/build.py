@@ -234,8 +234,8 @@ def load_pretrained(
     int8 (W8A8), which transformers cannot read alone, are decompressed by
     :func:`~llmc_trace.models.int8_experts.reading_int8_experts`.
     """
-    assert source.folder is not None
-    store = WeightStore(source.folder)  # headers only: pickles, truncation, lost shards
+    folder = source.weights_folder("load")
+    store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
     if "quantization_config" not in source.config_dict:
         # transformers casts integer-stored float weights without a word: refused here, with
         # missing and misshapen tensors, before anything loads
@@ -248,7 +248,7 @@ def load_pretrained(
     try:
         with _quiet_transformers(), int8_experts:
             model, info = cls.from_pretrained(
-                source.folder,
+                folder,
                 dtype=dtype or checkpoint_dtype(source.config(), store),
                 use_safetensors=True,
                 output_loading_info=True,
@@ -272,19 +272,19 @@ def load_pretrained(
             else str(err).strip().splitlines()[0]
         )
         raise BadInputError(
-            f"The weights in {source.folder} do not load as {cls.__name__}: {reason}.",
+            f"The weights in {folder} do not load as {cls.__name__}: {reason}.",
             hint="Every tensor must have the shape its config.json implies: check that the "
             "weights and config.json come from the same checkpoint.",
             param="model",
         ) from err
     missing = sorted(info["missing_keys"])
     if missing:
-        raise missing_tensors(source.folder, missing)
+        raise missing_tensors(folder, missing)
     checked: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in checked:  # a tied tensor once, under its first name
             checked.add(id(tensor))
-            check_finite(source.folder, name, tensor)
+            check_finite(folder, name, tensor)
     prepare_config(model.config)
     return model.eval()
 

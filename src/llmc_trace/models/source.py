@@ -38,6 +38,25 @@ class ModelSource:
     folder: Path | None
     config_dict: dict[str, Any]
 
+    def weights_folder(self, doing: str, *, param: str = "model", hint: str = "") -> Path:
+        """The folder holding this model's weights; a built-in or a hub id is a config alone,
+        refused before any work saying so (a built-in's own folder holds no weights, and
+        naming it sent people looking inside the package). ``doing``: what the weights are
+        for ("compress"); ``hint``: what to do instead, first."""
+        if self.kind == "folder" and self.folder is not None:
+            return self.folder
+        what = "a built-in config" if self.kind == "builtin" else "a hub id (its config alone)"
+        twin = (
+            '`python -c "from llmc_trace.twins import save_twin; '
+            f"save_twin('{self.name}', 'twin')\"` saves a tiny random-weight copy to try."
+        )
+        point = "point --model at a checkpoint folder (config.json beside *.safetensors);"
+        raise BadInputError(
+            f"{self.name} is {what}: it has no weights to {doing}.",
+            hint=f"{hint} {point} {twin}" if hint else f"{point.capitalize()} {twin}",
+            param=param,
+        )
+
     @property
     def has_tokenizer(self) -> bool:
         return self.folder is not None and (self.folder / "tokenizer.json").exists()

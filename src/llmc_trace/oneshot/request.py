@@ -194,13 +194,8 @@ def validate(request: CompressRequest) -> None:
     with ``overwrite``, a checkpoint this tool wrote), and the dataset is one the run can
     read. Raises :class:`~llmc_trace.errors.BadInputError` naming the parameter."""
     source = request.source
-    if source.folder is None:
-        raise BadInputError(
-            f"{source.name} has no weights to compress: built-ins and hub ids are configs.",
-            hint="Point --model at a checkpoint folder (config.json beside *.safetensors).",
-            param="model",
-        )
-    check_weight_files(source.folder)  # headers only: pickles, truncation, lost shards
+    # headers only: pickles, truncation, lost shards
+    check_weight_files(source.weights_folder("compress"))
     check_seq_len(source.config(), request.calibration.seq_len)
     if request.out_path is not None:
         check_output(request.out_path, overwrite=request.overwrite)
