@@ -250,13 +250,18 @@ def test_with_json_the_error_is_the_one_document_on_stdout(
     assert document["hint"]
 
 
+@pytest.mark.parametrize("command", ["evaluate", "compress"])
 def test_text_data_needs_a_tokenizer_without_remote_code(
-    saved_llama: tuple[Path, Path], tmp_path: Path
+    saved_llama: tuple[Path, Path], tmp_path: Path, command: str
 ) -> None:
+    """compress loads the tokenizer before the model, as evaluate does: it crashed mid-run
+    on a truncated tokenizer.json."""
     folder, _ = saved_llama
     text = tmp_path / "text.txt"
     text.write_text("def f ( x ) : return x + 1\n" * 50)
-    arguments = ["evaluate", "-m", str(folder), "--data", str(text), "--samples", "2"]
+    arguments = [command, "-m", str(folder), "-d", str(text), "--samples", "2"]
+    if command == "compress":
+        arguments += ["-o", str(tmp_path / "out"), "--overwrite"]
     code, output = invoke(*arguments, "--seq-len", "16")
     assert code == 2 and "tokenizer does not load" in output and "--model" in output
     vocabulary = ["[UNK]", "</s>", "def", "f", "(", "x", ")", ":", "return", "+", "1"]

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from llmc_trace.core.progress import Progress
 from llmc_trace.data import load_calibration
@@ -14,10 +13,10 @@ from llmc_trace.data.multimodal import load_multimodal_calibration, source_modal
 from llmc_trace.data.source import resolve_source
 from llmc_trace.data.columns import Columns
 from llmc_trace.data.tokens import count_windows, open_token_array
-from llmc_trace.errors import BadInputError
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.models.tokenizer import load_tokenizer
 
 
 def load_for_evaluation(
@@ -72,7 +71,7 @@ def evaluate_model(
         seq_len = array.shape[1] if array.ndim == 2 else seq_len
         samples = samples or count_windows(array, seq_len, resolved.description)
     else:
-        tokenizer = _tokenizer(Path(folder))
+        tokenizer = load_tokenizer(Path(folder))
     calibration = load_calibration(
         data,
         tokenizer,
@@ -143,19 +142,6 @@ def evaluate_multimodal(
     )
     model = load_for_evaluation(source, dtype)
     return replace(perplexity(model, calibration, progress=progress), notes=calibration.notes)
-
-
-def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    """The folder's own tokenizer, for text data; never remote code."""
-    try:
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise BadInputError(
-            f"{folder}'s tokenizer does not load ({str(err).strip().splitlines()[0]}).",
-            hint="Text data needs the folder's own tokenizer, loadable without remote code "
-            "(tokenizer.json); or give --data as a .npy array of the model's token ids.",
-            param="model",
-        ) from err
 
 
 def _vocab_size(source: ModelSource) -> int | None:

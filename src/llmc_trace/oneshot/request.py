@@ -30,6 +30,7 @@ from llmc_trace.data.processor import load_processor
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.models.tokenizer import load_tokenizer
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.core.declare import Declared, build, declared, replace
 from llmc_trace.spec.recipe import RECIPE_HEADER, Recipe, read_recipe
@@ -216,6 +217,8 @@ def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
             seq_len=calibration.seq_len,
             column=calibration.text_column,
         )
+        if data.kind != "npy":  # text: the folder's tokenizer, checked before the model loads
+            load_tokenizer(source.folder)
         return data.kind
     load_processor(source.folder, choice.modality).require(choice.modality)
     return choice.modality

@@ -4,7 +4,6 @@ earlier stage leaves for the later ones (the calibration rows, the trace, the pr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -13,7 +12,7 @@ from llmc_trace.core.progress import Progress
 from llmc_trace.core.world import World
 from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration
-from llmc_trace.models.source import ModelSource
+from llmc_trace.models.tokenizer import load_tokenizer
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import Pruned
 from llmc_trace.oneshot.resume import Unfinished
@@ -76,16 +75,10 @@ class RunContext:
                 settings.dataset, request.source.folder, modality=request.modality,
                 columns=settings.columns(), **sizes,
             )  # fmt: skip
-        tokenizer = _tokenizer(request.source) if request.data_kind != "npy" else None
+        folder = request.source.folder
+        assert folder is not None  # a request has weights
+        tokenizer = load_tokenizer(folder) if request.data_kind != "npy" else None
         return load_calibration(
             settings.dataset, tokenizer, column=settings.text_column,
             text_lists=settings.text_lists, **sizes,
         )  # fmt: skip
-
-
-def _tokenizer(source: ModelSource) -> Any:
-    if not source.has_tokenizer:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source.folder)
