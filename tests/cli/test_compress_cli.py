@@ -51,6 +51,23 @@ def test_negative_refine_passes_exit_2_before_loading(
     assert not out.exists()
 
 
+def test_a_calibrating_method_on_the_data_free_pipeline_exits_2_before_loading(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """It ran, found no calibration inputs, "fell back" and then said every pipeline failed."""
+    folder, data = saved_llama
+    out = tmp_path / "out"
+    for method in ("gptq", "sparsegpt"):
+        extra = ["--sparsity", "0.5"] if method == "sparsegpt" else []
+        code, output = invoke(
+            "compress", "-m", str(folder), "-d", str(data), "-o", str(out),
+            "--pipeline", "data_free", "--method", method, *extra,
+        )  # fmt: skip
+        assert code == 2 and "--pipeline" in output, output
+        assert f"{method} calibrates on data, and the data_free pipeline runs none" in output
+    assert not out.exists()
+
+
 def test_the_default_is_the_library_default(saved_llama: tuple[Path, Path]) -> None:
     folder, data = saved_llama
     option = next(p for p in compress_command().params if p.name == "refine_passes")

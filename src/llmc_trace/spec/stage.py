@@ -25,6 +25,8 @@ from llmc_trace.core.names import (
     ALL_TOKENS,
     AUTO,
     AWQ,
+    CALIBRATED_METHODS,
+    DATA_FREE,
     EXPERT_TOKENS,
     GPTQ,
     METHODS,
@@ -257,6 +259,13 @@ def _check(stage: Stage) -> None:
                     hint="Write 're:' followed by a Python regular expression.",
                     param="ignore",
                 ) from None
+    if stage.pipeline == DATA_FREE and stage.method in CALIBRATED_METHODS:
+        raise BadInputError(
+            f"{stage.method} calibrates on data, and the data_free pipeline runs none.",
+            hint="Leave --pipeline to the plan (auto), or compress without data: --method rtn "
+            "(quantizing) or magnitude (pruning).",
+            param="pipeline",
+        )
     if stage.true_sequential and (stage.pipeline not in (AUTO, SEQUENTIAL) or not stage.propagate):
         raise BadInputError(
             "true-sequential calibration needs the sequential pipeline with error "
