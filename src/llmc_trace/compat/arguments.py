@@ -17,26 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.errors import BadInputError
+from llmc_trace.tracing.options import DEFAULT_TRACING_IGNORE
 
 logger = logging.getLogger(__name__)
-
-#: llm-compressor 0.14's default ``tracing_ignore``: functions of many models, most of which a
-#: given model does not have (the compat tracer drops those, see :mod:`llmc_trace.compat`).
-DEFAULT_TRACING_IGNORE = (
-    "_update_causal_mask",
-    "create_causal_mask",
-    "_update_mamba_mask",
-    "make_causal_mask",
-    "get_causal_mask",
-    "mask_interface",
-    "mask_function",
-    "_prepare_4d_causal_attention_mask",
-    "_prepare_fsmt_decoder_inputs",
-    "_prepare_4d_causal_attention_mask_with_cache_position",
-    "_update_linear_attn_mask",
-    "project_per_layer_inputs",
-    "_apply_attn_res",
-)
 
 #: The other fields of llm-compressor 0.14's ``DatasetArguments``: how the dataloader is built
 #: and options of other stages. Known, so never warned about; a pipeline does not read them.

@@ -140,18 +140,40 @@ class TracingOptions:
         return self.with_tracing_ignore(model, entries)
 
 
+#: llm-compressor 0.14's default ``tracing_ignore``: functions of many models, most of which a
+#: given model does not have. Callers written for it pass the whole list
+#: (:mod:`llmc_trace.compat`); :func:`known_ignore` drops the ones a model lacks without a word.
+DEFAULT_TRACING_IGNORE = (
+    "_update_causal_mask",
+    "create_causal_mask",
+    "_update_mamba_mask",
+    "make_causal_mask",
+    "get_causal_mask",
+    "mask_interface",
+    "mask_function",
+    "_prepare_4d_causal_attention_mask",
+    "_prepare_fsmt_decoder_inputs",
+    "_prepare_4d_causal_attention_mask_with_cache_position",
+    "_update_linear_attn_mask",
+    "project_per_layer_inputs",
+    "_apply_attn_res",
+)
+
+
 def known_ignore(model: torch.nn.Module, ignore: str | Sequence[str]) -> list[str]:
     """The entries of ``ignore`` that name something of ``model``, in order; the others are
     dropped with one warning listing them, each likely typo with the model's closest name (see
     the module docstring). A string is one entry, never its characters. Entries in llmc-trace's
     own forms (``re:``, ``autowrap:``, ``tracing_models:``) are kept, so that a malformed one
-    is reported when parsed, not dropped."""
+    is reported when parsed, not dropped. Entries of :data:`DEFAULT_TRACING_IGNORE` are
+    dropped silently: a caller passing llm-compressor's defaults did not write them."""
     entries = list(dict.fromkeys([ignore] if isinstance(ignore, str) else ignore))
     classes = _class_names(model)
     unknown = [entry for entry in entries if _kind(model, entry, classes) is None]
-    if unknown:
+    named = [entry for entry in unknown if entry not in DEFAULT_TRACING_IGNORE]
+    if named:
         listed = []
-        for entry in unknown:
+        for entry in named:
             close = _close_names(entry, model, classes, TYPO_CUTOFF)
             listed.append(f"{entry!r}" + (f" (a likely typo of {close[0]!r})" if close else ""))
         logger.warning(
