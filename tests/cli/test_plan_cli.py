@@ -80,3 +80,22 @@ def test_every_pipeline_name_and_description_reads_whole_at_any_width() -> None:
             assert all(f"{name}: {detail}" in words for name, detail in details.items())
         else:
             assert all(len(row) == 5 for row in cells)
+
+
+def test_a_seq_len_past_the_models_positions_is_refused_by_plan_and_evaluate(
+    tmp_path: Path,
+) -> None:
+    """As compress refuses it: positions past max_position_embeddings are untrained, and
+    plan planned such a run, evaluate scored it, without a word."""
+    from refmodel import FOLDER as REFMODEL
+
+    limit = json.loads((REFMODEL / "config.json").read_text())["max_position_embeddings"]
+    text = tmp_path / "long.txt"
+    text.write_text("word " * (3 * limit))
+    for command in (
+        ["plan", "-m", MODEL, "--seq-len", "999999"],
+        ["evaluate", "-m", str(REFMODEL), "-d", str(text), "--seq-len", str(limit + 1)],
+    ):
+        result = CliRunner().invoke(cli, ["--quiet", *command], env={"NO_COLOR": "1"})
+        assert result.exit_code == 2, result.output
+        assert "exceed the" in result.output and "(max_position_embeddings)" in result.output

@@ -15,6 +15,7 @@ from llmc_trace.data.columns import Columns
 from llmc_trace.data.tokens import count_windows, open_token_array
 from llmc_trace.evaluate.perplexity import PerplexityResult, perplexity
 from llmc_trace.models.build import load_pretrained
+from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
 from llmc_trace.models.tokenizer import load_tokenizer
 
@@ -58,6 +59,7 @@ def evaluate_model(
     columns = columns or Columns()
     media = source_modality(data, modality, columns)
     if media is not None:
+        check_seq_len(source.config(), seq_len)
         result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
             modality=media.modality, columns=columns, dtype=dtype, progress=progress,
@@ -72,6 +74,7 @@ def evaluate_model(
         samples = samples or count_windows(array, seq_len, resolved.description)
     else:
         tokenizer = load_tokenizer(Path(folder))
+    check_seq_len(source.config(), seq_len)  # a 2-D array's own width, else the windows'
     calibration = load_calibration(
         data,
         tokenizer,

@@ -11,7 +11,8 @@ import torch
 from llmc_trace.core.memory_limit import memory_limit
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.sizes import parameter_dtype
-from llmc_trace.models.samples import SampleOptions
+from llmc_trace.models.samples import SampleOptions, check_seq_len
+from llmc_trace.models.source import resolve_model
 from llmc_trace.pipelines.estimate import PLAN_BATCH, PLAN_SEQ, RunSettings
 from llmc_trace.pipelines.residency import compute_dtype
 from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
@@ -96,7 +97,11 @@ def plan_source(
     and the compute dtype of the device each names. A ``modality`` other than text traces on
     the config's own sample of it (a vision tower's patches are then counted), traced as
     ``tracing`` says (its ``tracing_ignore``: the fixes ``attempt --fix`` finds, added to the
-    default list). ``tracing_ignore`` alone is the deprecated spelling of ``tracing``'s."""
+    default list). ``tracing_ignore`` alone is the deprecated spelling of ``tracing``'s.
+    A ``seq_len`` past the model's positions is refused as ``compress`` refuses it."""
+    config = resolve_model(model).config()
+    for run in settings:
+        check_seq_len(config, run.seq_len)
     traced = trace_source(
         model,
         tracing=tracing_settings(tracing, "plan_source", {"tracing_ignore": tracing_ignore}),
