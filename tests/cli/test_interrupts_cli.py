@@ -140,3 +140,20 @@ def test_a_reader_that_goes_away_ends_the_command_as_the_shell_would(command: li
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("command", ["compress", "render"])
+def test_an_out_under_a_file_names_the_file(
+    saved_llama: tuple[Path, Path], tmp_path: Path, command: str
+) -> None:
+    """Not "could not write .../.sub.lock: File exists": the file in the way, and the fix."""
+    in_the_way = tmp_path / "notes.txt"
+    in_the_way.write_text("not a folder")
+    if command == "compress":
+        code, output = invoke(*common(saved_llama), "-o", str(in_the_way / "sub" / "model"))
+    else:
+        code, output = invoke(
+            "render", "-m", "meta-llama/Llama-3.1-8B", "-o", str(in_the_way / "x.svg")
+        )
+    assert code == 2 and f"lies under {in_the_way}, which is a file, not a folder" in output
+    assert in_the_way.read_text() == "not a folder"

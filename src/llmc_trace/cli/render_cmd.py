@@ -11,7 +11,9 @@ import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
 from llmc_trace.cli.options import SHOW_DEFAULT, model_options
+from llmc_trace.core.files import check_parent_folders
 from llmc_trace.core.names import VIEWS
+from llmc_trace.errors import BadInputError
 
 if TYPE_CHECKING:
     from llmc_trace.tracing.settings import TracingSettings
@@ -45,6 +47,10 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
             ctx,
             param,
         )
+    try:
+        check_parent_folders(value)
+    except BadInputError as err:
+        raise click.BadParameter(f"{err.message} {err.hint}", ctx, param) from err
     return value
 
 

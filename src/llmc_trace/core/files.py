@@ -1,4 +1,5 @@
-"""Reading a model folder's JSON files, with the error a person can act on."""
+"""Reading a model folder's JSON files and checking where an output can go, with the error a
+person can act on."""
 
 from __future__ import annotations
 
@@ -44,3 +45,19 @@ def read_json(path: Path) -> dict[str, Any]:
             param="model",
         )
     return document
+
+
+def check_parent_folders(out: Path, param: str = "out") -> None:
+    """Refuse an output path under a file (``--out notes.txt/model``): creating its folders
+    would fail with "File exists", which names neither the file nor the fix. Missing folders
+    are fine (the writers create them)."""
+    for parent in out.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInputError(
+                    f"{out} lies under {parent}, which is a file, not a folder.",
+                    hint=f"Choose a --{param} whose parents are folders (missing ones are "
+                    "created).",
+                    param=param,
+                )
+            return

@@ -30,6 +30,7 @@ from llmc_trace.data.processor import load_processor
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import check_seq_len
 from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.core.files import check_parent_folders
 from llmc_trace.models.tokenizer import load_tokenizer
 from llmc_trace.models.weights import check_weight_files
 from llmc_trace.core.declare import Declared, build, declared, replace
@@ -228,6 +229,7 @@ def check_output(out: Path, *, overwrite: bool) -> None:
     """``out`` is free, or (with ``overwrite``) a checkpoint folder this tool wrote: its
     ``recipe.yaml`` says so. A file, a link, or a folder of anything else is never replaced
     (nothing is deleted before the new checkpoint is complete either way)."""
+    check_parent_folders(out)
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
