@@ -129,3 +129,45 @@ def test_group_size_overrides_the_schemes_and_zero_means_per_channel() -> None:
     # the recipe a run writes reads back to the same stage
     again = Stage(scheme=_scheme_mapping(Stage(group_size=32).scheme), group_size=32)
     assert again.scheme == Stage(group_size=32).scheme
+
+
+def test_a_negative_seed_is_refused_on_the_command_line(tmp_path: Path) -> None:
+    """numpy's shuffle refused it with a traceback once the run had started."""
+    result = CliRunner().invoke(
+        compress_command(), ["-m", "x", "-o", str(tmp_path / "out"), "--seed", "-1"]
+    )
+    assert result.exit_code == 2
+    assert "Invalid value for '--seed': -1 is not in the range x>=0." in result.output
+
+
+def test_max_shard_size_takes_the_sizes_its_help_names(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Click guessed an integer from the default, refusing the '5GB' a recipe takes."""
+    folder, data = saved_llama
+    common = ["-m", str(folder), "-d", str(data), "--samples", "4", "--seq-len", "32"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        compress_command(), [*common, "-o", str(out), "--max-shard-size", "100KB"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "  max_shard_size: 100000\n" in (out / "recipe.yaml").read_text()
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1
+    bad = CliRunner().invoke(
+        compress_command(), [*common, "-o", str(tmp_path / "bad"), "--max-shard-size", "5XB"]
+    )
+    assert bad.exit_code == 2
+    assert "Invalid value for --max-shard-size: '5XB' is not a memory size." in bad.output
+
+
+def test_a_text_column_of_numbers_names_the_text_column_option() -> None:
+    """It read "holds a int" and named no option ("Invalid value:")."""
+    from llmc_trace.data.texts import render_text
+    from llmc_trace.errors import DataError
+
+    with pytest.raises(DataError) as info:
+        render_text(42, None, where="data.jsonl, row 1 of column 'text'")
+    assert info.value.message == (
+        "data.jsonl, row 1 of column 'text' holds the int 42, not text or chat messages"
+    )
+    assert info.value.param == "text_column"

@@ -126,3 +126,30 @@ def test_a_float_or_activation_preset_reads_back_from_its_written_recipe(
     (tmp_path / "recipe.yaml").write_text(render_recipe(recipe))
     read = read_recipe(tmp_path / "recipe.yaml")
     assert read == recipe and read.stages[0].scheme == resolve_scheme(preset)
+
+
+def test_a_negative_seed_is_refused_naming_its_line(tmp_path: Path) -> None:
+    """numpy's shuffle refused it with a traceback once the run had started."""
+    path = tmp_path / "r.yaml"
+    path.write_text("calibration: {seed: -3}\nstages: [{method: gptq}]\n")
+    with pytest.raises(BadInputError) as info:
+        read_recipe(path)
+    assert info.value.message == "recipe line 1, `seed`: must be an integer of at least 0, not -3."
+
+
+def test_binary_recipes_are_bad_input_naming_the_file(tmp_path: Path) -> None:
+    """Not UTF-8, or a character YAML refuses: a UnicodeDecodeError or ReaderError before."""
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)) * 10)
+    with pytest.raises(BadInputError) as info:
+        read_recipe(binary)
+    assert info.value.message == f"the recipe {binary} is not UTF-8 text (byte 128 is 0x80)."
+    assert info.value.param == "recipe"
+    control = tmp_path / "control.yaml"
+    control.write_text("stages: [{method: gptq}]\n\x01\n")
+    with pytest.raises(BadInputError) as info:
+        read_recipe(control)
+    assert info.value.message == (
+        f"the recipe {control} is not valid YAML at line 2: it holds U+0001, a character YAML "
+        "does not allow."
+    )

@@ -4,7 +4,9 @@ covers; ``--all`` and ``--table``, which cover each type as it traces by default
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmc_trace.cli.main import cli
@@ -33,3 +35,27 @@ def test_all_and_table_refuse_tracing_flags() -> None:
         result = CliRunner().invoke(cli, ["coverage", *mode, "--targets-per-subgraph", "2"])
         assert result.exit_code == 2
         assert "takes no tracing flags" in result.output
+
+
+def test_table_refuses_a_file_that_is_no_sweep_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each was a JSONDecodeError, TypeError or KeyError traceback."""
+    contents = ['{"rows": [', "", "[1, 2]", '{"hello": "world"}', '{"rows": [{"model": "x"}]}']
+    for index, content in enumerate(contents):
+        path = tmp_path / f"{index}.json"
+        path.write_text(content)
+        result = CliRunner().invoke(cli, ["coverage", "--table", str(path)])
+        assert result.exit_code == 2, result.output
+        assert (
+            f"Invalid value for --table: {path} is not a `llmc-trace coverage --all --json` "
+            f"document. Make one with `llmc-trace coverage --all --json > {path}`"
+        ) in " ".join(result.output.split())
+    monkeypatch.setattr(Path, "read_bytes", _refuse)
+    result = CliRunner().invoke(cli, ["coverage", "--table", str(path)])
+    assert result.exit_code == 2
+    assert f"cannot read {path} (Permission denied)" in " ".join(result.output.split())
+
+
+def _refuse(path: Path) -> bytes:
+    raise PermissionError(13, "Permission denied")

@@ -10,6 +10,8 @@ The README's table is generated from the document alone, so it cannot drift from
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ import transformers
 
 from llmc_trace.attempt.sweep import SweepRow
 from llmc_trace.attempt.sweep_type import DEFAULT, NOT_STANDALONE
+from llmc_trace.errors import BadInputError
 
 
 def sweep_document(
@@ -131,6 +134,32 @@ def sweep_table(document: dict[str, Any]) -> str:
         *standalone,
     ]
     return "\n".join(lines + _decisions_lines(summary))
+
+
+def saved_sweep_table(path: Path) -> str:
+    """The README's table from the sweep document saved at ``path`` (``coverage --table``).
+
+    A file that is not such a document (not JSON, a plain ``coverage --json``, anything else)
+    is bad input naming it: :func:`sweep_table` reads the document's keys as it goes, so it
+    would otherwise fail deep inside with a ``KeyError`` or ``TypeError`` that names nothing.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BadInputError(
+            f"cannot read {path} ({err.strerror or err}).",
+            hint="Check the --table path.",
+            param="table",
+        ) from None
+    try:
+        return sweep_table(json.loads(data))
+    except (ValueError, KeyError, TypeError, AttributeError):  # ValueError: not JSON, not text
+        raise BadInputError(
+            f"{path} is not a `llmc-trace coverage --all --json` document.",
+            hint=f"Make one with `llmc-trace coverage --all --json > {path}`; for the "
+            "built-ins' table, run `llmc-trace coverage --markdown`.",
+            param="table",
+        ) from None
 
 
 def _decisions_lines(summary: dict[str, Any]) -> list[str]:

@@ -3,7 +3,6 @@ model types of the installed transformers) trace and verify, with which fix."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -96,9 +95,10 @@ def coverage(
             "with --model instead."
         )
     if table_from is not None:
-        from llmc_trace.attempt.sweep_report import sweep_table
+        from llmc_trace.attempt.sweep_report import saved_sweep_table
 
-        click.echo(sweep_table(json.loads(table_from.read_text())))
+        with handle_errors(ctx):
+            click.echo(saved_sweep_table(table_from))
         return
     if every_type:
         _sweep_all(ctx, list(models) or None, not no_fix, workers, markdown, as_json)

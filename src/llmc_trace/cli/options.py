@@ -59,6 +59,8 @@ def _click_settings(entry: Declared) -> dict[str, Any]:
         found["type"] = click.INT if kind.minimum is None else click.IntRange(kind.minimum)
     elif isinstance(kind, Float):
         found["type"] = click.FLOAT
+    else:  # never a type click guesses from the default (an int for `--max-shard-size`)
+        found["type"] = click.STRING
     return found
 
 

@@ -184,13 +184,22 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def _load(path: Path) -> _Located:
-    """The recipe's YAML document, with lines; unreadable or malformed files are bad input."""
+    """The recipe's YAML document, with lines; unreadable or malformed files are bad input,
+    binary ones among them (a recipe is UTF-8 text, and YAML refuses control characters)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise BadInputError(
             f"cannot read the recipe {path} ({err.strerror or err}).",
             hint="Check the --recipe path.",
+            param="recipe",
+        ) from None
+    except UnicodeDecodeError as err:
+        raise BadInputError(
+            f"the recipe {path} is not UTF-8 text (byte {err.start} is "
+            f"{err.object[err.start]:#04x}).",
+            hint="Check that --recipe names a YAML file, such as a checkpoint's recipe.yaml, "
+            "saved as UTF-8.",
             param="recipe",
         ) from None
     try:
@@ -201,6 +210,14 @@ def _load(path: Path) -> _Located:
             f"the recipe {path} is not valid YAML at line {mark.line + 1 if mark else '?'}: "
             f"{err.problem}.",
             hint="Fix the YAML syntax (indentation, colons, brackets).",
+            param="recipe",
+        ) from None
+    except yaml.reader.ReaderError as err:  # a character YAML refuses: a position, no mark
+        line = text.count("\n", 0, err.position) + 1
+        raise BadInputError(
+            f"the recipe {path} is not valid YAML at line {line}: it holds "
+            f"U+{err.character:04X}, a character YAML does not allow.",
+            hint="Remove the character, or check that --recipe names a YAML file.",
             param="recipe",
         ) from None
     if not isinstance(document, _Located):

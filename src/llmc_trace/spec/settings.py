@@ -72,7 +72,7 @@ class CalibrationSettings:
     samples: int = option(128, "Calibration samples.", Int(1))
     seq_len: int = option(512, "Tokens per sample.", Int(2))
     batch_size: int = option(1, "Samples per forward pass.", Int(1))
-    seed: int = option(0, "Shuffling seed.", Int())
+    seed: int = option(0, "Shuffling seed.", Int(0))
     attn_implementation: str = option(
         "sdpa",
         "Attention kernel for calibration (eager where the model has no sdpa).",
