@@ -107,7 +107,9 @@ def describe_entry(entry: str) -> tuple[str, str]:
     )
 
 
-def preview_rewrites(model: torch.nn.Module, entries: tuple[str, ...]) -> tuple[StatementRewrite, ...]:
+def preview_rewrites(
+    model: torch.nn.Module, entries: tuple[str, ...]
+) -> tuple[StatementRewrite, ...]:
     """The before/after source of each autowrap entry in ``entries`` that applies to ``model``
     (one that does not is refused when the fix is installed, with its reason)."""
     rewrites = []
