@@ -97,8 +97,33 @@ def test_chat_with_template_is_rendered_by_it(write_records, refmodel_dir: Path)
 
 def test_non_text_values_are_named_by_row_and_column(write_records, tokenizer) -> None:
     path = write_records("jsonl", [{"text": "fine"}, {"text": 42}])
-    with pytest.raises(DataError, match=r"row 1 of column 'text' holds a int"):
+    with pytest.raises(DataError, match=r"row 1 of column 'text' holds the int 42"):
         load_calibration(path, tokenizer, samples=2, seq_len=8, pack=False, shuffle=False)
+
+
+def test_null_texts_are_skipped_and_counted_in_the_notes(write_records, tokenizer) -> None:
+    """A null is a missing text (as a record without the column reads), not a wrong value."""
+    texts = [None, "import os", None, "def add(a, b): return a + b"]
+    path = write_records("jsonl", [{"text": text} for text in texts])
+    calib = load_calibration(path, tokenizer, samples=2, seq_len=64, pack=False, shuffle=False)
+    assert _token_rows(calib) == [
+        tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts[1::2]
+    ]
+    assert calib.notes == ("2 rows skipped: their 'text' is null (the first: row 0)",)
+
+
+def test_damaged_parquet_is_named_as_unreadable(write_records, lines: list[str]) -> None:
+    """pyarrow reports a damaged footer as a plain OSError, not one of its own errors."""
+    path = write_records("parquet", [{"text": line} for line in lines])
+    data = bytearray(path.read_bytes())
+    data[-60:-8] = b"\xff" * 52  # the footer's metadata, before its length and magic
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError) as caught:
+        validate_source(path, samples=1, seq_len=8)
+    assert caught.value.message.startswith(
+        f"calibration file {path} is not a readable parquet file ("
+    )
+    assert "parquet writer" in caught.value.hint
 
 
 def test_malformed_files_name_the_line(tmp_path: Path) -> None:

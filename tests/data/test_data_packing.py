@@ -93,6 +93,34 @@ def test_packing_too_few_windows_says_how_many_there_are(
     assert f"at most {available} samples" in caught.value.hint
 
 
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("texts", [[""], [None, None], [None, ""]])
+def test_rows_without_text_say_so_not_ask_for_zero(
+    write_records, texts: list[str | None], pack: bool, tokenizer
+) -> None:
+    path = write_records("jsonl", [{"text": text} for text in texts])
+    for up_to in (False, True) if pack else (False,):
+        with pytest.raises(DataError) as caught:
+            load_calibration(path, tokenizer, samples=1, seq_len=8, pack=pack, up_to=up_to)
+        assert caught.value.message == (
+            f"{path} holds no usable sample: none of its rows has any text (every text read "
+            "is empty or null)"
+        )
+        assert "--text-column" in caught.value.hint
+
+
+def test_text_shorter_than_one_window_says_how_long_it_is(write_records, tokenizer) -> None:
+    path = write_records("txt", [{"text": "hi"}])
+    tokens = len(_stream(["hi"], tokenizer))
+    with pytest.raises(DataError) as caught:
+        load_calibration(path, tokenizer, samples=2, seq_len=tokens + 1)
+    assert caught.value.message == (
+        f"{path} holds no usable sample: its texts make {tokens} tokens in all (an eos after "
+        f"each), fewer than seq_len={tokens + 1}"
+    )
+    assert f"Lower seq_len to at most {tokens}" in caught.value.hint
+
+
 class _RefusingTokenizer:
     """A tokenizer that fails the test if anything is tokenised."""
 

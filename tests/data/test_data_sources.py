@@ -57,6 +57,24 @@ def test_unknown_file_type_lists_supported_ones(tmp_path: Path) -> None:
         assert suffix in caught.value.hint
 
 
+@pytest.mark.skipif(not Path("/proc/1/mem").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".txt", ".parquet", ".npy"])
+def test_unreadable_file_is_one_message_for_every_type(tmp_path: Path, suffix: str) -> None:
+    """A link to another process's memory opens for no one (nor reads, for its owner): each
+    reader would have raised its own OSError."""
+    path = tmp_path / f"calib{suffix}"
+    path.symlink_to("/proc/1/mem")
+    for check in (
+        lambda: validate_source(path, samples=1, seq_len=16),
+        lambda: load_calibration(path, None, samples=1, seq_len=16),
+    ):
+        with pytest.raises(DataError) as caught:
+            check()
+        assert caught.value.message.startswith(f"calibration file {path} cannot be read (")
+        assert "Make it readable by this user" in caught.value.hint
+        assert caught.value.source == str(path)
+
+
 def test_folder_is_not_a_source(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="is a folder") as caught:
         validate_source(tmp_path, samples=1, seq_len=16)

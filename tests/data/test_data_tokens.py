@@ -78,6 +78,44 @@ def test_arrays_that_are_not_token_ids_are_rejected(tmp_path: Path, array: np.nd
     assert "integer array" in caught.value.hint
 
 
+def test_empty_file_is_named_as_not_an_array(tmp_path: Path) -> None:
+    """numpy's EOFError for a file of zero bytes would end the command line as "Aborted!"."""
+    path = tmp_path / "empty.npy"
+    path.write_bytes(b"")
+    with pytest.raises(DataError) as caught:
+        validate_source(path, samples=1, seq_len=2)
+    assert caught.value.message == (
+        f"calibration file {path} is not a readable .npy array (the file is empty)"
+    )
+    assert "numpy.save" in caught.value.hint
+
+
+@pytest.mark.parametrize(
+    ("array", "why", "hint"),
+    [
+        (np.zeros((0, 8), dtype=np.int32), "its array has no rows", "at least one row"),
+        (
+            np.arange(5, dtype=np.int32),
+            "its token stream has 5 tokens, fewer than seq_len=8",
+            "Lower seq_len to at most 5",
+        ),
+        (np.arange(1, dtype=np.int32), "its token stream has 1 tokens", "Save a longer"),
+    ],
+)
+def test_array_without_a_sample_says_why_not_ask_for_zero(
+    tmp_path: Path, array: np.ndarray, why: str, hint: str
+) -> None:
+    path = tmp_path / "tokens.npy"
+    np.save(path, array)
+    for check in (
+        lambda: validate_source(path, samples=2, seq_len=8),
+        lambda: load_calibration(path, samples=2, seq_len=8),
+    ):
+        with pytest.raises(DataError, match=f"holds no usable sample: {why}") as caught:
+            check()
+        assert hint in caught.value.hint and "at most 0" not in caught.value.hint
+
+
 def test_token_ids_outside_the_vocabulary_are_rejected(tmp_path: Path, tokenizer) -> None:
     path = tmp_path / "rows.npy"
     np.save(path, np.full((2, 8), len(tokenizer), dtype=np.int32))

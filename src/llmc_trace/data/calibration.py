@@ -76,7 +76,8 @@ def load_calibration(
     a Hugging Face Hub dataset id (with `subset` and `split`, which takes slices such as
     `"train[:2000]"`). Texts come from `column`, or the first of `text`, `content`, `prompt`,
     `messages`; a cell holding a list of texts (a caption dataset's captions) gives its first,
-    each, or all joined, as `text_lists` says (`data.columns`), and `notes` says so. They are
+    each, or all joined, as `text_lists` says (`data.columns`), and `notes` says so. Empty
+    texts are skipped, and so are null ones, which `notes` counts. Texts are
     tokenised without added special tokens, then packed (`pack=True`:
     joined with eos and cut into full windows) or truncated (one sample per text). Rows, texts
     or stream windows are visited in an order drawn from `seed`, or in file order with
@@ -119,10 +120,18 @@ def load_calibration(
         first = next((v for v in values if v is not None), None) if table.num_rows else None
         if is_text_list(first):
             notes.append(text_list_note(text_column, first, text_lists))
-        token_lists = _tokenised_rows(table, values, text_column, tokenizer, order_seed, text_lists)
+        nulls: list[int] = []
+        token_lists = _tokenised_rows(
+            table, values, text_column, tokenizer, order_seed, text_lists, nulls
+        )
         rows = _text_samples(
             table, token_lists, tokenizer, samples=samples, seq_len=seq_len, pack=pack, up_to=up_to
         )
+        if nulls:
+            notes.append(
+                f"{len(nulls)} rows skipped: their {text_column!r} is null (the first: row "
+                f"{nulls[0]})"
+            )
     batches = pad_batches(rows, batch_size=batch_size, pad_id=_pad_id(tokenizer))
     limit = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer else None)
     for batch in batches:
@@ -175,11 +184,20 @@ def _tokenised_rows(
     tokenizer: PreTrainedTokenizerBase,
     seed: int | None,
     text_lists: str,
+    nulls: list[int],
 ) -> Iterator[list[int]]:
-    """Token ids of each row's texts in visiting order, tokenised only when asked for."""
+    """Token ids of each row's texts in visiting order, tokenised only when asked for; the
+    rows whose text is null are skipped and appended to `nulls`, for `notes` to count."""
     for row in visiting_order(table.num_rows, seed):
         where = f"{table.description}, row {row} of column {text_column!r}"
         value = values[int(row)]
+        if value is None:
+            # A null is a missing text, as a .jsonl record without the column or a parquet null
+            # reads: skipped like an empty text, which also has none, and counted so the user
+            # hears of it; a number or other value is refused (render_text), being the wrong
+            # column rather than a missing text.
+            nulls.append(int(row))
+            continue
         cells = texts_of(value, text_lists) if is_text_list(value) else [value]
         for cell in cells:
             text = render_text(cell, tokenizer, where=where)

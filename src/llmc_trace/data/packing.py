@@ -47,6 +47,15 @@ def pack_texts(
             return windows
     if up_to and (windows or len(stream) >= 2):
         return windows + ([stream] if len(stream) >= 2 else [])
+    if not stream and not windows:
+        raise _no_text(description)
+    if not windows:
+        raise DataError(
+            f"{description} holds no usable sample: its texts make {len(stream)} tokens in all "
+            f"(an eos after each), fewer than seq_len={seq_len}",
+            hint=f"Lower seq_len to at most {len(stream)}, or use a larger source.",
+            source=description,
+        )
     raise DataError(
         f"{description} packs into only {len(windows)} windows of {seq_len} tokens, "
         f"fewer than the {samples} samples asked for",
@@ -70,10 +79,23 @@ def truncate_texts(
             kept.append(tokens[:seq_len])
             if len(kept) == samples:
                 return kept
+    if not kept:
+        raise _no_text(description)
     raise DataError(
         f"{description} has only {len(kept)} non-empty texts, fewer than the {samples} "
         "samples asked for",
         hint=f"Ask for at most {len(kept)} samples, or pack texts into windows instead.",
         source=description,
         param="samples",
+    )
+
+
+def _no_text(description: str) -> DataError:
+    """The error for a source none of whose rows has text, which gives no sample at any size
+    (advice to ask for fewer samples would mean none)."""
+    return DataError(
+        f"{description} holds no usable sample: none of its rows has any text (every text read "
+        "is empty or null)",
+        hint="Fill its text column, or name the column that holds the text with --text-column.",
+        source=description,
     )

@@ -65,8 +65,8 @@ class ResolvedSource:
 def resolve_source(source: str | Path) -> ResolvedSource:
     """Classify `source` as a readable local file or a Hub dataset id.
 
-    Raises `DataError` for a local file that is missing, a folder, or of an unsupported type,
-    so that these are reported before any loading starts.
+    Raises `DataError` for a local file that is missing, a folder, of an unsupported type, or
+    unreadable, so that these are reported before any loading starts.
     """
     description = str(source)
     if not description.strip():
@@ -99,7 +99,25 @@ def resolve_source(source: str | Path) -> ResolvedSource:
             hint="Convert it to one of the supported formats. " + _SUPPORTED_HINT,
             source=description,
         )
+    _check_readable(path, description)
     return ResolvedSource(kind=suffix[1:], description=description, path=path)
+
+
+def _check_readable(path: Path, description: str) -> None:
+    """Raise `DataError` unless the file at `path` opens and gives its first byte.
+
+    Checked here, once for every file type, so that a file this user may not read is one clear
+    message whichever reader (numpy, pyarrow, the text readers) would have met it first."""
+    try:
+        with path.open("rb") as file:
+            file.read(1)
+    except OSError as err:
+        raise DataError(
+            f"calibration file {description} cannot be read ({err.strerror or err})",
+            hint="Make it readable by this user (for a link, the file it points to), or copy "
+            "the data into a regular file that is.",
+            source=description,
+        ) from err
 
 
 def _is_local(text: str) -> bool:

@@ -151,9 +151,11 @@ def _read_parquet(path: Path, description: str) -> TextTable:
 
     try:
         parquet = pyarrow.parquet.ParquetFile(path)
-    except pyarrow.ArrowException as err:
+    except (pyarrow.ArrowException, OSError) as err:
+        # resolve_source found the file readable, so an OSError here is pyarrow's word for a
+        # damaged file ("Couldn't deserialize thrift")
         raise DataError(
-            f"calibration file {description} is not a readable parquet file ({err})",
+            f"calibration file {description} is not a readable parquet file ({str(err).strip()})",
             hint="Check that the file was written completely by a parquet writer.",
             source=description,
         ) from err

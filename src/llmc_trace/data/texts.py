@@ -9,6 +9,7 @@ is readable but not what any chat model was trained on.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -53,20 +54,21 @@ def render_text(
     *,
     where: str,
 ) -> str:
-    """Return the text of one cell: a string as is, a conversation rendered, None as "".
+    """Return the text of one cell: a string as is, a conversation rendered.
 
     `where` names the cell (`"data.jsonl, row 3 of 'text'"`) for the error raised on any other
-    value. An empty result means the row has no text; callers skip it.
+    value (a null cell is the caller's to skip). An empty result means the row has no text;
+    callers skip it.
     """
-    if value is None:
-        return ""
     if isinstance(value, str):
         return value
     if _is_conversation(value):
         return render_conversation(value, tokenizer, where=where)
     raise DataError(
-        f"{where} holds a {type(value).__name__}, not text or chat messages",
+        f"{where} holds the {type(value).__name__} {reprlib.repr(value)}, not text or chat "
+        "messages",
         hint="Name a column of strings, or of lists of {'role': ..., 'content': ...} messages.",
+        param="text_column",
     )
 
 
@@ -100,6 +102,8 @@ def _content_text(content: object, where: str) -> str:
     if isinstance(content, Sequence) and all(isinstance(part, Mapping) for part in content):
         return "".join(str(part["text"]) for part in content if part.get("type") == "text")
     raise DataError(
-        f"{where} has a message whose content is a {type(content).__name__}",
+        f"{where} has a message whose content is the {type(content).__name__} "
+        f"{reprlib.repr(content)}",
         hint="Message content must be a string or a list of {'type': 'text', 'text': ...} parts.",
+        param="text_column",
     )

@@ -28,9 +28,11 @@ def open_token_array(path: Path, description: str) -> np.ndarray:
     """Memory-map the `.npy` file at `path`, checking that it holds a 1-D or 2-D integer array."""
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError) as err:
+        # numpy raises EOFError ("No data left in file") only for a file of zero bytes
+        detail = "the file is empty" if isinstance(err, EOFError) else err
         raise DataError(
-            f"calibration file {description} is not a readable .npy array ({err})",
+            f"calibration file {description} is not a readable .npy array ({detail})",
             hint="Save the token ids with numpy.save(path, array) as a plain integer array.",
             source=description,
         ) from err
@@ -44,7 +46,9 @@ def open_token_array(path: Path, description: str) -> np.ndarray:
 
 
 def count_windows(array: np.ndarray, seq_len: int, description: str) -> int:
-    """How many samples of `seq_len` tokens `array` gives (rows, or full windows of a stream)."""
+    """How many samples of `seq_len` tokens `array` gives (rows, or full windows of a stream);
+    none is a `DataError` saying why, raised here for every caller (validation, loading,
+    `evaluate`)."""
     if array.ndim == 2:
         if array.shape[1] < seq_len:
             raise DataError(
@@ -53,8 +57,30 @@ def count_windows(array: np.ndarray, seq_len: int, description: str) -> int:
                 hint=f"Use seq_len <= {array.shape[1]}; rows are samples and are not joined.",
                 source=description,
             )
-        return array.shape[0]
-    return array.shape[0] // seq_len
+    windows = array.shape[0] if array.ndim == 2 else array.shape[0] // seq_len
+    if windows == 0:
+        raise _no_window(array, seq_len, description)
+    return windows
+
+
+def _no_window(array: np.ndarray, seq_len: int, description: str) -> DataError:
+    """The error for an array that gives no sample at all, saying why (advice to ask for fewer
+    samples would mean none)."""
+    if array.ndim == 2:
+        return DataError(
+            f"{description} holds no usable sample: its array has no rows",
+            hint="Save at least one row of token ids (a 2-D array holds one sample per row).",
+            source=description,
+        )
+    length = array.shape[0]
+    # seq_len 2 is the least check_sizes allows: a shorter stream cannot fit any seq_len
+    lower = f"Lower seq_len to at most {length}, or save" if length >= 2 else "Save"
+    return DataError(
+        f"{description} holds no usable sample: its token stream has {length} tokens, fewer "
+        f"than seq_len={seq_len}",
+        hint=f"{lower} a longer token stream.",
+        source=description,
+    )
 
 
 def take_windows(array: np.ndarray, indices: np.ndarray, seq_len: int) -> np.ndarray:
