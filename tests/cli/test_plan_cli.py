@@ -99,3 +99,15 @@ def test_a_seq_len_past_the_models_positions_is_refused_by_plan_and_evaluate(
         result = CliRunner().invoke(cli, ["--quiet", *command], env={"NO_COLOR": "1"})
         assert result.exit_code == 2, result.output
         assert "exceed the" in result.output and "(max_position_embeddings)" in result.output
+
+
+def test_a_model_that_needs_a_fix_is_planned_with_the_fix_compress_applies() -> None:
+    """compress finds Qwen2-VL's fix and calibrates sequentially; the plan left sequential out
+    ("the model does not trace") and chose another pipeline than the run would."""
+    vlm = ["-m", "Qwen/Qwen2-VL-2B-Instruct", "--modality", "image", "--json"]
+    fixed = json.loads(CliRunner().invoke(cli, ["--quiet", "plan", *vlm]).stdout)
+    assert fixed["tracing_fix"] == ["Qwen2VLModel.get_rope_index"]
+    assert "sequential" in [e["pipeline"] for e in fixed["estimates"]]
+    given = ["--tracing-ignore", "Qwen2VLModel.get_rope_index"]
+    as_given = json.loads(CliRunner().invoke(cli, ["--quiet", "plan", *vlm, *given]).stdout)
+    assert as_given["tracing_fix"] == [] and as_given["estimates"] == fixed["estimates"]

@@ -140,27 +140,30 @@ def plan(
                 check_shareable(
                     World(0, ranks), math.ceil(sizes["samples"] / sizes["batch_size"]), needs_data
                 )
+        runs = [
+            RunSettings(
+                math.ceil(sizes["samples"] / ranks),  # each rank caches its share of the rows
+                sizes["seq_len"],
+                sizes["batch_size"],
+                needs_data=needs_data,
+                kept_bytes_per_weight=1.0 if quantizes else 0.0,
+                streamed=True,
+                device_is_host=device is None and not torch.cuda.is_available(),
+                expert_group=expert_group,
+                attention=attention,
+            )
+            for _, needs_data, quantizes in stages
+        ]
         plans = plan_source(
-            model,
-            [
-                RunSettings(
-                    math.ceil(sizes["samples"] / ranks),  # each rank caches its share of the rows
-                    sizes["seq_len"],
-                    sizes["batch_size"],
-                    needs_data=needs_data,
-                    kept_bytes_per_weight=1.0 if quantizes else 0.0,
-                    streamed=True,
-                    device_is_host=device is None and not torch.cuda.is_available(),
-                    expert_group=expert_group,
-                    attention=attention,
-                )
-                for _, needs_data, quantizes in stages
-            ],
-            modality=modality,
-            tracing=tracing,
-            device_memory=device,
-            host_memory=host,
+            model, runs, modality=modality, tracing=tracing, device_memory=device, host_memory=host
         )
+        fix = _fix_compress_applies(model, modality, tracing, stages, plans)
+        if fix:
+            tracing = replace(tracing, tracing_ignore=(*tracing.tracing_ignore, *fix))
+            plans = plan_source(
+                model, runs, modality=modality, tracing=tracing, device_memory=device,
+                host_memory=host,
+            )  # fmt: skip
         pairs = None
         if mappings:
             from llmc_trace.cli.mappings_view import pairs_of
@@ -174,10 +177,17 @@ def plan(
             for (label, _, _), result in zip(stages, plans, strict=True)
         ]
         document = documents[0] if recipe is None else {"stages": documents}
+        document = {**document, "tracing_fix": list(fix)}
         if pairs is not None:
             document = {**document, **mappings_document(pairs)}
         ctx.print_json(document)
         return
+    if fix:
+        ctx.out.print(
+            f"traced with --tracing-ignore {' '.join(fix)}: the fix `attempt --fix` verifies, "
+            "which compress applies itself",
+            highlight=False,
+        )
     for (label, _, _), result in zip(stages, plans, strict=True):
         _print_plan(
             ctx,
@@ -192,6 +202,30 @@ def plan(
         from llmc_trace.cli.mappings_view import show_mappings
 
         show_mappings(ctx.out, pairs)
+
+
+def _fix_compress_applies(
+    model: str,
+    modality: str,
+    tracing: TracingSettings,
+    stages: list[tuple[str, bool, bool]],
+    plans: list[MemoryPlan],
+) -> tuple[str, ...]:
+    """The ``tracing_ignore`` entries compress would add to trace ``model``, where the plan
+    left the sequential pipeline out because the model does not trace as written: compress
+    searches for a fix and calibrates sequentially with it, and a plan without it chose
+    another pipeline than the run does. Empty when the model traces or no fix verifies."""
+    from llmc_trace.attempt.prove import attempt_trace
+    from llmc_trace.core.names import SEQUENTIAL
+
+    untraced = any(
+        needs_data and SEQUENTIAL not in result.pipelines()
+        for (_, needs_data, _), result in zip(stages, plans, strict=True)
+    )
+    if not untraced:
+        return ()
+    report = attempt_trace(model, tracing=tracing, modality=modality, fix=True, decisions=False)
+    return tuple(report.applied_fix.tracing_ignore) if report.applied_fix else ()
 
 
 def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:
