@@ -40,3 +40,13 @@ def test_a_class_name_matches_its_subclasses() -> None:
     assert plan_leaves(model, None, ["Linear"]).ignored == ("lm_head",)
     plan = plan_leaves(model, ["QuantLinear"], [])
     assert plan.targets == ("model.layers.1.mlp.down_proj",)
+
+
+def test_a_model_without_layers_names_its_config_not_an_empty_target_list() -> None:
+    """A config with no layers (num_hidden_layers -1 builds an empty ModuleList) was refused
+    as "The sequential targets [] match no module", though nobody named targets."""
+    model = tiny_llama(layers=0)
+    with pytest.raises(BadInputError) as refused:
+        plan_leaves(model, None, [])
+    assert "has no repeated blocks (decoder layers)" in refused.value.message
+    assert refused.value.param == "model" and "[]" not in refused.value.message

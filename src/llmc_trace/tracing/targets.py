@@ -187,6 +187,16 @@ def plan_leaves(
             type(model).__name__,
         )
     targets = resolve_targets(model, modules, patterns, explicit=explicit)
+    if not targets and not explicit:
+        # nobody named targets: the model has no repeated block to hold them (a config with
+        # no layers, num_hidden_layers: 0 or -1, builds an empty ModuleList)
+        raise BadInputError(
+            f"{type(model).__name__} as its config builds it has no repeated blocks (decoder "
+            "layers) to calibrate one by one.",
+            hint="Check the config's layer count (num_hidden_layers or the like), or name "
+            "--sequential-targets.",
+            param="model",
+        )
     if not targets:
         raise BadInputError(
             f"The sequential targets {patterns} match no module of {type(model).__name__}.",
