@@ -200,17 +200,19 @@ def test_a_sequence_longer_than_the_models_positions_exits_2(
 def test_an_output_that_cannot_be_written_exits_2_leaving_nothing(
     saved_llama: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A path through a file (unwritable even for root) and a disk that fills at the rename."""
+    """A path through a file (unwritable even for root: named, not "File exists") and a disk
+    that fills at the rename."""
     folder, data = saved_llama
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     common = ["-m", str(folder), "-d", str(data), "--samples", "2", "--seq-len", "32"]
+    in_the_way = f"lies under {blocker}, which is a file, not a folder"
     code, output = invoke("compress", *common, "-o", str(blocker / "out"))
-    assert code == 2 and "could not write" in output and "--out" in output
+    assert code == 2 and in_the_way in output and "--out" in output
     code, output = invoke(
         "render", "-m", "meta-llama/Llama-3.1-8B", "--out", str(blocker / "x.svg")
     )
-    assert code == 2 and "could not write" in output
+    assert code == 2 and in_the_way in output
 
     def disk_full(*_: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

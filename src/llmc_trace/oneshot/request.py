@@ -235,7 +235,7 @@ def check_output(out: Path, *, overwrite: bool) -> None:
     if not overwrite:
         raise BadInputError(
             f"the output folder {out} already exists.",
-            hint="Choose another --out, or pass --overwrite.",
+            hint="Choose another --out, or pass --overwrite (overwrite=True from Python).",
             param="out",
         )
     recipe = out / "recipe.yaml"
