@@ -173,3 +173,11 @@ def test_data_errors_are_the_projects_bad_input() -> None:
 
     # The CLI maps BadInputError to exit code 2; DataError must be caught there, and as ValueError.
     assert issubclass(DataError, BadInputError) and issubclass(DataError, ValueError)
+
+
+def test_a_saved_dataset_of_no_rows_says_so(tmp_path: Path) -> None:
+    """datasets itself fails on one with an IndexError from deep inside its table code."""
+    saved = tmp_path / "empty"
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(saved))
+    with pytest.raises(DataError, match="holds no rows"):
+        validate_source(saved, samples=4, seq_len=16)

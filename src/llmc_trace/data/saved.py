@@ -35,6 +35,12 @@ def read_saved_table(path: Path, kind: str, description: str, *, split: str) -> 
             dataset = datasets.Dataset.from_file(str(path))
         else:
             dataset = datasets.load_from_disk(str(path))
+    except IndexError as err:  # datasets' own failure on a saved dataset of no rows
+        raise DataError(
+            f"{description} holds no rows",
+            hint="Save a dataset that has rows, or point at another one.",
+            source=description,
+        ) from err
     except (OSError, ValueError, FileNotFoundError) as err:
         raise DataError(
             f"{description} cannot be read by datasets ({_first_line(err)})",
