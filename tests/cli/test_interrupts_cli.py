@@ -149,3 +149,30 @@ def test_a_reader_that_goes_away_ends_the_command_as_the_shell_would(how: str) -
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, "")
+
+
+FAILING = """
+from llmc_trace.cli.main import cli, main
+
+@cli.command()
+def crash():
+    raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+main()
+"""
+
+
+def test_an_unforeseen_failure_is_one_sentence_and_debug_shows_its_traceback() -> None:
+    """Exit code 1, the exception's type and first line, the way to the traceback."""
+    quiet = subprocess.run(
+        [sys.executable, "-c", FAILING, "crash"], capture_output=True, text=True, timeout=120
+    )
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    said = " ".join(quiet.stderr.split())
+    assert "unexpected RuntimeError: expected m1 and m2 to have the same dtype" in said
+    assert "run again with --debug for the traceback" in said
+    debug = subprocess.run(
+        [sys.executable, "-c", FAILING, "crash", "--debug"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

@@ -37,7 +37,9 @@ class _CommandGroup(click.Group):
     people type them; both set the same flag.
 
     A command whose stdout closes under a plain write (``click.echo``: JSON, markdown) ends
-    as the rich consoles' do (:func:`~llmc_trace.cli.context.exit_for_closed_stdout`).
+    as the rich consoles' do (:func:`~llmc_trace.cli.context.exit_for_closed_stdout`). An
+    exception no check foresaw ends in one sentence naming it, exit code 1, and the way to
+    its traceback (``--debug``), instead of forty lines of frames.
     """
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
@@ -54,6 +56,23 @@ class _CommandGroup(click.Group):
             return super().invoke(ctx)
         except BrokenPipeError:
             exit_for_closed_stdout()
+        except (click.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise  # click's own: usage errors, aborts and exits it reports itself
+        except Exception as err:
+            state = ctx.find_object(CliContext)
+            if state is None or state.debug:
+                raise
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            state.err.print(
+                f"[bold red]Error:[/] unexpected {type(err).__name__}"
+                + (f": {reason}" if reason else ""),
+                highlight=False,
+            )
+            state.err.print(
+                "[dim]Hint:[/] the inputs llmc-trace checks passed, and this failed after; run "
+                "again with --debug for the traceback, and report it with the command."
+            )
+            sys.exit(1)
 
 
 @click.group(
