@@ -450,3 +450,16 @@ def test_a_builtin_given_where_weights_are_needed_says_it_is_a_config(
     code, output = invoke(command, "-m", name, *arguments)
     assert code == 2 and f"{name} is a built-in config: it has no weights to" in output, output
     assert f"save_twin('{name}', 'twin')" in output and "llmc_trace/models" not in output
+
+
+def test_a_refusal_names_the_flag_as_the_command_spells_it(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The data loaders report their parameter as `dataset`: compress's flag, an alias of
+    evaluate's `--data`, which evaluate's refusal now names."""
+    folder, _ = saved_llama
+    missing = str(tmp_path / "missing.npy")
+    code, output = invoke("evaluate", "-m", str(folder), "--data", missing)
+    assert code == 2 and "Invalid value for --data:" in output, output
+    code, output = invoke("compress", "-m", str(folder), "-d", missing, "-o", str(tmp_path / "o"))
+    assert code == 2 and "Invalid value for --dataset:" in output, output

@@ -110,8 +110,8 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
 
             if not current_world().is_main:
                 sys.exit(code)
-        option = f"--{err.param.replace('_', '-')}" if err.param else None
         current = click.get_current_context(silent=True)
+        option = _option_named(current, err.param) if err.param else None
         if current is not None and current.params.get("as_json"):
             ctx.print_json(
                 {"error": err.message, "hint": err.hint, "param": option, "exit_code": code}
@@ -127,6 +127,20 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
         if err.hint:
             ctx.err.print(f"[dim]Hint:[/] {err.hint}")
         sys.exit(1)
+
+
+def _option_named(current: click.Context | None, param: str) -> str:
+    """The flag a person typed for the library's ``param``: the command's own spelling where
+    ``param`` is one of an option's names or aliases (evaluate's ``--data`` is also
+    ``--dataset``, the name the data loaders report), else ``--param``."""
+    flag = f"--{param.replace('_', '-')}"
+    options = [
+        p for p in (current.command.params if current else []) if isinstance(p, click.Option)
+    ]
+    for option in options:
+        if option.name == param or flag in option.opts:
+            return max(option.opts, key=lambda o: o.startswith("--"))
+    return flag
 
 
 class Terminated(BaseException):
