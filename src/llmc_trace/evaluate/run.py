@@ -59,7 +59,6 @@ def evaluate_model(
     columns = columns or Columns()
     media = source_modality(data, modality, columns)
     if media is not None:
-        check_seq_len(source.config(), seq_len)
         result = evaluate_multimodal(
             folder, data, samples=samples, seq_len=seq_len, batch_size=batch_size,
             modality=media.modality, columns=columns, dtype=dtype, progress=progress,
@@ -132,6 +131,7 @@ def evaluate_multimodal(
     """
     source = resolve_model(str(folder))
     source.weights_folder("evaluate")
+    check_seq_len(source.config(), seq_len)
     calibration = load_multimodal_calibration(
         data,
         folder,

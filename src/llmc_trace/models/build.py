@@ -15,7 +15,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
-from llmc_trace.models.weight_store import WeightStore, stored_names
+from llmc_trace.models.weight_store import WeightStore, check_float_storage, stored_names
 from llmc_trace.models.weights import check_finite, missing_tensors
 
 #: Auto classes tried, in order, when ``architectures`` names no class transformers exports.
@@ -225,8 +225,8 @@ def load_pretrained(
     (default: the one its ``config.json`` declares).
 
     Weights that cannot be this config's model (a missing, truncated, pickled or misshapen
-    tensor, float weights stored as integers, or one holding NaN or inf) raise :class:`~llmc_trace.errors.BadInputError` instead
-    of loading half.
+    tensor, float weights stored as integers, or one holding NaN or inf) raise
+    :class:`~llmc_trace.errors.BadInputError` instead of loading half.
 
     ``attn_implementation=None`` takes transformers' own default kernel. A compressed-tensors
     checkpoint is decompressed by transformers itself, the path a user's code takes (see
@@ -236,10 +236,6 @@ def load_pretrained(
     """
     folder = source.weights_folder("load")
     store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
-    if "quantization_config" not in source.config_dict:
-        # transformers casts integer-stored float weights without a word: refused here, with
-        # missing and misshapen tensors, before anything loads
-        stored_names(build_meta_model(source), store)
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     int8_experts = (
@@ -280,6 +276,11 @@ def load_pretrained(
     missing = sorted(info["missing_keys"])
     if missing:
         raise missing_tensors(folder, missing)
+    if "quantization_config" not in source.config_dict:
+        # transformers cast integer-stored float weights as it loaded them, without a word
+        for name, parameter in model.named_parameters():
+            if parameter.is_floating_point() and name in store:
+                check_float_storage(store, name, store.tensors[name])
     checked: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in checked:  # a tied tensor once, under its first name

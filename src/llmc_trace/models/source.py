@@ -57,10 +57,6 @@ class ModelSource:
             param=param,
         )
 
-    @property
-    def has_tokenizer(self) -> bool:
-        return self.folder is not None and (self.folder / "tokenizer.json").exists()
-
     def config(self, read_as: str | None = None) -> PretrainedConfig:
         """A fresh config object (callers may change it); with ``read_as``, the published values
         built into that model type's config class instead of the one the JSON names (a built-in

@@ -188,19 +188,27 @@ def stored_names(model: torch.nn.Module, store: WeightStore) -> dict[str, Source
                 "weights and config.json come from the same checkpoint.",
                 param="model",
             )
-        if floating[identity] and not store.spec(stored).dtype.is_floating_point:
-            raise BadInputError(
-                f"The weights in {store.folder} are not floating point: {names[0]} is stored as "
-                f"{store.spec(stored).dtype}, and config.json names no quantization_config "
-                "that says how to read it.",
-                hint="Point --model at the float checkpoint (bfloat16, float16 or float32) the "
-                "integer one was made from.",
-                param="model",
-            )
+        if floating[identity]:
+            check_float_storage(store, names[0], store.spec(stored))
         found[names[0]] = stored
     if missing:
         raise missing_tensors(store.folder, sorted(missing))
     return found
+
+
+def check_float_storage(store: WeightStore, name: str, spec: TensorSpec) -> None:
+    """Refuse parameter ``name``, floating point in the model, stored as integers (``spec``)
+    in a checkpoint whose config names no quantization_config to read them by: loaders cast
+    them silently, and GPTQ or a perplexity then runs on garbage."""
+    if not spec.dtype.is_floating_point:
+        raise BadInputError(
+            f"The weights in {store.folder} are not floating point: {name} is stored as "
+            f"{spec.dtype}, and config.json names no quantization_config that says how to "
+            "read it.",
+            hint="Point --model at the float checkpoint (bfloat16, float16 or float32) the "
+            "integer one was made from.",
+            param="model",
+        )
 
 
 def _canonical_names(model: torch.nn.Module, store: WeightStore) -> dict[str, str]:

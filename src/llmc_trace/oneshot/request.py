@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmc_trace.core.names import AUTO, CALIBRATED_METHODS, MODALITIES
 from llmc_trace.data import validate_source
@@ -42,6 +42,9 @@ from llmc_trace.spec.settings import (
     TracingSettings,
 )
 from llmc_trace.spec.stage import Stage, check_order
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: the modalities whose rows go through the model's processor
 MEDIA = tuple(m for m in MODALITIES if m != "text")
@@ -146,6 +149,15 @@ class CompressRequest:
         processor; read from the dataset, which is checked on the way (:func:`validate`)."""
         return _check_data(self.calibration, self.source)
 
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The model folder's tokenizer, which text data is read with (``None`` for token ids
+        and media rows, whose processor holds its own): loaded once, when :func:`validate`
+        checks it before anything heavy, and kept for the run."""
+        if self.data_kind == "npy" or self.modality != "text":
+            return None
+        return load_tokenizer(self.source.weights_folder("compress"))
+
     @property
     def modality(self) -> str:
         """What the calibration rows hold: ``text``, or the media they carry."""
@@ -202,6 +214,7 @@ def validate(request: CompressRequest) -> None:
     if request.out_path is not None:
         check_output(request.out_path, overwrite=request.overwrite)
     request.data_kind  # noqa: B018 - read and checked here, kept for the run
+    request.tokenizer  # noqa: B018 - text data's tokenizer: loaded here, before the model
 
 
 def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
@@ -218,8 +231,6 @@ def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
             seq_len=calibration.seq_len,
             column=calibration.text_column,
         )
-        if data.kind != "npy":  # text: the folder's tokenizer, checked before the model loads
-            load_tokenizer(source.folder)
         return data.kind
     load_processor(source.folder, choice.modality).require(choice.modality)
     return choice.modality

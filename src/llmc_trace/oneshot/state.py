@@ -12,7 +12,6 @@ from llmc_trace.core.progress import Progress
 from llmc_trace.core.world import World
 from llmc_trace.data import CalibrationSet, load_calibration
 from llmc_trace.data.multimodal import load_multimodal_calibration
-from llmc_trace.models.tokenizer import load_tokenizer
 from llmc_trace.oneshot.request import CompressRequest
 from llmc_trace.oneshot.result import Pruned
 from llmc_trace.oneshot.resume import Unfinished
@@ -75,10 +74,7 @@ class RunContext:
                 settings.dataset, request.source.folder, modality=request.modality,
                 columns=settings.columns(), **sizes,
             )  # fmt: skip
-        folder = request.source.folder
-        assert folder is not None  # a request has weights
-        tokenizer = load_tokenizer(folder) if request.data_kind != "npy" else None
         return load_calibration(
-            settings.dataset, tokenizer, column=settings.text_column,
+            settings.dataset, request.tokenizer, column=settings.text_column,
             text_lists=settings.text_lists, **sizes,
         )  # fmt: skip
