@@ -141,3 +141,24 @@ def test_qwen2_5_vl_image_without_mm_token_type_ids_traces_and_verifies_without_
         assert traced.failure is None, traced.failure
     check = verify_on_sample(traced)  # the twin, against its own eager forward
     assert check.ok, check.verification.problems
+
+
+def five_unknown_dims(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    rows, _ = image_rows(x, ids)  # (K, D)
+    # meta cannot reshape the sentinel row count, so every dimension of the 5-D result is
+    # unknown; its sentinel shape then holds more elements than one tensor may
+    blocks = rows.reshape(3, 2, 2, 2, 1) * 2
+    return x + blocks.sum()
+
+
+def test_a_value_too_large_to_move_is_taken_as_data_dependent() -> None:
+    """DeepSeek-V2's attention, traced into, made a 5-D value of unknown sizes: moving all five
+    to their sentinels overflowed the tensor size, which stopped the trace; such a value is
+    now what an unknown answer stands for, data-dependent, and the trace goes on."""
+    model = patterns.Wrapper(Merge(five_unknown_dims)).eval()
+    inputs = sample()
+    trace = trace_graph(model, inputs, TracingOptions(sequential_targets=("Block",)))
+    assert not merge_node(trace.graph, "mul").meta["shape_static"]
+    subgraphs = trace_subgraphs(model, inputs, ["Block"], fix=False)
+    verification = verify_subgraphs(model, subgraphs, inputs, ["x", "grid"])
+    assert verification.ok, verification.problems

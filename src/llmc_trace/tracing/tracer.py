@@ -405,7 +405,10 @@ class LlmcTracer(fx.Tracer):
                 return fresh_meta(node.meta.get("val"))
             return with_sentinels(node.meta.get("val"), node.meta.get("dynamic_dims"))
 
-        moved_args, moved_kwargs = _map_proxies(sentinel, (args, kwargs), self._object_paths)
+        try:
+            moved_args, moved_kwargs = _map_proxies(sentinel, (args, kwargs), self._object_paths)
+        except RuntimeError:  # sentinel sizes too large for one tensor: nothing is proved
+            return None
         with self._computing_values():
             return moved_dimensions(run, moved_args, moved_kwargs, value)
 
