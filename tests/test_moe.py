@@ -23,8 +23,9 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from llmc_trace.cli.main import cli
 from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme
 from llmc_trace.moe import fused_experts, observe_experts, per_expert_names
-from llmc_trace.models.build import build_twin, load_pretrained
-from llmc_trace.models.source import resolve_model
+from llmc_trace.models.build import build_meta_model, build_twin, load_pretrained
+from llmc_trace.models.shrink import EXPERT_KEYS
+from llmc_trace.models.source import builtin_names, builtin_root, resolve_model
 from llmc_trace.oneshot import CompressRequest, compress
 
 #: Every built-in whose experts are fused, with whether its checkpoints store them per expert.
@@ -48,6 +49,7 @@ MOE_BUILTINS = {
     "rhymes-ai/Aria": False,
     "tencent/Hy3-preview": True,
     "zai-org/GLM-4.5-Air": True,
+    "zai-org/GLM-5": True,
 }
 
 #: 4-bit weights, one scale per output channel: the twins' small widths take no group size.
@@ -65,6 +67,28 @@ UNSAVABLE = {"google/gemma-4-26B-A4B"}
 def _tokens(model: torch.nn.Module, rows: int = 2, seq: int = 12) -> torch.Tensor:
     vocab = model.config.get_text_config().vocab_size
     return torch.from_numpy(np.random.default_rng(0).integers(0, vocab, (rows, seq))).long()
+
+
+def _declares_experts(config: object) -> bool:
+    if isinstance(config, dict):
+        declared = any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_KEYS)
+        return declared or any(_declares_experts(v) for v in config.values())
+    return False
+
+
+def test_every_twin_keeps_the_experts_of_its_model() -> None:
+    """A twin cut short before the model's first mixture layer verifies and calibrates no
+    expert at all: GLM-5's per-layer MLP kinds, derived from its three dense layers, kept the
+    twin's two layers dense until they followed the shortened count."""
+    lost = []
+    for name in builtin_names():
+        config = json.loads((builtin_root() / name / "config.json").read_text())
+        if not _declares_experts(config):
+            continue
+        source = resolve_model(name)
+        if fused_experts(build_meta_model(source)) and not fused_experts(build_twin(source)):
+            lost.append(name)
+    assert lost == []
 
 
 @pytest.mark.parametrize("name", sorted(MOE_BUILTINS))

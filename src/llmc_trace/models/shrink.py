@@ -89,6 +89,7 @@ LAYER_LIST_KEYS = (
     "block_types",
     "layers_type",
     "hybrid_override_pattern",
+    "mlp_layer_types",
 )
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = (
@@ -308,16 +309,21 @@ def _shrink_layers(config: PretrainedConfig, min_layers: int) -> None:
             setattr(config, key, type(value)([1] * len(value)))
             if any(attrs.get(k) == len(value) for k in LAYER_KEYS):
                 keep = max(keep, len(value))
+    dense_first = attrs.get("first_k_dense_replace")
+    if isinstance(dense_first, int) and dense_first > 0:
+        config.first_k_dense_replace = 1
+        keep = max(keep, 2)
+        kinds = attrs.get("mlp_layer_types")
+        if isinstance(kinds, list) and len(kinds) > dense_first:
+            # GLM-5 derives its per-layer MLP kinds from first_k_dense_replace when the config
+            # is made, then reads only the kinds: one dense layer left, as the count says
+            config.mlp_layer_types = kinds[dense_first - 1 :]
     for key in LAYER_LIST_KEYS:
         pattern = attrs.get(key)
         if isinstance(pattern, (list, str)) and len(pattern) > 0:
             kinds = list(dict.fromkeys(pattern))
             prefix = max(pattern.index(kind) for kind in kinds) + 1
             keep = max(keep, prefix)
-    dense_first = attrs.get("first_k_dense_replace")
-    if isinstance(dense_first, int) and dense_first > 0:
-        config.first_k_dense_replace = 1
-        keep = max(keep, 2)
     for key in (
         "attn_layer_period",
         "expert_layer_period",
