@@ -239,3 +239,67 @@ def test_coverage_counts_the_pairs_of_a_built_in(one_thread: None) -> None:
     assert f"grouped-query attention); {layers - 1} more like it" in row["pairs_note"]
     assert "lm_head is not quantized" in row["pairs_note"]
     assert 0 < row["pairs_s"]
+
+
+def test_a_trace_stopped_inside_a_layer_is_fixed_and_the_layers_pairs_found(
+    one_thread: None,
+) -> None:
+    """Traced into, Florence-2's BART encoder layer asks whether its hidden states are finite
+    (a value no trace knows), which the layer trace, holding the layer as one call, never
+    reads: the fix `attempt --fix` would find is searched for, and the layer's own pairs are
+    then found in every layer and proved."""
+    from llmc_trace.traced.mappings import source_mappings
+
+    found = source_mappings("florence-community/Florence-2-base")
+    (entry,) = found.fix
+    assert entry.startswith("autowrap:BartEncoderLayer.forward@")
+    encoder = "model.language_model.encoder.layers."
+    pairs = {(m.smooth, m.balance) for m in found.mappings if m.smooth.startswith(encoder)}
+    assert pairs == {
+        (f"{encoder}{n}.self_attn.v_proj", (f"{encoder}{n}.self_attn.out_proj",)) for n in range(6)
+    }
+
+
+class _GatedMixer(torch.nn.Module):
+    """A layer whose first projection runs behind a data-dependent ``if``: the trace into the
+    layer stops there, and the fix records the whole statement, projection inside, as one
+    call."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.inner = torch.nn.Linear(width, width)
+        self.outer = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        if h.abs().sum() >= 0:  # always true, but only the data says so
+            h = self.inner(h)
+        return x + self.outer(torch.relu(h))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_GatedMixer(), _GatedMixer()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_layers_a_fix_runs_inside_a_recorded_call_are_named_never_smoothed(
+    one_thread: None,
+) -> None:
+    torch.manual_seed(0)
+    model = _Stack().eval()
+    sample = {"x": torch.randn(1, 5, 16)}
+    options = TracingOptions.parse(model, [], ["_GatedMixer"], 1)
+    found = find_mappings(model, sample, model, sample, options, lambda name, _: True)
+    (entry,) = found.fix
+    assert entry.startswith("autowrap:_GatedMixer.forward@")
+    assert found.unreached == ("layers.0.inner", "layers.1.inner")
+    assert not any("inner" in m.smooth or "inner" in " ".join(m.balance) for m in found.mappings)
+    (line,) = [line for line in found.skipped_lines() if line.startswith("not examined")]
+    assert line.startswith("not examined: layers.0.inner and 1 more (run inside one recorded call")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmc_trace.attempt.prove import attempt_trace
 from llmc_trace.core.progress import Progress, no_progress
@@ -24,7 +24,8 @@ class CoverageRow:
     ``pairs`` counts the smooth -> balance pairs AWQ and SmoothQuant would scale, found in the
     graph and proved on the twin (``plan --mappings`` lists them), for a text row that traced
     (``None`` otherwise); ``pairs_skipped`` those left out, ``pairs_note`` why (one line per
-    kind of pair, or why none were counted), ``pairs_s`` what counting them took.
+    kind of pair, or why none were counted), ``pairs_fix`` the ``tracing_ignore`` entries the
+    trace into the layers needed beyond the row's own, ``pairs_s`` what counting them took.
     """
 
     model: str
@@ -40,6 +41,7 @@ class CoverageRow:
     pairs: int | None = None
     pairs_skipped: int = 0
     pairs_note: str = ""
+    pairs_fix: list[str] = field(default_factory=list)
     pairs_s: float = 0.0
 
 
@@ -137,6 +139,7 @@ def _pair_counts(name: str, tracing_ignore: list[str]) -> dict[str, object]:
         "pairs": len(found.mappings),
         "pairs_skipped": len(found.skipped),
         "pairs_note": "; ".join(found.skipped_lines()),
+        "pairs_fix": list(found.fix),
         "pairs_s": time.perf_counter() - start,
     }
 

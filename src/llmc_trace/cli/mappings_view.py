@@ -40,6 +40,8 @@ def mappings_document(found: MappingSet) -> dict[str, object]:
             {"smooth": s.smooth, "balance": list(s.balance), "reason": s.reason}
             for s in found.skipped
         ],
+        "mappings_fix": list(found.fix),
+        "unreached": list(found.unreached),
     }
 
 
@@ -66,5 +68,11 @@ def show_mappings(out: Console, found: MappingSet) -> None:
         smooth, _, balance = key.partition(" -> ")
         table.add_row(smooth, balance, str(len(smooths)))
     out.print(table)
+    if found.fix:
+        out.print(
+            f"read with --tracing-ignore {' '.join(found.fix)}: the fixes the trace into the "
+            "layers needed (found as `attempt --fix` finds them; for reading the pairs only)",
+            highlight=False,
+        )
     for line in found.skipped_lines():
         out.print(line)

@@ -83,6 +83,8 @@ def search_fixes(
     model: torch.nn.Module,
     retry: Callable[[list[str]], T],
     seeds: Sequence[Fix] = (),
+    *,
+    rounds: int = MAX_FIX_ROUNDS,
 ) -> FixSearch[T]:
     """Fix ``first`` (which failed to trace) by retrying with ``ignore`` entries added.
 
@@ -90,12 +92,13 @@ def search_fixes(
     ``ignore``; it raises :class:`~llmc_trace.errors.BadInputError` when an entry cannot be
     installed. A candidate that cannot apply (autowrap refusing a statement that returns,
     say) is reported with its reason and costs no trace. ``seeds`` are tried before the
-    first round's own candidates (see the module docstring).
+    first round's own candidates (see the module docstring). ``rounds`` bounds the failures
+    fixed one after another.
     """
     result = first
     applied: list[Fix] = []
     tried: list[FixAttempt] = []
-    for round_index in range(MAX_FIX_ROUNDS):
+    for round_index in range(rounds):
         failure = result.failure
         if result.ok or failure is None:
             break

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 
 from llmc_trace.algorithms.smoothing import fold_scales, norm_offset
+from llmc_trace.diagnose.failure import TraceFailure, failure_from_exception
+from llmc_trace.diagnose.search import search_fixes
+from llmc_trace.errors import TraceStopped
 from llmc_trace.graph.mappings import Mapping, SkippedMapping, derive_mappings
 from llmc_trace.layers.linear import is_linear
 from llmc_trace.models.samples import SampleOptions
@@ -37,6 +40,11 @@ from llmc_trace.moe import fused_experts, observe_experts
 from llmc_trace.tracing.options import TracingOptions
 from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 from llmc_trace.tracing.trace import TraceResult, trace_graph
+
+#: failures the trace into the layers fixes one after another: it reads more code than the
+#: layer trace (each attention, mixer and expert kind), whose search stops at
+#: :data:`~llmc_trace.diagnose.search.MAX_FIX_ROUNDS`
+LINEAR_FIX_ROUNDS = 8
 
 #: largest change of the twin's output, relative to its largest value, a proved fold may make
 #: (float32 rounding of a scale folded twice is ~1e-6; a pair that does not commute, ~1)
@@ -51,6 +59,10 @@ class MappingSet:
     skipped: list[SkippedMapping]
     #: per norm class: what it adds to its weight (``1.0`` for Gemma's ``1 + w``)
     offsets: dict[str, float] = field(default_factory=dict)
+    #: the ``tracing_ignore`` entries the trace into the layers needed (see :func:`linear_trace`)
+    fix: tuple[str, ...] = ()
+    #: targeted linear layers that fix runs inside one recorded call: no pair can reach them
+    unreached: tuple[str, ...] = ()
 
     def offset(self, module: torch.nn.Module) -> float:
         return self.offsets.get(type(module).__name__, 0.0)
@@ -68,26 +80,91 @@ class MappingSet:
             lines.append(
                 f"not smoothed: {first.smooth} -> {', '.join(first.balance)} ({first.reason}{more})"
             )
+        if self.unreached:
+            more = f" and {len(self.unreached) - 1} more" if len(self.unreached) > 1 else ""
+            by = f" ({', '.join(self.fix)})" if self.fix else ""
+            lines.append(
+                f"not examined: {self.unreached[0]}{more} (run inside one recorded call{by}: "
+                "quantized, never smoothed)"
+            )
         return lines
+
+
+@dataclass(frozen=True)
+class LinearTrace:
+    """A trace into every linear layer (:func:`linear_trace`), and the ``tracing_ignore``
+    entries the fix search added to get through the layers (empty when none was needed)."""
+
+    result: TraceResult
+    fix: tuple[str, ...] = ()
+
+    def unreached(self, is_target: Callable[[str, torch.nn.Module], bool]) -> tuple[str, ...]:
+        """The linear layers ``is_target`` takes that the trace did not reach: the fix runs
+        them inside one recorded call, so the graph shows no pair into or out of them."""
+        reached = {node.target for node in self.result.target_nodes}
+        model = self.result.model
+        return tuple(
+            path
+            for path in self.result.leaves.targets
+            if path not in reached and is_target(path, model.get_submodule(path))
+        )
+
+
+@dataclass(frozen=True)
+class _LinearTrial:
+    """One trace into the layers, or where it stopped: a trial of the fix search
+    (:class:`~llmc_trace.diagnose.search.Trial`)."""
+
+    result: TraceResult | None
+    stopped: TraceStopped | None = None
+    failure: TraceFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
 
 
 def linear_trace(
     model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions
-) -> TraceResult:
+) -> LinearTrace:
     """A trace of ``model(**sample)`` with every linear layer a sequential target, so each is
     its own call (``options`` lend their fixes: ignored modules, opaque calls, autowraps),
     and every fused experts module one call too.
 
     The trace walks through attention, so it runs with eager attention: the same channels
     reach ``o_proj`` as through a fused kernel (``probs @ v``), and the fused kernels'
-    wrappers ask questions of the inputs' sizes that a trace cannot answer."""
+    wrappers ask questions of the inputs' sizes that a trace cannot answer.
+
+    Walking into the layers meets code the layer trace never reads (a linear attention's
+    kernel, an experts loop, a shape check): where it stops, the fixes ``attempt --fix``
+    would try are searched (:func:`~llmc_trace.diagnose.search.search_fixes`), and a fix that
+    lets the trace through is kept. A fix may hide linear layers inside one recorded call:
+    those show no pairs, the others do. No fix can make a wrong pair: every pair is proved
+    by folding scales into the eager twin (:func:`prove`). Raises
+    :class:`~llmc_trace.errors.TraceStopped` where no fix gets through."""
     classes = sorted(
         {type(m).__name__ for m in model.modules() if is_linear(m)}
         | {type(m).__name__ for _, m in fused_experts(model)}
     )
     linear = dataclasses.replace(options, sequential_targets=tuple(classes))
+
+    def attempt(entries: list[str]) -> _LinearTrial:
+        try:
+            tried = linear.with_tracing_ignore(model, entries) if entries else linear
+            return _LinearTrial(trace_graph(model, sample, tried, hidden_targets=True))
+        except TraceStopped as stopped:
+            return _LinearTrial(None, stopped, failure_from_exception(stopped))
+
     with _eager_attention(model):
-        return trace_graph(model, sample, linear)
+        first = attempt([])
+        found = (
+            search_fixes(first, model, attempt, rounds=LINEAR_FIX_ROUNDS) if first.stopped else None
+        )
+    last = found.result if found else first
+    if last.stopped is not None or last.result is None:
+        raise last.stopped or AssertionError("a trial holds a trace or where it stopped")
+    fix = found.applied.tracing_ignore if found and found.applied else []
+    return LinearTrace(last.result, tuple(fix))
 
 
 @contextmanager
@@ -111,11 +188,12 @@ def derive(
     sample: dict[str, Any],
     options: TracingOptions,
     is_target: Callable[[str, torch.nn.Module], bool],
-) -> tuple[list[Mapping], list[SkippedMapping]]:
-    """The pairs the graph of ``model`` shows (unproved)."""
+) -> tuple[list[Mapping], list[SkippedMapping], LinearTrace]:
+    """The pairs the graph of ``model`` shows (unproved), and the trace they were read from."""
     with observe_experts(model):
         trace = linear_trace(model, sample, options)
-        return derive_mappings(trace.graph, model, is_linear, is_target)
+        found, skipped = derive_mappings(trace.result.graph, model, is_linear, is_target)
+        return found, skipped, trace
 
 
 def find_mappings(
@@ -129,17 +207,34 @@ def find_mappings(
     """``model``'s pairs, each proved on ``twin`` (see the module docstring); ``is_target``
     is asked of the model's modules and the twin's, with the experts of both observed."""
     with observe_experts(model):
-        found, skipped = derive(model, sample, options, is_target)
-        proved, failed, offsets = prove(twin, twin_sample, options, is_target)
+        found, skipped, trace = derive(model, sample, options, is_target)
+        proof = prove(twin, twin_sample, options, is_target)
+        # of the layers the trace did not reach, those that run (on the twin, on a sample of
+        # the same modality) run inside a recorded call; the others this input never runs
+        unreached = tuple(p for p in trace.unreached(is_target) if numberless(p) in proof.called)
     kept: list[Mapping] = []
     for mapping in found:
         shape = _shape(mapping)
-        if shape in proved:
+        if shape in proof.proved:
             kept.append(mapping)
             continue
-        reason = failed.get(shape, "the twin has no such pair to prove it on")
+        reason = proof.failed.get(shape, "the twin has no such pair to prove it on")
         skipped.append(SkippedMapping(mapping.smooth, mapping.balance, reason))
-    return MappingSet(kept, skipped, offsets)
+    return MappingSet(kept, skipped, proof.offsets, trace.fix, unreached)
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What folding scales into the twin's pairs showed (:func:`prove`)."""
+
+    #: the shapes (:func:`_shape`) of the pairs whose fold kept the output
+    proved: set[tuple[Any, ...]]
+    #: the shapes of the pairs whose fold changed it, with by how much
+    failed: dict[tuple[Any, ...], str]
+    #: per smooth norm class, what it adds to its weight
+    offsets: dict[str, float]
+    #: the linear layers the twin's forward ran, their layer numbers dropped (:func:`numberless`)
+    called: frozenset[str]
 
 
 def prove(
@@ -147,11 +242,10 @@ def prove(
     sample: dict[str, Any],
     options: TracingOptions,
     is_target: Callable[[str, torch.nn.Module], bool],
-) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
+) -> Proof:
     """Fold scales into ``twin``'s pairs (:func:`fold_changes`): into all of them at once
     first, one forward for a model whose pairs all hold, then, where the output changed, into
-    each in turn. Returns the proved pairs' shapes, the failed ones' reasons and the smooth
-    norms' offsets."""
+    each in turn."""
     with observe_experts(twin):
         return _prove(twin, sample, options, is_target)
 
@@ -161,12 +255,12 @@ def _prove(
     sample: dict[str, Any],
     options: TracingOptions,
     is_target: Callable[[str, torch.nn.Module], bool],
-) -> tuple[set[tuple[Any, ...]], dict[tuple[Any, ...], str], dict[str, float]]:
-    found, _ = derive(twin, sample, options, is_target)
+) -> Proof:
+    found, _, _ = derive(twin, sample, options, is_target)
     offsets: dict[str, float] = {}
     proved: set[tuple[Any, ...]] = set()
     failed: dict[tuple[Any, ...], str] = {}
-    with torch.no_grad():
+    with torch.no_grad(), _calls_of_linears(twin) as called:
         expected = _output(twin, sample)
     folds = []
     for mapping in found:
@@ -176,7 +270,7 @@ def _prove(
             offset = offsets.setdefault(type(smooth).__name__, norm_offset(smooth))
         folds.append((mapping, offset))
     if folds and _changes(twin, sample, folds, seed=0, expected=expected) <= PROOF_TOLERANCE:
-        return {_shape(mapping) for mapping in found}, failed, offsets
+        return Proof({_shape(mapping) for mapping in found}, failed, offsets, frozenset(called))
     for number, (mapping, offset) in enumerate(folds):
         change = fold_changes(twin, sample, mapping, offset, seed=number, expected=expected)
         if change <= PROOF_TOLERANCE:
@@ -186,7 +280,28 @@ def _prove(
                 f"folding a scale into it on the twin changed the output by {change:.1e} "
                 "of its largest value"
             )
-    return proved, failed, offsets
+    return Proof(proved, failed, offsets, frozenset(called))
+
+
+@contextmanager
+def _calls_of_linears(model: torch.nn.Module) -> Iterator[set[str]]:
+    """The set, filled while the block runs, of ``model``'s linear layers called (their paths
+    without layer numbers)."""
+    called: set[str] = set()
+
+    def recorder(path: str) -> Callable[..., None]:
+        return lambda *_: called.add(path)
+
+    handles = [
+        module.register_forward_pre_hook(recorder(numberless(path)))
+        for path, module in model.named_modules()
+        if is_linear(module)
+    ]
+    try:
+        yield called
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @torch.no_grad()
@@ -239,10 +354,12 @@ def _changes(
 
 
 def _output(model: torch.nn.Module, sample: dict[str, Any]) -> torch.Tensor:
+    """The logits, or the output's first value (a spectrogram, a last hidden state): a
+    model output indexes its fields that are set, in order."""
     output = model(**sample)
     logits = getattr(output, "logits", None)
     if logits is None:
-        logits = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        logits = output if isinstance(output, torch.Tensor) else output[0]
     return logits.float()
 
 

@@ -63,7 +63,11 @@ def split_sample(sample: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
 
 
 def trace_graph(
-    model: torch.nn.Module, sample: dict[str, Any], options: TracingOptions | None = None
+    model: torch.nn.Module,
+    sample: dict[str, Any],
+    options: TracingOptions | None = None,
+    *,
+    hidden_targets: bool = False,
 ) -> TraceResult:
     """Trace ``model(**sample)`` as ``options`` say (the defaults when ``None``).
 
@@ -72,6 +76,9 @@ def trace_graph(
     statement into a function recorded as one call (:mod:`~llmc_trace.tracing.autowrap`) and
     definitions trace a class through its registered definition (:mod:`tracing_models`); both
     are installed for this trace only.
+
+    An autowrapped statement that calls sequential targets hides them from calibration, which
+    is bad input, unless ``hidden_targets`` allows it (a trace read for its dataflow only).
 
     Raises :class:`~llmc_trace.errors.TraceStopped` when the model's code cannot be traced, and
     :class:`~llmc_trace.errors.BadInputError` when the options cannot apply to this model.
@@ -111,7 +118,7 @@ def trace_graph(
         node for node in graph.nodes if node.op == "call_module" and node.target in target_set
     ]
     hidden = target_set - {node.target for node in target_nodes}
-    if rewrites and hidden:
+    if rewrites and hidden and not hidden_targets:
         # the moved statement calls the targets itself: calibration would never see them
         raise BadInputError(
             f"Autowrapping {', '.join(r.entry for r in rewrites)} hides the sequential "
