@@ -202,6 +202,27 @@ class ForwardLoop(Stack):
         return self.layers[1](x)
 
 
+class ForwardTemporary(Stack):
+    """Two `if` statements in a forward binding the same temporary, the second on tensor data.
+
+    Based on modeling_switch_transformers.py's `SwitchTransformersBlock.forward`, whose
+    float16 clamps each bind `clamp_value`: the first branch did not run, so the moved second
+    statement must not be handed a `limit` that was never bound.
+    """
+
+    clamp_first = False
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](x)
+        if self.clamp_first:
+            limit = x.abs().max()
+            x = torch.clamp(x, -limit, limit)
+        if grid.sum() > 4:
+            limit = grid.sum() * 0.1
+            x = torch.clamp(x, -limit, limit)
+        return self.layers[1](x)
+
+
 class ForwardAssert(Stack):
     """An `assert` on tensor data in a forward (based on input checks in vision towers)."""
 

@@ -43,6 +43,7 @@ CASES = [
     (patterns.ForwardBranch, False, "if grid.sum() > 4", "control_flow", ([1, 2, 2], [1, 1, 1])),
     (patterns.ForwardLoop, True, "for t, h, w in", "tensor_to_python", ([1, 2, 2], [2, 3, 1])),
     (patterns.ForwardAssert, True, "assert grid.min()", "control_flow", ([1, 2, 2], [0, 0, 5])),
+    (patterns.ForwardTemporary, True, "if grid.sum() > 4", "control_flow", ([1, 2, 2], [1, 1, 1])),
 ]
 
 

@@ -5,8 +5,8 @@ a loop over a grid, an ``assert``) fails only while it is *traced*. Moved into a
 its own and called from the rewritten original, it becomes one graph call (see
 :mod:`~llmc_trace.tracing.autowrap`) and runs for real, on real data, at calibration time.
 
-The extracted function takes the locals the statement uses that are bound before it, and
-returns the locals it binds (or mutates) that are read after it, so the rewritten function
+The extracted function takes the locals bound before the statement that it reads before
+binding them (or returns, not binding them on every path), and returns the locals it binds (or mutates) that are read after it, so the rewritten function
 computes exactly what the original did. The result is a new *code object* for the original
 function: installed by swapping ``__code__``, it reaches the function through every decorator
 wrapping it, and the file on disk is never touched. Line numbers are the file's, so a later
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.errors import LlmcTraceError
-from llmc_trace.tracing.statement_names import statement_names
+from llmc_trace.tracing.statement_names import reads_before_binding, statement_names
 
 #: Prefix of every extracted function's name (``_llmc_autowrap_forward_L2692``).
 EXTRACTED_PREFIX = "_llmc_autowrap_"
@@ -225,8 +225,9 @@ def _extract(
 ) -> tuple[ast.FunctionDef, list[ast.stmt], ExtractedStatement]:
     """The new function for ``statement`` and the statements that call it in its place.
 
-    Parameters: the locals the statement reads or binds that are bound before it (by
-    position, or anywhere in a loop around it, which runs again). Results: the locals it
+    Parameters: the locals bound before the statement (by position, or anywhere in a loop
+    around it, which runs again) that it reads before binding them, or returns without binding
+    them on every path. Results: the locals it
     binds or mutates that are read after it (or anywhere in a loop around it). A bare
     ``return <expr>`` is moved whole and its call returned.
     """
@@ -253,18 +254,25 @@ def _extract(
         for n in ast.walk(statement)
     ):
         used.reads.insert(0, receiver)  # zero-argument super() reads the first argument
-    parameters = tuple(
-        dict.fromkeys(
-            n for n in [*used.reads, *used.binds] if n in local_names and n in bound_before
-        )
-    )
-    if receiver in parameters:  # first, where super() and readers expect it
-        parameters = (receiver, *(p for p in parameters if p != receiver))
     results = tuple(
         n
         for n in used.binds
         if n in local_names and n in read_after and n != receiver and not returns_value
     )
+    # what the statement reads before binding it, and what it returns without binding it on
+    # every path, comes in; a name it binds before any read (an earlier branch's temporary,
+    # unbound when that branch did not run) does not
+    reads_first, always_bound = reads_before_binding([statement])
+    needed = reads_first | {receiver} | (set(results) - always_bound)
+    parameters = tuple(
+        dict.fromkeys(
+            n
+            for n in [*used.reads, *used.binds]
+            if n in local_names and n in bound_before and n in needed
+        )
+    )
+    if receiver in parameters:  # first, where super() and readers expect it
+        parameters = (receiver, *(p for p in parameters if p != receiver))
     body: list[ast.stmt] = [statement]
     if results:
         body.append(ast.Return(_load_tuple(results)))

@@ -93,3 +93,61 @@ def statement_names(nodes: list[ast.AST]) -> StatementNames:
     for node in nodes:
         visitor.visit(node)
     return visitor
+
+
+def reads_before_binding(
+    statements: list[ast.stmt], bound: frozenset[str] = frozenset()
+) -> tuple[set[str], frozenset[str]]:
+    """The names ``statements`` may read before they bind them themselves (what must come in
+    from outside), and the names bound on every path through them (what is sure to go out).
+
+    ``if x: t = f(); y = g(t)`` reads ``x`` only: ``t`` is bound before it is read on every
+    path that reads it, and an earlier ``t`` that a branch not taken never bound must not be
+    passed in. A loop's body may not run, so what it binds is not sure; names bound in one
+    pass and read before binding in the next were read before binding in the first pass."""
+    reads: set[str] = set()
+    for statement in statements:
+        more, bound = _flow(statement, bound)
+        reads |= more
+    return reads, bound
+
+
+def _flow(statement: ast.stmt, bound: frozenset[str]) -> tuple[set[str], frozenset[str]]:
+    """:func:`reads_before_binding` of one statement."""
+    if isinstance(statement, ast.If):
+        test = statement_names([statement.test])
+        bound = bound | set(test.binds)
+        body_reads, body_bound = reads_before_binding(statement.body, bound)
+        else_reads, else_bound = reads_before_binding(statement.orelse, bound)
+        return (set(test.reads) - bound) | body_reads | else_reads, body_bound & else_bound
+    if isinstance(statement, (ast.For, ast.AsyncFor)):
+        head = statement_names([statement.iter])
+        target = statement_names([statement.target])
+        body_reads, _ = reads_before_binding(statement.body, bound | set(target.binds))
+        else_reads, _ = reads_before_binding(statement.orelse, bound)
+        return (set(head.reads) - bound) | body_reads | else_reads, bound
+    if isinstance(statement, ast.While):
+        test = statement_names([statement.test])
+        body_reads, _ = reads_before_binding(statement.body, bound)
+        else_reads, _ = reads_before_binding(statement.orelse, bound)
+        return (set(test.reads) - bound) | body_reads | else_reads, bound
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        items = statement_names([item.context_expr for item in statement.items])
+        targets = statement_names([i.optional_vars for i in statement.items if i.optional_vars])
+        body_reads, body_bound = reads_before_binding(
+            statement.body, bound | set(targets.binds) | set(items.binds)
+        )
+        return (set(items.reads) - bound) | body_reads, body_bound
+    if isinstance(statement, ast.Try):
+        body_reads, body_bound = reads_before_binding(statement.body, bound)
+        reads = set(body_reads)
+        for handler in statement.handlers:
+            caught = {handler.name} if handler.name else set()
+            reads |= reads_before_binding(handler.body, bound | caught)[0]
+            if handler.type is not None:
+                reads |= set(statement_names([handler.type]).reads) - bound
+        reads |= reads_before_binding(statement.orelse, body_bound)[0]
+        final_reads, final_bound = reads_before_binding(statement.finalbody, bound)
+        return reads | final_reads, final_bound  # any line of the body may have raised
+    names = statement_names([statement])  # simple statements read, then bind
+    return set(names.reads) - bound, bound | set(names.binds)
