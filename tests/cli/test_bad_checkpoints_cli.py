@@ -452,6 +452,39 @@ def test_a_builtin_given_where_weights_are_needed_says_it_is_a_config(
     assert f"save_twin('{name}', 'twin')" in output and "llmc_trace/models" not in output
 
 
+def test_the_twin_a_builtins_refusal_offers_compresses_from_a_text_file(tmp_path: Path) -> None:
+    """The line the refusal prints runs as printed, for a text model too (save_twin wrote
+    only twins of models with media processors), and its twin compresses from plain text."""
+    import re
+    import subprocess
+    import sys
+
+    from llmc_trace.data.drawn import CAPTION_WORDS
+
+    name = "Qwen/Qwen3-0.6B"
+    _, output = invoke("compress", "-m", name, "-d", "unused.txt", "-o", str(tmp_path / "out"))
+    (line,) = re.findall(r'`python -c "(.+?)"`', output)
+    subprocess.run([sys.executable, "-c", line], cwd=tmp_path, check=True, capture_output=True)
+    words = np.random.default_rng(0).choice(CAPTION_WORDS, size=(32, 40))
+    (tmp_path / "text.txt").write_text("\n".join(" ".join(row) for row in words))
+    twin = tmp_path / "twin"
+    config = json.loads((twin / "config.json").read_text())
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(twin)
+    assert tokenizer.eos_token_id == config["eos_token_id"]
+    assert len(tokenizer) == config["vocab_size"]
+    code, output = invoke(
+        "compress", "-m", str(twin), "-d", str(tmp_path / "text.txt"), "--samples", "4",
+        "--seq-len", "32", "-o", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert code == 0, output
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_an_empty_path_is_refused_as_empty_not_as_the_current_folder(tmp_path: Path) -> None:
+    code, output = invoke("compress", "-m", str(tmp_path), "-d", "x.txt", "-o", "")
+    assert code == 2 and "'--out' / '-o': is empty: give a path." in output, output
+
+
 def test_a_refusal_names_the_flag_as_the_command_spells_it(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:

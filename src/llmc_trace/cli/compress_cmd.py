@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT, declared_option, split_list
+from llmc_trace.cli.options import NamedPath, SHOW_DEFAULT, declared_option, split_list
 from llmc_trace.core.declare import Declared, declared
 from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
 from llmc_trace.spec import settings
@@ -43,7 +43,7 @@ _RUN_OPTIONS = [
         "--recipe",
         "-r",
         default=None,
-        type=click.Path(path_type=Path),
+        type=NamedPath(path_type=Path),
         help="Recipe YAML (e.g. a checkpoint's recipe.yaml); flags given here override its values.",
     ),
     click.option(
@@ -51,7 +51,7 @@ _RUN_OPTIONS = [
         "-o",
         "out_dir",
         required=True,
-        type=click.Path(path_type=Path),
+        type=NamedPath(path_type=Path),
         help="Output folder (written under a temporary name, renamed when complete).",
     ),
     click.option(

@@ -13,7 +13,7 @@ from llmc_trace.core.names import MODALITIES
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import tracing_options
+from llmc_trace.cli.options import NamedPath, tracing_options
 from llmc_trace.tracing.settings import TracingSettings
 
 
@@ -51,7 +51,7 @@ from llmc_trace.tracing.settings import TracingSettings
 @click.option(
     "--table",
     "table_from",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=NamedPath(exists=True, dir_okay=False, path_type=Path),
     help="Print the README's Markdown table from a saved `coverage --all --json` and exit.",
 )
 @click.option(

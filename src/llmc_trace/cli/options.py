@@ -22,6 +22,16 @@ from llmc_trace.tracing.settings import TracingSettings
 SHOW_DEFAULT = {"show_default": True}
 
 
+class NamedPath(click.Path):
+    """A path option that refuses an empty string, which a path reads as the current folder
+    (``--out ""`` would otherwise be refused as the existing folder ``.``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: give a path.", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def split_list(values: tuple[str, ...]) -> list[str] | None:
     """``--x a,b --x c`` -> ``[a, b, c]``; nothing given -> ``None`` (use defaults)."""
     items = [item.strip() for value in values for item in value.split(",") if item.strip()]

@@ -12,7 +12,7 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import declared_option, tracing_options
+from llmc_trace.cli.options import NamedPath, declared_option, tracing_options
 from llmc_trace.core.declare import declared
 from llmc_trace.core.names import MODALITIES
 from llmc_trace.spec.settings import CalibrationSettings
@@ -65,7 +65,7 @@ def _calibration_sizes(fn):  # type: ignore[no-untyped-def]
     "--recipe",
     "-r",
     default=None,
-    type=click.Path(path_type=Path),
+    type=NamedPath(path_type=Path),
     help="Plan every stage of this recipe (its samples, seq-len, batch size and tracing "
     "settings unless given).",
 )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmc_trace.cli.context import CliContext, handle_errors, pass_cli
-from llmc_trace.cli.options import SHOW_DEFAULT, model_options
+from llmc_trace.cli.options import NamedPath, SHOW_DEFAULT, model_options
 from llmc_trace.core.files import check_parent_folders
 from llmc_trace.core.names import VIEWS
 from llmc_trace.errors import BadInputError
@@ -60,7 +60,7 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     "--report",
     "report_path",
     default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NamedPath(dir_okay=False, path_type=Path),
     help="A compression report (report.json, written by compress) to draw instead of a "
     "model: its overview coloured by relative loss (*.svg), or its page (*.html).",
 )
@@ -69,7 +69,7 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     "-o",
     required=True,
     callback=check_out,
-    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    type=NamedPath(dir_okay=False, writable=True, path_type=Path),
     help="File to write: *.svg (picture) or *.html (self-contained page with pan, "
     "zoom, search and a details panel; the overview's page unfolds in place, down to "
     "operations and module children).",

@@ -66,6 +66,24 @@ def processor_plan(config: PretrainedConfig) -> ProcessorPlan:
     return make(config)
 
 
+def text_plan(config: PretrainedConfig) -> ProcessorPlan:
+    """A text model's twin tokenizer: its bos, eos and pad tokens at the config's ids (one
+    token where two ids agree), no media markers, no processor files."""
+    text = config.get_text_config()
+    names = {"bos_token_id": "<s>", "eos_token_id": "</s>", "pad_token_id": "<pad>"}
+    config_tokens: dict[str, str] = {}
+    by_id: dict[int, str] = {}
+    for key, token in names.items():
+        value = getattr(text, key, None)
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int) and 0 <= value < text.vocab_size:
+            config_tokens[key] = by_id.setdefault(value, token)
+    named = {"unk_token": "<unk>"} | {
+        key.removesuffix("_id"): token for key, token in config_tokens.items()
+    }
+    return ProcessorPlan("", {}, config_tokens, named, {})
+
+
 #: Qwen-VL generations by `model_type`: processor class, image normalisation, and whether the
 #: config names a `vision_token_id` (Qwen3-VL's does not).
 _QWEN_VL = {

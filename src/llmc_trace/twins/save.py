@@ -1,4 +1,4 @@
-"""Save a tiny twin of a vision-language or audio model with processor files made here.
+"""Save a tiny twin of a built-in model with processor files (or a text model's tokenizer) made here.
 
 A twin built from a config (`models.build.build_twin`) has random weights and no processor:
 no tokenizer, no image processor, no chat template. Calibrating it on images needs all three,
@@ -30,7 +30,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from llmc_trace.data.drawn import CAPTION_WORDS
-from llmc_trace.twins.plans import ProcessorPlan, processor_plan
+from llmc_trace.twins.plans import TWIN_PROCESSORS, ProcessorPlan, processor_plan, text_plan
 
 #: Words of chat layouts, beside the caption words: roles and the prompts rows may carry.
 CHAT_WORDS = (
@@ -48,9 +48,10 @@ def save_twin(
 ) -> Path:
     """Write the tiny twin of built-in `name` (weights, config, processor files) to `folder`.
 
-    `adjust` may change the twin's config before the model is built (a test that needs a
-    still smaller text stack). Returns the folder. Raises `BadInputError` for an architecture
-    without a twin processor (`TWIN_PROCESSORS` lists those that have one).
+    A text model gets a tokenizer alone (its bos/eos/pad at the config's ids). `adjust` may
+    change the twin's config before the model is built (a test that needs a still smaller text
+    stack). Returns the folder. Raises `BadInputError` for a multimodal architecture without a
+    twin processor (`TWIN_PROCESSORS` lists those that have one).
     """
     import torch
 
@@ -64,14 +65,19 @@ def save_twin(
         adjust(config)
     if hasattr(config, "quantization_config"):  # how the published weights are stored (Ministral
         del config.quantization_config  # 3's FP8), not the float weights saved here
-    plan = processor_plan(config)
+    multimodal = config.get_text_config() is not config
+    # a text model's calibration needs its tokenizer only
+    plan = processor_plan(config) if multimodal or config.model_type in TWIN_PROCESSORS else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config, name)._from_config(
             prepare_config(config), attn_implementation="eager"
         )
     model.save_pretrained(folder)
-    write_processor(model.config, plan, folder)
+    if plan is None:
+        _tokenizer(model.config, text_plan(model.config)).save_pretrained(folder)
+    else:
+        write_processor(model.config, plan, folder)
     return folder
 
 
