@@ -217,9 +217,12 @@ class MetaMemo(TorchDispatchMode):
                 torch.empty_strided(shape, stride, dtype=dtype, device=META)
                 for shape, stride, dtype in layouts
             ]
-            return tree_unflatten(fresh, spec)
+            return fresh[0] if spec is None else tree_unflatten(fresh, spec)
         result = func(*args, **kwargs)
-        leaves, spec = tree_flatten(result)
+        # most operations return one tensor: kept without a tree spec, the cheapest to rebuild
+        leaves, spec = (
+            ([result], None) if isinstance(result, torch.Tensor) else tree_flatten(result)
+        )
         if all(isinstance(t, torch.Tensor) and t.storage_offset() == 0 for t in leaves):
             if len(self.results) >= self.limit:
                 self.results.clear()
@@ -227,19 +230,35 @@ class MetaMemo(TorchDispatchMode):
         return result
 
 
+class _Unkeyable(Exception):
+    """An argument a memo key cannot hold (a real tensor, an object compared by identity)."""
+
+
 def _memo_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-    leaves, spec = tree_flatten((args, kwargs))
-    key: list[Any] = [func, spec, torch.get_default_dtype()]
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if not leaf.is_meta:
-                return None
-            key.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.storage_offset()))
-        elif isinstance(leaf, _KEYABLE):
-            key.append((type(leaf), leaf))
-        else:
-            return None
-    return tuple(key)
+    """The key of one operation: the op, the default dtype and every argument's layout or
+    value, nested as the arguments are; ``None`` when an argument cannot be keyed. Written out
+    rather than through ``tree_flatten``: this runs for every ``meta`` operation of a trace."""
+    try:
+        return (
+            func,
+            torch.get_default_dtype(),
+            tuple(_argument_key(a) for a in args),
+            tuple((name, _argument_key(value)) for name, value in kwargs.items()),
+        )
+    except _Unkeyable:
+        return None
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if not value.is_meta:
+            raise _Unkeyable
+        return (torch.Tensor, value.shape, value.stride(), value.dtype, value.storage_offset())
+    if isinstance(value, _KEYABLE):
+        return (type(value), value)
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_argument_key(v) for v in value))
+    raise _Unkeyable
 
 
 #: The memo every ``meta`` evaluation here goes through.
