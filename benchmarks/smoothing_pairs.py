@@ -100,7 +100,7 @@ def main() -> None:
     print()
     print(rendered["summary"])
     notes = [f"Not counted: {', '.join(uncounted)}"] if uncounted else []
-    notes += [f"No pair to scale: {', '.join(without)}"] if without else []
+    notes += [f"No pair proved (the table says why): {', '.join(without)}"] if without else []
     run.write(figures, goals=goals, notes=notes, path=args.result)
 
 
