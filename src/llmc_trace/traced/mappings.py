@@ -15,6 +15,10 @@ while the pairs are read and proved, and the experts modules stay single calls i
 and every expert's gate and up projection, and each expert's up projection its down
 projection (:mod:`llmc_trace.moe.pairs`). The router is not quantized, but reads the norm's
 channels as the experts do: the scales are folded into it too, so the routing stays the same.
+
+The trace into the layers reads code the layer trace keeps inside one call; where it stops,
+the fixes ``attempt --fix`` would try are searched (:func:`linear_trace`), and the linear
+layers a fix records inside one call are named in the result (``unreached``), never smoothed.
 """
 
 from __future__ import annotations
@@ -99,8 +103,9 @@ class LinearTrace:
     fix: tuple[str, ...] = ()
 
     def unreached(self, is_target: Callable[[str, torch.nn.Module], bool]) -> tuple[str, ...]:
-        """The linear layers ``is_target`` takes that the trace did not reach: the fix runs
-        them inside one recorded call, so the graph shows no pair into or out of them."""
+        """The linear layers ``is_target`` takes that the trace did not reach: run inside a
+        recorded call (the graph shows no pair into or out of them), or not run at all by
+        this sample (a vision tower on text); :func:`find_mappings` tells them apart."""
         reached = {node.target for node in self.result.target_nodes}
         model = self.result.model
         return tuple(
@@ -161,8 +166,9 @@ def linear_trace(
             search_fixes(first, model, attempt, rounds=LINEAR_FIX_ROUNDS) if first.stopped else None
         )
     last = found.result if found else first
-    if last.stopped is not None or last.result is None:
-        raise last.stopped or AssertionError("a trial holds a trace or where it stopped")
+    if last.result is None:
+        assert last.stopped is not None, "a trial holds a trace or where it stopped"
+        raise last.stopped
     fix = found.applied.tracing_ignore if found and found.applied else []
     return LinearTrace(last.result, tuple(fix))
 
