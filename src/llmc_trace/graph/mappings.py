@@ -141,7 +141,7 @@ def derive_mappings(
     target = functools.cache(lambda name: is_target(name, model.get_submodule(name)))
 
     def add(smooth: str, names: tuple[str, ...], rows: tuple[int, int], narrowed: bool) -> None:
-        reason = _refusal(model, names, rows, target)
+        reason = _refusal(model, is_linear(model.get_submodule(smooth)), names, rows, target)
         if reason is not None:
             skipped.append(SkippedMapping(smooth, names, reason))
             return
@@ -380,24 +380,29 @@ def _pieces(node: fx.Node, width: int) -> list[int] | None:
 
 def _refusal(
     model: torch.nn.Module,
+    smooth_is_linear: bool,
     balance: tuple[str, ...],
     rows: tuple[int, int],
     is_target: Callable[[str], bool],
 ) -> str | None:
     """Why a pair the graph shows is not smoothed (``None``: it is): no balance layer is
-    quantized, or inputs wider than the scaled channels (grouped-query attention repeats
-    each value head for several query heads, so ``o_proj`` reads each ``v_proj`` channel in
-    several columns, where no per-column scale can undo one per channel)."""
+    quantized, or inputs wider than the scaled channels, so that a balance layer reads each
+    channel in several columns, where no per-column scale can undo one per channel. From a
+    linear layer that is grouped-query attention (each value head repeated for several query
+    heads); from a norm, a norm applied per head and the heads laid side by side, or
+    positions merged into channels (a vision merger)."""
     if not any(is_target(name) for name in balance):
         return f"{balance[0]} is not quantized"
     width = rows[1] - rows[0]
     for name in balance:
         columns = _in_features(model.get_submodule(name))
         if columns != width:
-            return (
-                f"{name} reads {columns} inputs from {width} scaled channels "
-                "(repeated heads: grouped-query attention)"
+            why = (
+                "repeated heads: grouped-query attention"
+                if smooth_is_linear
+                else "each channel read in several columns: a norm per head, or merged positions"
             )
+            return f"{name} reads {columns} inputs from {width} scaled channels ({why})"
     return None
 
 
