@@ -78,8 +78,15 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return shlex.join(["python", shown, *argv[1:]])
 
 
+#: Tracked paths benchmarks write: results, and the coverage sweep that ships with the package
+#: (``coverage_all.py`` rewrites it). A change there is the run's output, not a dirty tree.
+OUTPUTS = ("benchmarks/results/", "src/llmc_trace/models/builtin/coverage-all.json")
+
+
 def commit() -> str:
-    """HEAD's hash, with ``+dirty`` when tracked files other than results differ from it."""
+    """HEAD's hash, with ``+dirty`` when tracked files other than :data:`OUTPUTS` differ
+    from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
@@ -88,7 +95,7 @@ def commit() -> str:
     head = git("rev-parse", "HEAD") or "unknown"
     changed = [
         line for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
-        if not line[3:].startswith("benchmarks/results/")
+        if not line[3:].startswith(OUTPUTS)
     ]  # fmt: skip
     return head + ("+dirty" if changed else "")
 
