@@ -303,3 +303,22 @@ def test_layers_a_fix_runs_inside_a_recorded_call_are_named_never_smoothed(
     assert not any("inner" in m.smooth or "inner" in " ".join(m.balance) for m in found.mappings)
     (line,) = [line for line in found.skipped_lines() if line.startswith("not examined")]
     assert line.startswith("not examined: layers.0.inner and 1 more (run inside one recorded call")
+
+
+def test_a_size_check_moved_into_a_call_blocks_no_pair_and_dropout_no_proof(
+    one_thread: None,
+) -> None:
+    """SpeechT5's attention checks its outputs' sizes in statements the trace into the layers
+    moves into recorded calls: each reads the value for its shape only, so v_proj -> out_proj
+    still passes. Its speech prenet drops out in eval mode as well: the twin's forwards repeat
+    their random draws, so that only a fold can change the output and each pair is proved."""
+    from llmc_trace.traced.mappings import source_mappings
+
+    found = source_mappings("microsoft/speecht5_tts")
+    assert found.fix and all(e.startswith("autowrap:SpeechT5Attention.") for e in found.fix)
+    encoder = "speecht5.encoder.wrapped_encoder.layers."
+    pairs = {(m.smooth, m.balance) for m in found.mappings if m.smooth.startswith(encoder)}
+    assert pairs == {
+        (f"{encoder}{n}.attention.v_proj", (f"{encoder}{n}.attention.out_proj",)) for n in range(12)
+    }
+    assert not [s for s in found.skipped if "changed the output" in s.reason]

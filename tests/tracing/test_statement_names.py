@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from llmc_trace.tracing.statement_names import reads_before_binding
+from llmc_trace.tracing.statement_names import reads_before_binding, shape_only_names
 
 
 def flow(source: str) -> tuple[set[str], frozenset[str]]:
@@ -39,3 +39,22 @@ def test_reads_before_binding(source: str, reads: set[str], bound: set[str]) -> 
     got_reads, got_bound = flow(source)
     assert got_reads == reads
     assert set(got_bound) == bound
+
+
+@pytest.mark.parametrize(
+    ("source", "shape_only"),
+    [
+        # SpeechT5's checks: the value is passed in, its data never read
+        ("if out.size() != (b, n):\n    raise ValueError(f'{out.size()}')\n", ("out", "b", "n")),
+        ("if x.shape[1] > len(y) and x.dtype == t:\n    pass\n", ("x", "y")),
+        # a read of the data, or the name handed on whole, is no shape read
+        ("if x.size(0) > 1:\n    y = x * 2\n", ()),
+        ("check(x)\n", ()),
+        ("n = x.dim()\n", ("x",)),
+    ],
+)
+def test_names_read_only_for_their_shape(source: str, shape_only: tuple[str, ...]) -> None:
+    statement = ast.parse(source).body[0]
+    names = ("out", "x", "y")
+    got = shape_only_names(statement, names)
+    assert got == tuple(n for n in names if n in shape_only)

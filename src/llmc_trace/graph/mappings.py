@@ -43,6 +43,7 @@ import torch
 from torch import fx
 
 from llmc_trace.moe.pairs import expert_inputs, expert_pairs
+from llmc_trace.tracing.rewrite import SHAPE_ONLY
 
 #: methods and functions that move channels without mixing them, or only read shapes
 _MOVES = frozenset(
@@ -302,6 +303,8 @@ def _step(
         return "balance" if user.args and user.args[0] is value.node else None
     if name in _READS_SHAPE or (name == "getattr" and user.args[1] in _READS_SHAPE):
         return "ignore"
+    if _reads_only_its_shape(user, value.node):
+        return "ignore"
     if user.op == "call_module":
         passes = isinstance(model.get_submodule(str(user.target)), torch.nn.Dropout)
         return _Value(user, value.lo, value.hi, value.flat) if passes else None
@@ -404,6 +407,17 @@ def _refusal(
             )
             return f"{name} reads {columns} inputs from {width} scaled channels ({why})"
     return None
+
+
+def _reads_only_its_shape(user: fx.Node, node: fx.Node) -> bool:
+    """Whether ``user`` is a statement moved into a recorded call (autowrap) that reads
+    ``node`` only for its shape, dtype or device: a size check between ``v_proj`` and
+    ``o_proj`` (SpeechT5's ``if attn_output.size() != ...: raise``) blocks no channel."""
+    shape_only = getattr(user.target, SHAPE_ONLY, None) if user.op == "call_function" else None
+    if not shape_only or node in user.kwargs.values():
+        return False
+    positions = [i for i, arg in enumerate(user.args) if arg is node]
+    return bool(positions) and all(i in shape_only for i in positions)
 
 
 def _op_name(node: fx.Node) -> str:

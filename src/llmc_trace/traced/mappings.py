@@ -361,8 +361,12 @@ def _changes(
 
 def _output(model: torch.nn.Module, sample: dict[str, Any]) -> torch.Tensor:
     """The logits, or the output's first value (a spectrogram, a last hidden state): a
-    model output indexes its fields that are set, in order."""
-    output = model(**sample)
+    model output indexes its fields that are set, in order. Random draws repeat from one
+    forward to the next (SpeechT5's speech prenet drops out in eval mode too), so that only a
+    fold can change the output."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        output = model(**sample)
     logits = getattr(output, "logits", None)
     if logits is None:
         logits = output if isinstance(output, torch.Tensor) else output[0]

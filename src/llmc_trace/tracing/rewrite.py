@@ -25,11 +25,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc_trace.errors import LlmcTraceError
-from llmc_trace.tracing.statement_names import reads_before_binding, statement_names
+from llmc_trace.tracing.statement_names import (
+    reads_before_binding,
+    shape_only_names,
+    statement_names,
+)
 
 #: Prefix of every extracted function's name (``_llmc_autowrap_forward_L2692``).
 EXTRACTED_PREFIX = "_llmc_autowrap_"
 _RESULTS = "_llmc_results"
+
+#: Attribute of an extracted function: the positions of the arguments it reads only for their
+#: shape, dtype or device, whose values therefore reach none of its results (a graph read for
+#: its dataflow, as the smoothing pairs are, may pass through such an argument).
+SHAPE_ONLY = "llmc_shape_only_arguments"
 
 
 class RewriteRefused(LlmcTraceError):
@@ -47,6 +56,8 @@ class ExtractedStatement:
     passes_receiver: bool  # the method's ``self`` is the first parameter
     before: str  # the statement as written
     after: str  # the new function, then the statement that replaces the original
+    #: parameters it reads only for their shape, dtype or device (see :data:`SHAPE_ONLY`)
+    shape_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,13 @@ def rewrite_function(function: types.FunctionType, lines: list[int]) -> Rewritte
         statements.append(extracted)
     rewritten = _compile_code(definition, function)
     functions = {d.name: _compile_function(d, function) for d in extracted_defs}
+    for statement in statements:
+        positions = {name: i for i, name in enumerate(statement.parameters)}
+        setattr(
+            functions[statement.name],
+            SHAPE_ONLY,
+            frozenset(positions[name] for name in statement.shape_only),
+        )
     return RewrittenFunction(rewritten, functions, statements)
 
 
@@ -323,7 +341,14 @@ def _extract(
     ).rstrip()
     after = ast.unparse(new_def) + "\n\n" + "\n".join(ast.unparse(r) for r in replacement)
     extracted = ExtractedStatement(
-        name, statement.lineno, parameters, results, receiver in parameters, before, after
+        name,
+        statement.lineno,
+        parameters,
+        results,
+        receiver in parameters,
+        before,
+        after,
+        shape_only_names(statement, parameters),
     )
     return new_def, replacement, extracted
 

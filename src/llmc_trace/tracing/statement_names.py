@@ -151,3 +151,44 @@ def _flow(statement: ast.stmt, bound: frozenset[str]) -> tuple[set[str], frozens
         return reads | final_reads, final_bound  # any line of the body may have raised
     names = statement_names([statement])  # simple statements read, then bind
     return set(names.reads) - bound, bound | set(names.binds)
+
+
+#: Attributes and methods that read a tensor's shape, dtype or device, never its values.
+_SHAPE_READS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda"})
+_SHAPE_METHODS = frozenset({"size", "dim", "numel", "ndimension"})
+
+
+def shape_only_names(statement: ast.stmt, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``names`` that ``statement`` reads only for their shape, dtype or device
+    (``x.shape``, ``x.size(1)``, ``len(x)``): a check like ``if out.size() != (b, n, d):
+    raise ...`` moved into a recorded call passes ``out`` in, yet no value of it reaches the
+    call's results."""
+    parents = {
+        id(child): node for node in ast.walk(statement) for child in ast.iter_child_nodes(node)
+    }
+
+    def shape_read(name: ast.Name) -> bool:
+        parent = parents.get(id(name))
+        if isinstance(parent, ast.Attribute) and parent.value is name:
+            if parent.attr in _SHAPE_READS:
+                return True
+            call = parents.get(id(parent))
+            return (
+                parent.attr in _SHAPE_METHODS and isinstance(call, ast.Call) and call.func is parent
+            )
+        return (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Name)
+            and parent.func.id == "len"
+            and parent.args == [name]
+        )
+
+    uses: dict[str, list[ast.Name]] = {}
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and node.id in names:
+            uses.setdefault(node.id, []).append(node)
+    return tuple(
+        name
+        for name in names
+        if uses.get(name) and all(isinstance(u.ctx, ast.Load) and shape_read(u) for u in uses[name])
+    )
