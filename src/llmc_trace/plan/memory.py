@@ -99,11 +99,12 @@ def plan_source(
     ``tracing`` says (its ``tracing_ignore``: the fixes ``attempt --fix`` finds, added to the
     default list). ``tracing_ignore`` alone is the deprecated spelling of ``tracing``'s.
     A ``seq_len`` past the model's positions is refused as ``compress`` refuses it."""
-    config = resolve_model(model).config()
+    source = resolve_model(model)
+    config = source.config()
     for run in settings:
         check_seq_len(config, run.seq_len)
     traced = trace_source(
-        model,
+        source,
         tracing=tracing_settings(tracing, "plan_source", {"tracing_ignore": tracing_ignore}),
         modality=modality,
         sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -122,11 +123,14 @@ class _LinearTrial:
 
     result: TraceResult | None
     stopped: TraceStopped | None = None
-    failure: TraceFailure | None = None
 
     @property
     def ok(self) -> bool:
         return self.result is not None
+
+    @cached_property
+    def failure(self) -> TraceFailure | None:
+        return None if self.stopped is None else failure_from_exception(self.stopped)
 
 
 def linear_trace(
@@ -158,7 +162,7 @@ def linear_trace(
             tried = linear.with_tracing_ignore(model, entries) if entries else linear
             return _LinearTrial(trace_graph(model, sample, tried, hidden_targets=True))
         except TraceStopped as stopped:
-            return _LinearTrial(None, stopped, failure_from_exception(stopped))
+            return _LinearTrial(None, stopped)
 
     with _eager_attention(model):
         first = attempt([])

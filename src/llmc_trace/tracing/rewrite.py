@@ -6,10 +6,11 @@ its own and called from the rewritten original, it becomes one graph call (see
 :mod:`~llmc_trace.tracing.autowrap`) and runs for real, on real data, at calibration time.
 
 The extracted function takes the locals bound before the statement that it reads before
-binding them (or returns, not binding them on every path), and returns the locals it binds (or mutates) that are read after it, so the rewritten function
-computes exactly what the original did. The result is a new *code object* for the original
-function: installed by swapping ``__code__``, it reaches the function through every decorator
-wrapping it, and the file on disk is never touched. Line numbers are the file's, so a later
+binding them (or returns, not binding them on every path), and returns the locals it binds
+(or mutates) that are read after it, so the rewritten function computes exactly what the
+original did. The result is a new *code object* for the original function: installed by
+swapping ``__code__``, it reaches the function through every decorator wrapping it, and the
+file on disk is never touched. Line numbers are the file's, so a later
 failure still points at the model's own line.
 """
 
@@ -245,9 +246,9 @@ def _extract(
 
     Parameters: the locals bound before the statement (by position, or anywhere in a loop
     around it, which runs again) that it reads before binding them, or returns without binding
-    them on every path. Results: the locals it
-    binds or mutates that are read after it (or anywhere in a loop around it). A bare
-    ``return <expr>`` is moved whole and its call returned.
+    them on every path. Results: the locals it binds or mutates that are read after it (or
+    anywhere in a loop around it). A bare ``return <expr>`` is moved whole and its call
+    returned.
     """
     returns_value = isinstance(statement, ast.Return)
     if not returns_value:
