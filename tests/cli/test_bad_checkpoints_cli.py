@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -180,6 +183,21 @@ def test_evaluate_scores_a_sound_checkpoint_as_before(saved_llama: tuple[Path, P
     folder, data = saved_llama
     code, output = invoke("evaluate", "-m", str(folder), "--data", str(data), "--samples", "2")
     assert code == 0 and "perplexity" in output
+
+
+def test_evaluate_shows_no_third_party_progress_bars(saved_llama: tuple[Path, Path]) -> None:
+    """transformers' tqdm bar for loading the weights would cut through the command's own
+    progress display on the same stderr: a real process (tqdm reads its settings when first
+    imported) prints the perplexity and no bar."""
+    folder, data = saved_llama
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "llmc-trace"), "evaluate", "-m", str(folder),
+         "--data", str(data), "--samples", "2"],
+        capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert run.returncode == 0 and "perplexity" in run.stdout, run.stderr
+    assert "Loading weights" not in run.stderr and "it/s]" not in run.stderr
 
 
 def test_a_sequence_longer_than_the_models_positions_exits_2(

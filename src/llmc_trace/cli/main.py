@@ -88,6 +88,10 @@ def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     # transformers' advice about optional kernels is noise here; our own messages are enough.
     # Read when transformers is imported: importing it here would cost every --help seconds
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # transformers' tqdm bars (loading weights, decompressing a checkpoint) would cut through
+    # our own progress display on the same stderr; tqdm reads this when first imported, which
+    # no command has done yet
+    os.environ.setdefault("TQDM_DISABLE", "1")
     click_ctx.obj = CliContext(quiet=quiet, debug=debug)
 
 
