@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from llmc_trace import trace_subgraphs
-from llmc_trace.attempt import prove
+from llmc_trace.traced import settle
 from llmc_trace.cli.main import cli
 from llmc_trace.graph.verify import replay
 from llmc_trace.traced.model import trace_model
@@ -144,14 +144,14 @@ def test_the_fix_is_found_and_proved_on_a_config_unlike_the_default(
     of two image sizes, whether or not the sweep's fix for the type is offered first; the
     subgraphs replay as the model's own forward on the batch."""
     if not seeded:
-        monkeypatch.setattr(prove, "swept_fix", lambda model_type, modality: [])
+        monkeypatch.setattr(settle, "swept_fix", lambda model_type, modality: [])
     model, batch = model_and_batch(family)
     with caplog.at_level(logging.WARNING, logger="llmc_trace"):
         subgraphs = trace_subgraphs(model, batch, fix=True)
     model_class = FAMILIES[family][2]
     # seeded: the sweep's own fix for the type (made on the processor's sample) holds here too
     expected = (
-        prove.swept_fix(family, "image") if seeded else [f.format(model=model_class) for f in FIX]
+        settle.swept_fix(family, "image") if seeded else [f.format(model=model_class) for f in FIX]
     )
     assert expected and all(entry in caplog.text for entry in expected)
     assert ("coverage --all" in caplog.text) == seeded
@@ -173,8 +173,8 @@ def test_a_seed_that_moves_the_failure_on_is_continued_by_the_search(
         (["image_size_to_num_patches"], "fails further on"),
         (["NoSuchModel.no_such_method"], "refused"),
     ):
-        monkeypatch.setattr(prove, "swept_fix", lambda model_type, modality, s=seed: s)
-        settled = prove.settle(traced, verify_instance, fix=True)
+        monkeypatch.setattr(settle, "swept_fix", lambda model_type, modality, s=seed: s)
+        settled = settle.settle(traced, verify_instance, fix=True)
         assert settled.attempt.ok
         assert settled.tried[0].tracing_ignore == seed and settled.tried[0].outcome == first_outcome
         assert settled.applied is not None

@@ -16,7 +16,7 @@ import json
 import pytest
 import transformers
 
-from llmc_trace.attempt.swept import SWEEP_FILE
+from llmc_trace.diagnose.swept import SWEEP_FILE
 from llmc_trace.attempt.sweep import SweepRow, cpu_seconds
 from llmc_trace.attempt.sweep_report import summarize, sweep_table
 from llmc_trace.attempt.standalone import not_standalone
@@ -124,7 +124,7 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     import torch
     from transformers import PretrainedConfig
 
-    from llmc_trace.attempt import prove
+    from llmc_trace.traced import settle
     from llmc_trace.traced.model import trace_model
     from llmc_trace.traced.twin import verify_on_sample
     from llmc_trace.tracing.options import TracingOptions
@@ -134,12 +134,12 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     model.config = PretrainedConfig()
     model.config.model_type = "toy"
     offered = {("toy", "text"): ["ValueBranch.prepare"]}
-    monkeypatch.setattr(prove, "swept_fix", lambda t, m: offered.get((t, m), []))
+    monkeypatch.setattr(settle, "swept_fix", lambda t, m: offered.get((t, m), []))
     sample = {"x": torch.randn(1, 6, 8), "grid": torch.tensor([[1, 2, 3]])}
     options = TracingOptions(sequential_targets=("Block",))
     traced = trace_model(model, sample, options, name="toy")
     assert traced.failure is not None
-    settled = prove.settle(traced, verify_on_sample, fix=True)
+    settled = settle.settle(traced, verify_on_sample, fix=True)
     assert settled.attempt.ok
     assert [t.tracing_ignore for t in settled.tried] == [["ValueBranch.prepare"]]
     assert "coverage --all" in settled.tried[0].description

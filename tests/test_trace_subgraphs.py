@@ -12,7 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.compat import trace_subgraphs as compat_trace_subgraphs
-from llmc_trace.attempt.swept import swept_fix
+from llmc_trace.diagnose.swept import swept_fix
 from llmc_trace.compat.arguments import DEFAULT_TRACING_IGNORE
 from llmc_trace.errors import NotTraceableError
 from llmc_trace.graph.verify import replay, verify_subgraphs

@@ -171,6 +171,7 @@ def test_a_weight_write_is_never_fixed_by_recording_it(monkeypatch: pytest.Monke
     the shipped sweep verified for RWKV (its definition) is tried first and verifies; without
     it, as for a type the sweep has no fix for, the search refuses both before the definition."""
     import llmc_trace.attempt.prove as prove
+    import llmc_trace.traced.settle as settle
 
     def tried(report: TraceReport) -> list[tuple[str, str]]:
         return [(fix.description.split()[0], fix.outcome) for fix in report.fixes]
@@ -178,7 +179,7 @@ def test_a_weight_write_is_never_fixed_by_recording_it(monkeypatch: pytest.Monke
     seeded = prove.attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert tried(seeded) == [("trace", "verified")]  # "trace RwkvModel by its definition ..."
     assert "(verified for rwkv by `coverage --all`" in seeded.fixes[0].description
-    monkeypatch.setattr(prove, "swept_fix", lambda *args: [])
+    monkeypatch.setattr(settle, "swept_fix", lambda *args: [])
     report = prove.attempt_trace("RWKV/rwkv-4-169m-pile", fix=True)
     assert tried(report) == [("record", "refused"), ("autowrap", "refused"), ("trace", "verified")]
     for settled in (seeded, report):

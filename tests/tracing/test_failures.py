@@ -93,7 +93,7 @@ def test_every_kind_is_tested() -> None:
 def test_a_replay_that_fails_where_eager_runs_is_located_and_fixed() -> None:
     """A trace that holds but replays into a value the trace fixed (a list of ``None`` sized by
     the batch) is located at the model's line and fixed by the search like a trace failure."""
-    from llmc_trace.attempt.prove import settle
+    from llmc_trace.traced.settle import settle
     from llmc_trace.traced.model import trace_model
     from llmc_trace.traced.twin import verify_on_sample
     from llmc_trace.tracing.options import TracingOptions

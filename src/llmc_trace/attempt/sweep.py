@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
-from llmc_trace.attempt.swept import swept_seconds
+from llmc_trace.diagnose.swept import swept_seconds
 from llmc_trace.attempt.sweep_type import SweepRow, sweep_type
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.models.defaults import generative_types

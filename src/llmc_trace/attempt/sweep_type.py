@@ -43,7 +43,7 @@ import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from llmc_trace.attempt.prove import settle
+from llmc_trace.traced.settle import settle
 from llmc_trace.attempt.standalone import not_standalone
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class

@@ -154,16 +154,14 @@ def plan(
             )
             for _, needs_data, quantizes in stages
         ]
+        # a stage that calibrates on data traces as compress does: with the fix it settles on
         plans = plan_source(
-            model, runs, modality=modality, tracing=tracing, device_memory=device, host_memory=host
-        )
-        fix = _fix_compress_applies(model, modality, tracing, stages, plans)
+            model, runs, modality=modality, tracing=tracing, device_memory=device,
+            host_memory=host, fix=any(needs_data for _, needs_data, _ in stages),
+        )  # fmt: skip
+        fix = plans[0].tracing_fix
         if fix:
             tracing = replace(tracing, tracing_ignore=(*tracing.tracing_ignore, *fix))
-            plans = plan_source(
-                model, runs, modality=modality, tracing=tracing, device_memory=device,
-                host_memory=host,
-            )  # fmt: skip
         pairs = None
         if mappings:
             from llmc_trace.cli.mappings_view import pairs_of
@@ -202,30 +200,6 @@ def plan(
         from llmc_trace.cli.mappings_view import show_mappings
 
         show_mappings(ctx.out, pairs)
-
-
-def _fix_compress_applies(
-    model: str,
-    modality: str,
-    tracing: TracingSettings,
-    stages: list[tuple[str, bool, bool]],
-    plans: list[MemoryPlan],
-) -> tuple[str, ...]:
-    """The ``tracing_ignore`` entries compress would add to trace ``model``, where the plan
-    left the sequential pipeline out because the model does not trace as written: compress
-    searches for a fix and calibrates sequentially with it, and a plan without it chose
-    another pipeline than the run does. Empty when the model traces or no fix verifies."""
-    from llmc_trace.attempt.prove import attempt_trace
-    from llmc_trace.core.names import SEQUENTIAL
-
-    untraced = any(
-        needs_data and SEQUENTIAL not in result.pipelines()
-        for (_, needs_data, _), result in zip(stages, plans, strict=True)
-    )
-    if not untraced:
-        return ()
-    report = attempt_trace(model, tracing=tracing, modality=modality, fix=True, decisions=False)
-    return tuple(report.applied_fix.tracing_ignore) if report.applied_fix else ()
 
 
 def _plan_document(label: str, result: MemoryPlan) -> dict[str, object]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from llmc_trace.attempt.prove import settle
+from llmc_trace.traced.settle import settle
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.source import ModelSource
 from llmc_trace.tracing.settings import TracingSettings

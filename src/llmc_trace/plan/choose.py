@@ -26,6 +26,9 @@ class MemoryPlan:
     fits: bool
     #: MoE layers and the largest one's expert Hessians (:func:`~.estimate.moe_layer_hessians`)
     experts: tuple[int, ExpertHessians] | None = None
+    #: the ``tracing_ignore`` entries the fix search added to trace the model (as compress adds
+    #: them), empty when it traced as given
+    tracing_fix: tuple[str, ...] = ()
 
     def estimate(self, pipeline: str) -> PipelineEstimate:
         return next(e for e in self.estimates if e.pipeline == pipeline)

@@ -19,6 +19,7 @@ from llmc_trace.plan.choose import MemoryPlan, choose_pipeline
 from llmc_trace.plan.estimate import estimate_pipelines, moe_layer_hessians
 from llmc_trace.plan.invariants import sample_invariant_names
 from llmc_trace.traced.model import TracedModel, trace_source
+from llmc_trace.traced.settle import settle
 from llmc_trace.traced.twin import verify_on_twin
 from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 
@@ -90,6 +91,7 @@ def plan_source(
     device_memory: int | None = None,
     host_memory: int | None = None,
     tracing_ignore: Sequence[str] | None = None,
+    fix: bool = False,
 ) -> list[MemoryPlan]:
     """Trace ``model`` once on ``meta`` at the planning sizes (which collide with no model
     width, so every sequence and batch dimension can be told apart and scaled) and plan it for
@@ -98,17 +100,32 @@ def plan_source(
     the config's own sample of it (a vision tower's patches are then counted), traced as
     ``tracing`` says (its ``tracing_ignore``: the fixes ``attempt --fix`` finds, added to the
     default list). ``tracing_ignore`` alone is the deprecated spelling of ``tracing``'s.
-    A ``seq_len`` past the model's positions is refused as ``compress`` refuses it."""
+    A ``seq_len`` past the model's positions is refused as ``compress`` refuses it.
+
+    ``fix``: where the model does not trace as given, plan the run ``compress`` makes, which
+    settles the trace with the first fix the search verifies on the twin
+    (:func:`~llmc_trace.traced.settle.settle`); each plan names it (``tracing_fix``)."""
     source = resolve_model(model)
     config = source.config()
     for run in settings:
         check_seq_len(config, run.seq_len)
+    sample = SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH)
     traced = trace_source(
         source,
         tracing=tracing_settings(tracing, "plan_source", {"tracing_ignore": tracing_ignore}),
         modality=modality,
-        sample_options=SampleOptions(seq_len=PLAN_SEQ, batch_size=PLAN_BATCH),
+        sample_options=sample,
     )
+    twin: TracedModel | None = None
+    applied: tuple[str, ...] = ()
+    if fix and traced.partitioned is None:
+        settled = settle(
+            traced, lambda candidate: verify_on_twin(candidate, modality, sample), fix=True
+        )
+        if settled.applied is not None:
+            traced, applied = settled.attempt.traced, tuple(settled.applied.tracing_ignore)
+            check = settled.attempt.check
+            twin = check.twin if check is not None and modality == "text" else None
     storage = parameter_dtype(traced.model) or torch.float32
     plans = []
     for run in settings:
@@ -118,7 +135,10 @@ def plan_source(
             storage_bytes=storage.itemsize,
             dtype_bytes=compute_dtype(storage, device).itemsize,
         )
-        plans.append(plan_memory(traced, run, device_memory=device_memory, host_memory=host_memory))
+        plan = plan_memory(
+            traced, run, twin=twin, device_memory=device_memory, host_memory=host_memory
+        )
+        plans.append(dataclasses.replace(plan, tracing_fix=applied))
     return plans
 
 
