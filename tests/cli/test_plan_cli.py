@@ -29,6 +29,14 @@ def test_a_recipe_is_planned_stage_by_stage_at_its_sizes(tmp_path: Path) -> None
     assert first["chosen"] == "data_free" and second["chosen"] == "sequential"
     alone = plan_json("--samples", "64", "--seq-len", "1024")
     assert second["estimates"] == alone["estimates"]  # the same plan as a one-stage run
+    # only the last stage keeps resume points (an interrupted earlier stage restarts)
+    assert first["resume_bytes"] is None and second["resume_bytes"] == alone["resume_bytes"] > 0
+    shown = CliRunner().invoke(
+        cli, ["--quiet", "plan", "-m", MODEL, "--recipe", str(recipe)], env={"COLUMNS": "200"}
+    )
+    assert "resume points of the last stage (stage 2; an earlier one restarts): up to" in (
+        shown.output
+    )
     fewer = plan_json("--recipe", str(recipe), "--samples", "8")["stages"][1]
     cache = {e["pipeline"]: e["cache_bytes"] for e in fewer["estimates"]}
     full = {e["pipeline"]: e["cache_bytes"] for e in second["estimates"]}

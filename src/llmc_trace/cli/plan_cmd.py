@@ -170,9 +170,13 @@ def plan(
     if as_json:
         from llmc_trace.cli.mappings_view import mappings_document
 
+        last = len(plans) - 1  # only the last stage keeps resume points
         documents = [
-            {**_plan_document(label, result), "resume_bytes": _resume_bytes(result, ranks)}
-            for (label, _, _), result in zip(stages, plans, strict=True)
+            {
+                **_plan_document(label, result),
+                "resume_bytes": _resume_bytes(result, ranks) if i == last else None,
+            }
+            for i, ((label, _, _), result) in enumerate(zip(stages, plans, strict=True))
         ]
         document = documents[0] if recipe is None else {"stages": documents}
         document = {**document, "tracing_fix": list(fix)}
@@ -194,8 +198,7 @@ def plan(
             result,
             expert_group,
         )
-    if len(plans) == 1:
-        ctx.out.print(_resume_line(plans[0], ranks))
+    ctx.out.print(_resume_line(plans[-1], ranks, stages=len(plans)))
     if pairs is not None:
         from llmc_trace.cli.mappings_view import show_mappings
 
@@ -260,15 +263,20 @@ def _resume_bytes(result: MemoryPlan, ranks: int) -> int | None:
     return resume_point_bytes(result.estimate(result.chosen).cache_bytes, ranks)
 
 
-def _resume_line(result: MemoryPlan, ranks: int) -> str:
-    """What a run keeps on disk to resume after an interruption (a single-stage run)."""
+def _resume_line(result: MemoryPlan, ranks: int, *, stages: int) -> str:
+    """What a run keeps on disk to resume after an interruption: the last stage's points
+    (``result`` is its plan), the one stage whose checkpoint is the run's output; an
+    interrupted earlier stage of a recipe restarts."""
     from llmc_trace.core.sizes import human_bytes
 
     size = _resume_bytes(result, ranks)
+    which = "" if stages == 1 else f" of the last stage (stage {stages}; an earlier one restarts)"
     if size is None:
-        return f"resume points: none ({result.chosen} keeps none; an interrupted run restarts)"
+        return (
+            f"resume points{which}: none ({result.chosen} keeps none; an interrupted run restarts)"
+        )
     return (
-        f"resume points: up to {human_bytes(size)} of disk beside --out, besides the "
+        f"resume points{which}: up to {human_bytes(size)} of disk beside --out, besides the "
         "checkpoint (the activations entering the next subgraph, on every rank; "
         "--no-resumable keeps none)"
     )
