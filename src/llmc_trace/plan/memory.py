@@ -126,6 +126,8 @@ def plan_source(
             traced, applied = settled.attempt.traced, tuple(settled.applied.tracing_ignore)
             check = settled.attempt.check
             twin = check.twin if check is not None and modality == "text" else None
+    if twin is None and traced.partitioned is not None:
+        twin = _twin_of(traced)  # once for every stage's plan, not once per stage
     storage = parameter_dtype(traced.model) or torch.float32
     plans = []
     for run in settings:
