@@ -27,9 +27,10 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         if gc.get_freeze_count() == 0:  # a caller's frozen objects are theirs to release
-            # what the block made moves to the oldest generation unscanned, as if it had
-            # survived collections there; left young, the first collections after the block
-            # would walk all of it (0.6 s on Switch-large-128) to find it alive
+            # every young object (chiefly what the block made) moves to the oldest generation
+            # unscanned, as if it had survived collections there; left young, the first
+            # collections after the block would walk all of it (0.6 s on Switch-large-128)
+            # to find it alive
             gc.freeze()
             gc.unfreeze()
         gc.enable()
