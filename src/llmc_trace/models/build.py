@@ -11,7 +11,6 @@ import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from llmc_trace.core.collector import collector_paused
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
@@ -83,7 +82,7 @@ def build_meta_model_of(
 ) -> PreTrainedModel:
     """``cls`` at ``config``'s full size on ``meta`` (``config`` is prepared in place)."""
     config = prepare_config(config)
-    with _quiet_transformers(), torch.device("meta"), collector_paused():
+    with _quiet_transformers(), torch.device("meta"):
         # the model's own experts implementation: on meta, fused kernels avoid data-dependent
         # routing loops that would need phantom execution
         model = cls._from_config(
@@ -130,7 +129,7 @@ def build_skeleton(
     """
     config = prepare_config(source.config())
     cls = model_class(config, source.name)
-    with _quiet_transformers(), _parameters_on_meta(), collector_paused():
+    with _quiet_transformers(), _parameters_on_meta():
         model = cls._from_config(
             config,
             attn_implementation=attn_implementation,
