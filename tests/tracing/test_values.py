@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from llmc_trace.tracing.values import MetaMemo, compute_value
+from llmc_trace.tracing.values import MetaMemo, PhantomProducts, compute_value
 
 WIDTH = 4096
 MATRIX_PRODUCTS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm"}
@@ -81,6 +81,56 @@ def test_code_the_mixed_run_cannot_execute_falls_back_to_phantoms() -> None:
     x = torch.empty(3, 5, device="meta")
     computed = compute_value(through_numpy, (x,), {}, allow_phantoms=True)
     assert computed.error is None and computed.value.shape == (15,) and computed.beyond_meta
+
+
+class ProjectedThroughNumpy(torch.nn.Module):
+    """A bfloat16 projection whose output goes through NumPy: only the whole-phantom run runs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(WIDTH, WIDTH, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.proj(x).float().numpy()).reshape(-1)
+
+
+def test_a_model_run_whole_on_phantoms_runs_no_product_of_phantoms() -> None:
+    with torch.device("meta"):
+        model = ProjectedThroughNumpy()
+    counter = RealProducts()
+    x = torch.empty(38, WIDTH, device="meta", dtype=torch.bfloat16)
+    with counter:
+        computed = compute_value(model, (x,), {}, module=model, allow_phantoms=True)
+    assert computed.error is None and computed.value.shape == (38 * WIDTH,)
+    assert computed.beyond_meta and counter.elements == []
+
+
+def test_products_with_a_phantom_operand_give_what_the_dense_product_gives() -> None:
+    """Zeros, plus the bias a fused product adds; an operand repeating a non-zero value is no
+    phantom and is multiplied as it is."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 64, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(32, generator=generator).to(torch.bfloat16)
+    phantom = torch.zeros((), dtype=torch.bfloat16).expand(32, 64)
+    twos = torch.full((), 2.0, dtype=torch.bfloat16).expand(32, 64)
+    batched = torch.zeros((), dtype=torch.bfloat16).expand(3, 64, 5)
+    with PhantomProducts():
+        got = [
+            torch.nn.functional.linear(x, phantom, bias),
+            torch.nn.functional.linear(x, phantom),
+            torch.bmm(x, batched),
+            torch.baddbmm(bias[:5], x, batched),
+            torch.nn.functional.linear(x, twos, bias),
+        ]
+    expected = [
+        torch.nn.functional.linear(x, phantom.contiguous(), bias),
+        torch.nn.functional.linear(x, phantom.contiguous()),
+        torch.bmm(x, batched.contiguous()),
+        torch.baddbmm(bias[:5], x, batched.contiguous()),
+        torch.nn.functional.linear(x, twos.contiguous(), bias),
+    ]
+    for mine, dense in zip(got, expected):
+        assert mine.dtype == dense.dtype and torch.equal(mine, dense)
 
 
 def test_without_phantoms_a_value_read_is_an_error() -> None:

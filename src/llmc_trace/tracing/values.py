@@ -21,9 +21,10 @@ Rules, applied per operation:
    storage of one element, any shape). So a vision tower whose patch counts come from a real
    ``image_grid_thw`` computes those counts for real and its full-width matrix products on
    ``meta``: seconds of arithmetic thrown away become none. Code that even the mixed run cannot
-   execute is run whole on phantoms, as a last resort. Either way the result is turned back into
-   ``meta`` and marked as having a shape that may depend on data, since values were guessed or
-   read from data.
+   execute is run whole on phantoms, as a last resort (its matrix products with a phantom
+   operand answered as the zeros they are: :class:`PhantomProducts`). Either way the result is
+   turned back into ``meta`` and marked as having a shape that may depend on data, since values
+   were guessed or read from data.
 """
 
 from __future__ import annotations
@@ -345,10 +346,51 @@ def _run_on_phantoms(
 ) -> Any:
     """Everything real at full size, ``meta`` replaced by phantoms: slow, but runs any code."""
     phantom_args, phantom_kwargs = to_phantom((args, kwargs))
-    if meta_module is None:
+    state = contextlib.nullcontext() if meta_module is None else phantom_state(meta_module)
+    with PhantomProducts(), state:
         return run(*phantom_args, **phantom_kwargs)
-    with phantom_state(meta_module):
-        return run(*phantom_args, **phantom_kwargs)
+
+
+def is_phantom(value: Any) -> bool:
+    """Whether ``value`` is a phantom: zeros with every stride 0 (one element of storage)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.numel() > 1
+        and not any(value.stride())
+        and not value.as_strided((), ()).item()
+    )
+
+
+class PhantomProducts(TorchDispatchMode):
+    """Matrix products with a phantom operand answered with their exact result, zeros (plus the
+    bias a fused product adds), without running them.
+
+    A product reads a zero-stride operand through a generic kernel: in bfloat16 on the CPU one
+    full-size projection of 38 tokens took 3.5 s, against 0.04 s on dense weights, and a model
+    run whole on phantoms goes through dozens of them. (A product of zeros with inf or NaN would
+    give NaN, not zero; phantom values are guesses either way.)
+    """
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func not in _PRODUCTS or kwargs or not any(is_phantom(a) for a in args[-2:]):
+            return func(*args, **kwargs)
+        left, right = args[-2], args[-1]
+        zeros = torch.zeros((*left.shape[:-1], right.shape[-1]), dtype=left.dtype)
+        if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default):
+            zeros.add_(args[0])  # beta = 1: no keyword arguments were given
+        return zeros
+
+
+#: The products :class:`PhantomProducts` answers: their last two arguments are the operands.
+_PRODUCTS = (
+    torch.ops.aten.mm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.baddbmm.default,
+)
 
 
 def runner_for(kind: str, target: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
