@@ -378,7 +378,8 @@ class PhantomProducts(TorchDispatchMode):
         if func not in _PRODUCTS or kwargs or not any(is_phantom(a) for a in args[-2:]):
             return func(*args, **kwargs)
         left, right = args[-2], args[-1]
-        zeros = torch.zeros((*left.shape[:-1], right.shape[-1]), dtype=left.dtype)
+        shape = (*left.shape[:-1], right.shape[-1])
+        zeros = torch.zeros(shape, dtype=left.dtype, device=left.device)
         if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default):
             zeros.add_(args[0])  # beta = 1: no keyword arguments were given
         return zeros
