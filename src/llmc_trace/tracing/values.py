@@ -123,12 +123,18 @@ def to_phantom(value: Any) -> Any:
 
     def convert(leaf: Any) -> Any:
         if is_meta_tensor(leaf):
-            return torch.zeros((), dtype=leaf.dtype).expand(leaf.shape)
+            return phantom_of(leaf)
         if isinstance(leaf, torch.device) and leaf.type == "meta":
             return CPU
         return leaf
 
     return map_leaves(convert, value)
+
+
+def phantom_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A phantom of ``tensor``'s shape and dtype: a CPU zero expanded, one element of storage
+    (:func:`is_phantom` recognises it)."""
+    return torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
 
 
 def module_has_meta_state(module: torch.nn.Module) -> bool:
@@ -145,7 +151,7 @@ def phantom_state(module: torch.nn.Module) -> Iterator[None]:
             for name, tensor in list(store.items()):
                 if tensor is not None and tensor.is_meta:
                     saved.append((owner, kind, name, tensor))
-                    phantom = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+                    phantom = phantom_of(tensor)
                     store[name] = (
                         torch.nn.Parameter(phantom, requires_grad=False)
                         if kind == "_parameters"
@@ -352,7 +358,7 @@ def _run_on_phantoms(
 
 
 def is_phantom(value: Any) -> bool:
-    """Whether ``value`` is a phantom: zeros with every stride 0 (one element of storage)."""
+    """Whether ``value`` is a phantom (:func:`phantom_of`): zeros with every stride 0."""
     return (
         isinstance(value, torch.Tensor)
         and value.numel() > 1
