@@ -308,17 +308,34 @@ def test_layers_a_fix_runs_inside_a_recorded_call_are_named_never_smoothed(
 def test_a_size_check_moved_into_a_call_blocks_no_pair_and_dropout_no_proof(
     one_thread: None,
 ) -> None:
-    """SpeechT5's attention checks its outputs' sizes in statements the trace into the layers
-    moves into recorded calls: each reads the value for its shape only, so v_proj -> out_proj
-    still passes. Its speech prenet drops out in eval mode as well: the twin's forwards repeat
-    their random draws, so that only a fold can change the output and each pair is proved."""
+    """SpeechT5's attention checks its outputs' sizes, which follow from shapes alone (its
+    mask builder's too): the trace into the layers needs no fix. Moved into recorded calls,
+    each check reads the value for its shape only, so v_proj -> out_proj still passes. Its
+    speech prenet drops out in eval mode as well: the twin's forwards repeat their random
+    draws, so that only a fold can change the output and each pair is proved."""
+    import inspect
+
+    from llmc_trace import TracingSettings
     from llmc_trace.traced.mappings import source_mappings
 
+    forward = T.models.speecht5.modeling_speecht5.SpeechT5Attention.forward
+    lines, first = inspect.getsourcelines(forward)
+    checks = [
+        f"autowrap:SpeechT5Attention.forward@{first + i}"
+        for i, line in enumerate(lines)
+        if ".size() != " in line
+    ]
+    assert len(checks) == 3
     found = source_mappings("microsoft/speecht5_tts")
-    assert found.fix and all(e.startswith("autowrap:SpeechT5Attention.") for e in found.fix)
+    moved = source_mappings(
+        "microsoft/speecht5_tts", tracing=TracingSettings(tracing_ignore=checks)
+    )
+    assert not found.fix and not moved.fix
     encoder = "speecht5.encoder.wrapped_encoder.layers."
-    pairs = {(m.smooth, m.balance) for m in found.mappings if m.smooth.startswith(encoder)}
-    assert pairs == {
+    expected = {
         (f"{encoder}{n}.attention.v_proj", (f"{encoder}{n}.attention.out_proj",)) for n in range(12)
     }
+    for mappings in (found, moved):
+        pairs = {(m.smooth, m.balance) for m in mappings.mappings if m.smooth.startswith(encoder)}
+        assert pairs == expected
     assert not [s for s in found.skipped if "changed the output" in s.reason]

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from llmc_trace.tracing.values import MetaMemo, PhantomProducts, compute_value
+from llmc_trace.tracing.values import MetaMemo, MixedExecution, PhantomProducts, compute_value
 
 WIDTH = 4096
 MATRIX_PRODUCTS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm"}
@@ -131,6 +131,37 @@ def test_products_with_a_phantom_operand_give_what_the_dense_product_gives() -> 
     ]
     for mine, dense in zip(got, expected):
         assert mine.dtype == dense.dtype and torch.equal(mine, dense)
+
+
+def test_sizes_that_pass_through_meta_keep_their_values() -> None:
+    """Sizes copied to the features' device and token slots made there are read back for
+    real (Mistral 3 splits its features so; LFM2-VL keeps an image's tokens by such a mask),
+    where phantoms would read 0."""
+    features = torch.empty(8, WIDTH, device="meta")
+    sizes = torch.tensor([[4, 6], [2, 4]])
+    with MixedExecution():
+        split = (torch.as_tensor(sizes, device=features.device) // 2).prod(-1).tolist()
+        parts = torch.split(features, split)
+        slots = torch.arange(5, device="meta")
+        kept = features[:5][slots < torch.tensor(3)]
+    assert split == [6, 2]
+    assert [p.shape for p in parts] == [(6, WIDTH), (2, WIDTH)] and all(p.is_meta for p in parts)
+    assert kept.shape == (3, WIDTH) and kept.is_meta
+
+
+def test_values_of_meta_activations_are_never_invented() -> None:
+    """What follows from a ``meta`` activation is guessed as phantoms are (zeros), and a kept
+    value written to from one is dropped, not left stale."""
+    hidden = torch.empty(4, WIDTH, device="meta")
+    with MixedExecution() as mode:
+        summed = hidden.sum(-1)
+        positive = (summed > 0).nonzero()
+        slots = torch.arange(4, device="meta")
+        before = slots.tolist()
+        slots.copy_(summed.long())
+        after = slots.tolist()
+    assert summed not in mode.known and positive.shape == (0, 1)
+    assert before == [0, 1, 2, 3] and after == [0, 0, 0, 0]
 
 
 def test_without_phantoms_a_value_read_is_an_error() -> None:

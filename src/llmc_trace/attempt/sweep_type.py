@@ -326,21 +326,14 @@ def _full_size_failure(
     """transformers' own error when it cannot build the full-size model or (given a
     ``modality``) run it eagerly: on ``meta``, reading values through phantoms, so no memory
     and no arithmetic at full size. Only asked after the twin failed: the answer says whose
-    failure that was. Media go in the model's own dtype, as a user's code casts a processor's
-    float32 output (a model that leaves that cast to its caller fails on float32 pixels for a
-    reason of ours)."""
+    failure that was. Media come in the model's own dtype (:func:`sample_for`'s): a model that
+    leaves that cast to its caller would fail on float32 pixels for a reason of ours."""
     try:
         full = build_meta_model_of(cls, copy.deepcopy(config))
         if modality is None:
             return None
-        sample = {
-            key: value.to(full.dtype)
-            if isinstance(value, torch.Tensor) and value.is_floating_point()
-            else value
-            for key, value in sample_for(full, modality, SAMPLE).items()
-        }
         with torch.no_grad(), MixedExecution():
-            full(**sample, **concrete_arguments(full, {}))
+            full(**sample_for(full, modality, SAMPLE), **concrete_arguments(full, {}))
     except Exception as err:  # noqa: BLE001 - any error is the verdict
         return err
     return None

@@ -318,14 +318,31 @@ def _video_grid(
 
 def _frames(g: Geometry, takes: set[str], batch: int, generator: torch.Generator) -> list[Layout]:
     """Pictures of the tower's size, frame after frame (LLaVA-NeXT-Video, Video-LLaVA)."""
-    if "pixel_values_videos" not in takes or "video_grid_thw" in takes:
+    if "pixel_values_videos" not in takes or {"video_grid_thw", "video_position_ids"} & takes:
         return []
     frames = 2 * g.temporal
     pixels = _randn(batch, frames, g.channels, g.side, g.side, generator=generator)
     return [(f"{frames} frames", {"pixel_values_videos": pixels})]
 
 
-_VIDEO = (_video_grid, _frames)
+def _positioned_frames(
+    g: Geometry, takes: set[str], batch: int, generator: torch.Generator
+) -> list[Layout]:
+    """Two frames per clip, each frame's patches with their coordinates, every clip's frames
+    in one run and the count per clip to split it by (Gemma 4's video processor's output)."""
+    if "video_position_ids" not in takes or "num_frames_per_video" not in takes:
+        return []
+    frames = 2
+    (_, image), *_ = _positioned(g, {"image_position_ids"}, batch * frames, generator)
+    media = {
+        "pixel_values_videos": image["pixel_values"],
+        "video_position_ids": image["image_position_ids"],
+        "num_frames_per_video": torch.full((batch,), frames),
+    }
+    return [(f"{frames} frames' patches with their positions", media)]
+
+
+_VIDEO = (_video_grid, _positioned_frames, _frames)
 
 
 # ---------------------------------------------------------------- audio

@@ -13,7 +13,7 @@ no placeholders, and the first layout its encoder takes where it has no prompt (
 vision encoder-decoder), else the first that fits its inputs (GIT prepends the picture). On a
 model on ``meta`` (a full-size trace) the method runs mixed: shapes only, with a grid or mask
 read for real, so probing a 70B config costs nothing; sizes that pass through a copy to
-``meta`` are lost there (LFM2-VL's), and such a probe says so.
+``meta`` keep their values there (Mistral 3's ``image_sizes``, LFM2-VL's token slots).
 """
 
 from __future__ import annotations
@@ -80,7 +80,22 @@ def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) ->
     or when no layout of it runs through the model's feature method (the error names the
     layouts tried and the model's answer to each); :class:`UnfitConfig` when the config itself
     cannot take it.
+
+    Media come in the model's own dtype, as a user's code casts a processor's float32 output:
+    a full-size bfloat16 model and its float32 twin then take the same branches on dtypes
+    (Granite Speech casts features that are not in its dtype), and their graphs compare.
     """
+    floats = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    sample = _sample_for(model, modality, options)
+    return {
+        key: value.to(floats)
+        if floats is not None and isinstance(value, torch.Tensor) and value.is_floating_point()
+        else value
+        for key, value in sample.items()
+    }
+
+
+def _sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) -> dict[str, Any]:
     config = model.config
     cls = type(model)
     if has_builder(config, modality) or modality not in supported_modalities(config, cls):

@@ -20,7 +20,9 @@ Rules, applied per operation:
    ``.tolist()``, ``nonzero``) gets *phantoms* for its ``meta`` inputs (zero-stride zeros: real
    storage of one element, any shape). So a vision tower whose patch counts come from a real
    ``image_grid_thw`` computes those counts for real and its full-width matrix products on
-   ``meta``: seconds of arithmetic thrown away become none. Code that even the mixed run cannot
+   ``meta``: seconds of arithmetic thrown away become none. A small ``meta`` tensor made from
+   real data alone keeps its real value beside it (:class:`MixedExecution`), so a size that
+   passes through ``meta`` is read back, not guessed. Code that even the mixed run cannot
    execute is run whole on phantoms, as a last resort (its matrix products with a phantom
    operand answered as the zeros they are: :class:`PhantomProducts`). Either way the result is
    turned back into ``meta`` and marked as having a shape that may depend on data, since values
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -279,22 +282,108 @@ class MixedExecution(TorchDispatchMode):
     calls made here dispatch normally. An operation that ``meta`` cannot run reads values no
     ``meta`` tensor has: its ``meta`` inputs become phantoms, and its tensor results go back to
     ``meta`` unless the operation asked for real data (a copy to the CPU, as ``tolist`` makes).
+
+    A small ``meta`` tensor made from real data alone (a processor's ``image_sizes`` copied to
+    the features' device, an ``arange`` of token slots) keeps its real value beside it, and so
+    does what is computed from such tensors and real ones: an operation that reads values gets
+    those instead of phantoms. Without them Mistral 3 splits its features by sizes read as 0
+    and LFM2-VL keeps no token of an image. Values derived from a phantom are never kept.
     """
+
+    #: The most elements a kept value may have: sizes, grids, masks and indices, not
+    #: activations (whose arithmetic stays on ``meta``).
+    known_limit = 1 << 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        if not has_meta_tensor((args, kwargs)):
-            return func(*args, **kwargs)
+        inputs = _meta_tensors((*args, *kwargs.values()))
+        if not inputs:
+            result = func(*args, **kwargs)
+            if _meta_tensors(result if isinstance(result, (tuple, list)) else (result,)):
+                self._keep(result, func, args, kwargs)  # real data copied to meta, a meta factory
+            return result
+        known = [t in self.known for t in inputs] if self.known else [False]
         try:
-            return META_MEMO.call(func, tensors_to_meta(args), tensors_to_meta(kwargs))
+            result = META_MEMO.call(func, tensors_to_meta(args), tensors_to_meta(kwargs))
         except (NotImplementedError, RuntimeError):  # it reads data a meta tensor does not have
-            result = func(*to_phantom(args), **to_phantom(kwargs))
+            result = func(*self._real(args), **self._real(kwargs))
+            if func._schema.is_mutable and not all(known) and any(known):
+                self.known.clear()  # a kept value written to from phantoms: no longer true
+        else:
+            if all(known):
+                self._keep(result, func, args, kwargs)
+            elif func._schema.is_mutable and any(known):
+                self.known.clear()  # a kept value written to from unknown ones: no longer true
+            return result
         target = kwargs.get("device")
         if isinstance(target, torch.device) and target.type != "meta":
             return result
-        return tensors_to_meta(result)
+        on_meta = tensors_to_meta(result)
+        if all(known):
+            self._pair(on_meta, result)
+        return on_meta
+
+    def _keep(self, result: Any, func: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Compute ``func`` on the kept values of its ``meta`` inputs and keep what it gives
+        for each small ``meta`` tensor of ``result`` (writes into kept values happen alike)."""
+        outputs, _ = tree_flatten(result)
+        metas = [t for t in outputs if is_meta_tensor(t)]
+        if not metas or any(t.numel() > self.known_limit for t in metas):
+            if func._schema.is_mutable and self.known:
+                self.known.clear()
+            return
+        try:
+            real = func(*self._real(args), **self._real(kwargs))
+        except Exception:  # noqa: BLE001 - only a value lost: the meta result stands
+            if func._schema.is_mutable:
+                self.known.clear()
+            return
+        self._pair(result, real)
+
+    def _pair(self, on_meta: Any, real: Any) -> None:
+        metas, _ = tree_flatten(on_meta)
+        reals, _ = tree_flatten(real)
+        for meta, value in zip(metas, reals):
+            if (
+                is_meta_tensor(meta)
+                and isinstance(value, torch.Tensor)
+                and value.shape == meta.shape
+                and value.numel() <= self.known_limit
+            ):
+                self.known[meta] = value
+
+    def _real(self, value: Any) -> Any:
+        """``value`` with each ``meta`` tensor replaced by its kept value, else a phantom, and
+        ``meta`` devices by the CPU."""
+
+        def convert(leaf: Any) -> Any:
+            if is_meta_tensor(leaf):
+                kept = self.known.get(leaf)
+                return kept if kept is not None else phantom_of(leaf)
+            if isinstance(leaf, torch.device) and leaf.type == "meta":
+                return CPU
+            return leaf
+
+        return map_leaves(convert, value)
+
+
+def _meta_tensors(values: tuple[Any, ...] | list[Any]) -> list[torch.Tensor]:
+    """The ``meta`` tensors among an operation's arguments or results, and in the lists among
+    them (an ``aten`` operation nests no deeper): the mixed run asks this of every operation."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.is_meta:
+                found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor) and v.is_meta)
+    return found
 
 
 def tensors_to_meta(value: Any) -> Any:
@@ -315,14 +404,21 @@ def compute_value(
     module: torch.nn.Module | None = None,
     allow_phantoms: bool = False,
 ) -> ComputedValue:
-    """Run ``run(*args, **kwargs)`` following the three rules of this module's docstring."""
+    """Run ``run(*args, **kwargs)`` following the three rules of this module's docstring.
+
+    A call on real inputs alone that fails for a ``meta`` module among its arguments (an opaque
+    method's owner, ``call_module_method``'s first, whose weights the method reads) goes on as
+    a call of that module would; one that does not read them (a rope index) stays real."""
     module_is_meta = module is not None and module_has_meta_state(module)
     if not has_meta_tensor((args, kwargs)) and not module_is_meta:
         real_args, real_kwargs = meta_devices_to_cpu((args, kwargs))
         try:
             return ComputedValue(run(*real_args, **real_kwargs), True, False)
         except Exception as err:  # the caller decides what an unknown value means
-            return ComputedValue(None, False, False, err)
+            owner = _module_among((args, kwargs)) if module is None else None
+            if owner is None or not module_has_meta_state(owner):
+                return ComputedValue(None, False, False, err)
+            module, module_is_meta = owner, True
     meta_args, meta_kwargs = to_meta((args, kwargs))
     try:
         if module is not None and not module_is_meta:
@@ -342,6 +438,19 @@ def compute_value(
             except Exception:
                 return ComputedValue(None, False, False, meta_error)
         return ComputedValue(to_meta(result), False, True)
+
+
+def _module_among(value: Any) -> torch.nn.Module | None:
+    """The first module among ``value``'s leaves (an opaque method's owner), if any."""
+    found: list[torch.nn.Module] = []
+
+    def visit(leaf: Any) -> Any:
+        if isinstance(leaf, torch.nn.Module):
+            found.append(leaf)
+        return leaf
+
+    map_leaves(visit, value)
+    return found[0] if found else None
 
 
 def _run_on_phantoms(
