@@ -100,6 +100,31 @@ def test_towers_on_request(twins, drawn_rows: Path) -> None:
     assert rows_of["vision tower"].compressed == rows_of["vision tower"].total
 
 
+def test_an_opaque_feature_method_streams_its_tower_in_through_the_sequential_pipeline(
+    twins, drawn_rows: Path, tmp_path: Path
+) -> None:
+    """Recorded as one call (a fix ``attempt --fix`` offers), LLaVA's ``get_image_features``
+    runs the vision tower and projector outside every module node of the graph: the trace
+    names them, so the streamed sequential pipeline reads their weights in with the first
+    subgraph and writes the bytes of the run that traces through the method."""
+    folder = twins("llava-hf/llava-1.5-7b-hf")
+    run = {**RUN, "samples": 2}
+    opaque = compress(
+        CompressRequest(
+            folder,
+            drawn_rows,
+            tmp_path / "opaque",
+            tracing_ignore=["LlavaModel.get_image_features"],
+            **run,
+        )
+    )
+    compress(CompressRequest(folder, drawn_rows, tmp_path / "traced", **run))
+    assert opaque.pipeline == "sequential" and not opaque.fallbacks
+    assert (tmp_path / "opaque" / "model.safetensors").read_bytes() == (
+        tmp_path / "traced" / "model.safetensors"
+    ).read_bytes()
+
+
 def test_the_written_recipe_reproduces_an_image_calibrated_checkpoint(
     twins, drawn_rows: Path, tmp_path: Path
 ) -> None:

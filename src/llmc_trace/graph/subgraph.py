@@ -53,8 +53,15 @@ class Subgraph:
         self._compiled = None
 
     def submodules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """Every module this subgraph calls, with their descendants, in module order."""
-        called = [node.target for node in self.graph.nodes if node.op == "call_module"]
+        """Every module this subgraph calls, itself or inside an opaque call (a vision tower
+        an opaque ``get_image_features`` runs), with their descendants, in call order."""
+        called = [
+            path
+            for node in self.graph.nodes
+            for path in (
+                [node.target] if node.op == "call_module" else node.meta.get("modules_called", [])
+            )
+        ]
         seen: dict[int, torch.nn.Module] = {}
         for path in called:
             for module in model.get_submodule(path).modules():

@@ -4,6 +4,8 @@ transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.T
 
 * every node carries an example value (real where it can be, ``meta`` otherwise, see
   :mod:`~llmc_trace.tracing.values`) plus the model source line and module path that made it;
+  an opaque call that runs the model's modules (``get_image_features`` recorded whole) names
+  them in ``meta["modules_called"]``, for the pipelines to place their weights;
 * ``bool``/``len``/``int``/iteration of values that follow from shapes are answered from the
   example and recorded as guards; the same questions about data-dependent values raise
   :class:`~llmc_trace.tracing.proxy.DataDependentQuestion` at the model's own line;
@@ -234,6 +236,8 @@ class LlmcTracer(fx.Tracer):
         # nn.Module, which costs as much as the subclasses loaded: 0.3 s per trace of a
         # 128-expert model once a hundred architectures are imported)
         self._computing = False
+        # the paths of the modules run while an opaque call's value is computed
+        self._called: list[str] | None = None
 
     # ----------------------------------------------------------------- entry point
     def trace_model(
@@ -372,12 +376,18 @@ class LlmcTracer(fx.Tracer):
             cached = self._shape_only_outputs[key]
             computed = dataclasses.replace(cached, value=map_leaves(_fresh_meta, cached.value))
         else:
-            with self._computing_values():
+            called: list[str] = []
+            with (
+                self._computing_values(),
+                self._recording_calls(called if module is None else None),
+            ):
                 computed = compute_value(
                     run, values[0], values[1], module=module, allow_phantoms=opaque
                 )
             if key is not None and not computed.is_real and computed.error is None:
                 self._shape_only_outputs[key] = computed
+            if called:  # an opaque method ran its owner's modules: a pipeline must place them
+                node.meta["modules_called"] = outermost_paths(called)
         node.meta["val"] = computed.value
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
@@ -493,6 +503,14 @@ class LlmcTracer(fx.Tracer):
         finally:
             self._computing = previous
 
+    @contextlib.contextmanager
+    def _recording_calls(self, called: list[str] | None) -> Iterator[None]:
+        previous, self._called = self._called, called
+        try:
+            yield
+        finally:
+            self._called = previous
+
     @property
     def computing(self) -> bool:
         """Whether the tracer is computing an example value (a leaf's or an opaque call's
@@ -553,6 +571,8 @@ class LlmcTracer(fx.Tracer):
         kwargs: dict[str, Any],
     ) -> Any:
         if self._computing:
+            if self._called is not None and id(m) in self._module_paths:
+                self._called.append(self._module_paths[id(m)])
             return forward(*args, **kwargs)
         path = self._module_paths.get(id(m))
         if path is None:  # a module built during forward: not addressable, so trace through it
@@ -913,3 +933,14 @@ def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.tolist()
     return value
+
+
+def outermost_paths(paths: list[str]) -> list[str]:
+    """The module paths of ``paths`` that lie inside none of the others, in first-call order."""
+    unique = list(dict.fromkeys(paths))
+    kept = set(unique)
+    return [
+        path
+        for path in unique
+        if not any(path.startswith(f"{other}.") or (other == "" and path) for other in kept)
+    ]
