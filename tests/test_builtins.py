@@ -18,41 +18,11 @@ from llmc_trace.models.source import builtin_names, resolve_model
 #: ("trace", model file, function) for a located trace failure, ("verify", problem fragment)
 #: for a trace that verification rejects, ("input", message fragment) for bad input.
 EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
-    # The media rows a forward's own inputs added (``coverage --all`` verifies each on the
-    # type's twin; the full-size trace runs on meta, where these stop):
-    # the rope index reads the length of a grid-dependent list; the video's deepstack branch
-    ("Qwen/Qwen3-VL-4B-Thinking", "image"): (
-        "trace",
-        "modeling_qwen3_vl.py",
-        "Qwen3VLModel.get_rope_index",
-    ),
-    ("Qwen/Qwen3-VL-4B-Thinking", "video"): (
-        "trace",
-        "modeling_qwen3_vl.py",
-        "Qwen3VLTextModel.forward",
-    ),
-    ("Qwen/Qwen3-VL-30B-A3B-Instruct", "image"): (
-        "trace",
-        "modeling_qwen3_vl_moe.py",
-        "Qwen3VLMoeModel.get_rope_index",
-    ),
-    ("Qwen/Qwen3-VL-30B-A3B-Instruct", "video"): (
-        "trace",
-        "modeling_qwen3_vl_moe.py",
-        "Qwen3VLMoeTextModel.forward",
-    ),
-    # the probe's sizes go through a copy to meta, where phantoms read 0 for them
-    ("LiquidAI/LFM2-VL-450M", "image"): ("input", "took none of the layouts tried"),
     # the whole Omni model only generates (its forward is unimplemented, its architectures
     # entry no class); coverage --all sweeps the thinker from this config's thinker_config
     ("Qwen/Qwen2.5-Omni-3B", "text"): ("input", "transformers has no model class"),
-    ("mistralai/Ministral-3-3B-Instruct-2512", "image"): ("input", "took none of the layouts"),
-    # no layout of a clip takes Gemma 4's video features; its published config has no audio
-    # tower, though its forward takes audio features
-    ("google/gemma-4-26B-A4B", "video"): ("input", "took none of the layouts tried"),
+    # its published config has no audio tower, though its forward takes audio features
     ("google/gemma-4-26B-A4B", "audio"): ("input", "has no audio encoder"),
-    # the full-size model (bfloat16) casts float32 features where the twin (float32) does not
-    ("ibm-granite/granite-speech-3.3-2b", "audio"): ("verify", "head subgraph differs"),
 }
 
 #: (model, modality) -> the fix that must make it verify (the start of its ignore entry).
@@ -63,6 +33,14 @@ FIXED_BY: dict[tuple[str, str], str] = {
     ("RWKV/rwkv-4-169m-pile", "text"): "tracing_models:RwkvModel",
     # the branch on expanded audio tokens merges them in place; position_ids stays None
     ("Qwen/Qwen2-Audio-7B-Instruct", "audio"): "autowrap:Qwen2AudioModel.forward@",
+    # the features are split by sizes read from the image's spatial shapes: one opaque call
+    ("LiquidAI/LFM2-VL-450M", "image"): "Lfm2VlModel.get_image_features",
+    # the rope index reads the length of a grid-dependent list: the fix the sweep verified,
+    # on a twin whose tower keeps the full model's deepstack layers
+    ("Qwen/Qwen3-VL-4B-Thinking", "image"): "Qwen3VLModel.get_rope_index",
+    ("Qwen/Qwen3-VL-4B-Thinking", "video"): "Qwen3VLModel.get_rope_index",
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", "image"): "Qwen3VLMoeModel.get_rope_index",
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", "video"): "Qwen3VLMoeModel.get_rope_index",
 }
 
 #: Acceptance list: these must trace and verify (with fixes where needed).

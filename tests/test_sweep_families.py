@@ -46,6 +46,22 @@ def test_per_layer_widths_and_vocabularies_shrink() -> None:
     assert full.vocab_size_per_layer_input > VOCAB_LIMIT >= twin.vocab_size_per_layer_input
 
 
+def test_deepstack_layers_keep_their_count_in_the_twin_and_its_twin() -> None:
+    """Qwen3-VL adds the states of three vision layers (of 27) to its first three decoder
+    layers: the twin's tower keeps three such layers, its language model one plain layer and a
+    last one after them, and a twin of the twin (what ``compress`` proves a saved twin on) is
+    the twin, though its three indexes are as many as its tower's layers."""
+    full, twin = default_config("qwen3_vl"), twin_config("qwen3_vl")
+    count = len(full.vision_config.deepstack_visual_indexes)
+    assert count == 3 and full.vision_config.depth > 3
+    depth = twin.vision_config.depth
+    assert twin.vision_config.deepstack_visual_indexes == list(range(depth - count, depth))
+    assert twin.text_config.num_hidden_layers == count + 2
+    again = shrink_config(copy.deepcopy(twin))
+    assert again.vision_config.to_dict() == twin.vision_config.to_dict()
+    assert again.text_config.num_hidden_layers == twin.text_config.num_hidden_layers
+
+
 def test_an_odd_head_count_left_by_halving_becomes_four_heads() -> None:
     """Jais 2's 26 heads halve to 13: four heads, every width at the same 4/26 (its twin was
     114M parameters at 13 heads)."""

@@ -91,6 +91,9 @@ LAYER_LIST_KEYS = (
     "hybrid_override_pattern",
     "mlp_layer_types",
 )
+#: Lists of layer indexes that :func:`_retarget_feature_layers` points into the twin's tower:
+#: never one entry per layer, whatever their length (a twin's three deepstack layers of three).
+LAYER_INDEX_KEYS = frozenset({"deepstack_visual_indexes"})
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = (
     "num_experts_per_tok",
@@ -129,7 +132,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     _shrink_vocab(twin)
     _shrink_images(twin)
     _shrink_conv_towers(twin)
-    _retarget_feature_layers(twin)
+    _retarget_feature_layers(twin, config)
     _derive_again(twin)
     return twin
 
@@ -390,7 +393,7 @@ def _shorten_per_layer(config: PretrainedConfig, depth: int, keep: int) -> None:
     from layer index (Gemma 4's ``per_layer_config``). transformers validates them against the
     layer count when the twin is saved or loaded, though building it reads only what it uses."""
     for key, value in list(vars(config).items()):
-        if key in LAYER_LIST_KEYS:
+        if key in LAYER_LIST_KEYS or key in LAYER_INDEX_KEYS:
             continue
         if isinstance(value, list) and len(value) == depth:
             setattr(config, key, value[:keep])
@@ -637,16 +640,33 @@ def _shrink_conv_towers(config: PretrainedConfig) -> None:
             sub.num_filters = min(sub.num_filters, CONV_AUDIO_FILTERS)
 
 
-def _retarget_feature_layers(config: PretrainedConfig) -> None:
+def _retarget_feature_layers(config: PretrainedConfig, full: PretrainedConfig) -> None:
     """Vision layers whose hidden states the projector reads (LLaVA's ``vision_feature_layer``,
     VipLLaVA's five ``vision_feature_layers``) point into the twin's shorter tower: the
-    nearest layer from the same end, as many layers as before."""
+    nearest layer from the same end, as many layers as before.
+
+    Layers whose states go straight into the language model (Qwen3-VL's
+    ``deepstack_visual_indexes``, added after its first decoder layers) become the twin's last
+    ones, as many as before, its tower deepened to hold them, and its language model keeps a
+    layer with none and a last one after them (as ``full`` has): a twin without them would run
+    none of the code that carries them, and its graph would not be the full model's."""
     vision = vars(config).get("vision_config")
     if not isinstance(vision, PretrainedConfig):
         return
-    depth = next((v for k in LAYER_KEYS if _is_count(v := vars(vision).get(k))), None)
-    if depth is None:
+    key = next((k for k in LAYER_KEYS if _is_count(vars(vision).get(k))), None)
+    if key is None:
         return
+    depth = vars(vision)[key]
+    deepstack = vars(vision).get("deepstack_visual_indexes")
+    if _is_counts(deepstack):
+        depth = max(depth, len(deepstack))
+        setattr(vision, key, depth)
+        vision.deepstack_visual_indexes = list(range(depth - len(deepstack), depth))
+        text, full_text = _text_config(config), _text_config(full)
+        layers = next((k for k in LAYER_KEYS if _is_count(vars(text).get(k))), None)
+        if layers is not None and not any(k in vars(text) for k in LAYER_LIST_KEYS):
+            wanted = min(vars(full_text)[layers], len(deepstack) + 2)
+            setattr(text, layers, max(vars(text)[layers], wanted))
     for key in ("vision_feature_layer", "vision_feature_layers"):
         value = vars(config).get(key)
         if _is_count(value):
