@@ -132,7 +132,8 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     _shrink_vocab(twin)
     _shrink_images(twin)
     _shrink_conv_towers(twin)
-    _retarget_feature_layers(twin, config)
+    _keep_deepstack(twin, config)
+    _retarget_feature_layers(twin)
     _derive_again(twin)
     return twin
 
@@ -640,39 +641,54 @@ def _shrink_conv_towers(config: PretrainedConfig) -> None:
             sub.num_filters = min(sub.num_filters, CONV_AUDIO_FILTERS)
 
 
-def _retarget_feature_layers(config: PretrainedConfig, full: PretrainedConfig) -> None:
+def _retarget_feature_layers(config: PretrainedConfig) -> None:
     """Vision layers whose hidden states the projector reads (LLaVA's ``vision_feature_layer``,
     VipLLaVA's five ``vision_feature_layers``) point into the twin's shorter tower: the
-    nearest layer from the same end, as many layers as before.
-
-    Layers whose states go straight into the language model (Qwen3-VL's
-    ``deepstack_visual_indexes``, added after its first decoder layers) become the twin's last
-    ones, as many as before, its tower deepened to hold them, and its language model keeps a
-    layer with none and a last one after them (as ``full`` has): a twin without them would run
-    none of the code that carries them, and its graph would not be the full model's."""
+    nearest layer from the same end, as many layers as before."""
     vision = vars(config).get("vision_config")
-    if not isinstance(vision, PretrainedConfig):
+    depth = _depth(vision)
+    if depth is None:
         return
-    key = next((k for k in LAYER_KEYS if _is_count(vars(vision).get(k))), None)
-    if key is None:
-        return
-    depth = vars(vision)[key]
-    deepstack = vars(vision).get("deepstack_visual_indexes")
-    if _is_counts(deepstack):
-        depth = max(depth, len(deepstack))
-        setattr(vision, key, depth)
-        vision.deepstack_visual_indexes = list(range(depth - len(deepstack), depth))
-        text, full_text = _text_config(config), _text_config(full)
-        layers = next((k for k in LAYER_KEYS if _is_count(vars(text).get(k))), None)
-        if layers is not None and not any(k in vars(text) for k in LAYER_LIST_KEYS):
-            wanted = min(vars(full_text)[layers], len(deepstack) + 2)
-            setattr(text, layers, max(vars(text)[layers], wanted))
     for key in ("vision_feature_layer", "vision_feature_layers"):
         value = vars(config).get(key)
         if _is_count(value):
             setattr(config, key, _within(value, depth))
         elif isinstance(value, (list, tuple)) and all(_is_count(i) for i in value):
             setattr(config, key, type(value)(_within(i, depth) for i in value))
+
+
+def _keep_deepstack(config: PretrainedConfig, full: PretrainedConfig) -> None:
+    """Vision layers whose states go straight into the language model (Qwen3-VL's
+    ``deepstack_visual_indexes``, added after its first decoder layers) become the twin's last
+    ones, as many as before, its tower deepened to hold them, and its language model keeps a
+    layer with none and a last one after them (as ``full`` has): a twin without them would run
+    none of the code that carries them, and its graph would not be the full model's."""
+    vision = vars(config).get("vision_config")
+    depth = _depth(vision)
+    deepstack = vars(vision).get("deepstack_visual_indexes") if depth is not None else None
+    if not _is_counts(deepstack):
+        return
+    depth = max(depth, len(deepstack))
+    setattr(vision, _layer_key(vision), depth)
+    vision.deepstack_visual_indexes = list(range(depth - len(deepstack), depth))
+    text = _text_config(config)
+    layers = _layer_key(text)
+    if layers is not None and not any(k in vars(text) for k in LAYER_LIST_KEYS):
+        wanted = min(vars(_text_config(full))[layers], len(deepstack) + 2)
+        setattr(text, layers, max(vars(text)[layers], wanted))
+
+
+def _layer_key(config: PretrainedConfig) -> str | None:
+    """The field holding ``config``'s layer count."""
+    return next((k for k in LAYER_KEYS if _is_count(vars(config).get(k))), None)
+
+
+def _depth(vision: Any) -> int | None:
+    """A vision config's layer count (``None``: no vision config, or none named)."""
+    if not isinstance(vision, PretrainedConfig):
+        return None
+    key = _layer_key(vision)
+    return None if key is None else vars(vision)[key]
 
 
 def _within(index: int, depth: int) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from llmc_trace.core.sizes import parameter_dtype
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.samples import (
     SampleOptions,
@@ -85,7 +86,7 @@ def sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) ->
     a full-size bfloat16 model and its float32 twin then take the same branches on dtypes
     (Granite Speech casts features that are not in its dtype), and their graphs compare.
     """
-    floats = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    floats = parameter_dtype(model)
     sample = _sample_for(model, modality, options)
     return {
         key: value.to(floats)

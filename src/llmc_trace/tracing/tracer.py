@@ -387,7 +387,7 @@ class LlmcTracer(fx.Tracer):
             if key is not None and not computed.is_real and computed.error is None:
                 self._shape_only_outputs[key] = computed
             if called:  # an opaque method ran its owner's modules: a pipeline must place them
-                node.meta["modules_called"] = outermost_paths(called)
+                node.meta["modules_called"] = _outermost(called)
         node.meta["val"] = computed.value
         node.meta["is_real"] = computed.is_real
         if computed.error is not None:
@@ -935,12 +935,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def outermost_paths(paths: list[str]) -> list[str]:
-    """The module paths of ``paths`` that lie inside none of the others, in first-call order."""
-    unique = list(dict.fromkeys(paths))
-    kept = set(unique)
-    return [
-        path
-        for path in unique
-        if not any(path.startswith(f"{other}.") or (other == "" and path) for other in kept)
-    ]
+def _outermost(paths: list[str]) -> list[str]:
+    """The module paths of ``paths`` inside none of the others, in first-call order."""
+    kept = dict.fromkeys(paths)
+    return [path for path in kept if not any(path.startswith(f"{other}.") for other in kept)]

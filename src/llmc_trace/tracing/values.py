@@ -442,15 +442,8 @@ def compute_value(
 
 def _module_among(value: Any) -> torch.nn.Module | None:
     """The first module among ``value``'s leaves (an opaque method's owner), if any."""
-    found: list[torch.nn.Module] = []
-
-    def visit(leaf: Any) -> Any:
-        if isinstance(leaf, torch.nn.Module):
-            found.append(leaf)
-        return leaf
-
-    map_leaves(visit, value)
-    return found[0] if found else None
+    leaves, _ = tree_flatten(value)
+    return next((leaf for leaf in leaves if isinstance(leaf, torch.nn.Module)), None)
 
 
 def _run_on_phantoms(
