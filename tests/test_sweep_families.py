@@ -129,6 +129,17 @@ def test_merged_widths_follow_their_projector() -> None:
     assert twin.projector_hidden_size < full.projector_hidden_size
 
 
+def test_a_composites_projector_width_shrinks_with_its_text_model() -> None:
+    """Cohere2-Vision's projector widens to 36,864 between its towers, a field of the composite
+    config itself: the twin's keeps its full-size ratio to the text width (kept, it was 85 % of
+    the twin's weights)."""
+    full, twin = default_config("cohere2_vision"), twin_config("cohere2_vision")
+    assert twin.text_config.hidden_size < full.text_config.hidden_size
+    assert twin.alignment_intermediate_size * full.text_config.hidden_size == (
+        full.alignment_intermediate_size * twin.text_config.hidden_size
+    )
+
+
 def test_media_codes_stay_inside_the_shrunk_vocabulary() -> None:
     """Apertus 1.5 embeds image and audio codes as token ids from an offset per medium: in the
     twin every code of each codebook is a token id of its vocabulary, the two ranges apart and
@@ -209,6 +220,7 @@ def test_a_twin_layer_the_model_init_leaves_alone_still_gets_drawn() -> None:
         ("fun_asr_nano", DEFAULT, ["audio"]),  # mel frames stacked seven to a frame
         ("muse_spark", DEFAULT, ["audio"]),
         ("minimax_m3_vl", DEFAULT, ["image"]),
+        ("cohere2_vision", DEFAULT, ["image"]),  # a projector width of the composite's own
         ("apertus1p5", DEFAULT, ["audio", "image"]),  # VQ and audio codes as token ids
         ("qwen2_5_omni_thinker", "Qwen/Qwen2.5-Omni-3B", ["text"]),
         ("blt", DEFAULT, ["text"]),

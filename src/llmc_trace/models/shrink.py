@@ -129,6 +129,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
     for sub in [twin, *_sub_configs(twin)]:
         _follow_widths(sub, renamed_widths)
     _follow_merged_widths(twin, renamed_widths)
+    _shrink_projector_widths(twin, config)
     _shrink_vocab(twin)
     _shrink_images(twin)
     _shrink_conv_towers(twin)
@@ -475,6 +476,27 @@ def _follow_merged_widths(config: PretrainedConfig, renamed: dict[int, int]) -> 
         ]
         if merged:
             setattr(config, key, merged[0])
+
+
+#: A composite's own widths, inside the projector between its towers and its text model:
+#: Cohere2-Vision's and Aya Vision's 36,864 / 28,672 (85 % of their twins' weights when kept),
+#: LFM2-VL's ``projector_hidden_size``.
+PROJECTOR_WIDTH_KEYS = ("alignment_intermediate_size", "projector_hidden_size")
+
+
+def _shrink_projector_widths(twin: PretrainedConfig, full: PretrainedConfig) -> None:
+    """:data:`PROJECTOR_WIDTH_KEYS` of a composite config (whose own fields are not shrunk as
+    a sub-config's are) by its text model's width ratio, where they stay whole; one that
+    already followed a width elsewhere is left as it is."""
+    text = _text_config(twin)
+    hidden, full_hidden = _get(text, HIDDEN_KEYS), _get(_text_config(full), HIDDEN_KEYS)
+    if text is twin or hidden is None or full_hidden is None or hidden[1] >= full_hidden[1]:
+        return
+    ratio = Fraction(hidden[1], full_hidden[1])
+    for key in PROJECTOR_WIDTH_KEYS:
+        value = vars(twin).get(key)
+        if _is_count(value) and value == vars(full).get(key) and (value * ratio).denominator == 1:
+            setattr(twin, key, int(value * ratio))
 
 
 def _is_channels_into_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
