@@ -177,17 +177,23 @@ def test_compress_help_imports_nothing_that_draws() -> None:
     assert result.stdout.splitlines()[-1:] == ["imported []"], result.stderr
 
 
-def test_compress_imports_nothing_that_draws(
+def test_the_public_compress_in_a_fresh_interpreter_imports_nothing_that_draws(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """A whole compress run (trace, fix search, calibration, checkpoint, report.json and
-    report.html) imports no drawing: Graphviz and the trace viewer would be start-up time
-    spent on pictures the run never makes (the report page lays its overview out itself)."""
+    """``from llmc_trace import compress`` in a fresh interpreter is the driver's function
+    (not the subpackage of the same name), and a whole run through it (trace, fix search,
+    calibration, checkpoint, report.json and report.html) imports no drawing: Graphviz and the
+    trace viewer would be start-up time spent on pictures the run never makes (the report
+    page lays its overview out itself). One interpreter proves both: each costs seconds of
+    imports before any work."""
     folder, data = saved_llama
     out = tmp_path / "out"
     code = (
         "import sys\n"
-        "from llmc_trace.oneshot import CompressRequest, compress\n"
+        "from llmc_trace import CompressRequest, compress\n"
+        "import llmc_trace.algorithms, llmc_trace\n"
+        "print('public', callable(compress), compress.__module__, llmc_trace.compress is compress,"
+        " CompressRequest.__module__)\n"
         f"request = CompressRequest({str(folder)!r}, {str(data)!r}, {str(out)!r}, samples=4,"
         " seq_len=32)\n"
         "result = compress(request)\n"
@@ -199,5 +205,8 @@ def test_compress_imports_nothing_that_draws(
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},  # tiny ops on a busy machine
     )
-    assert result.stdout.splitlines()[-1:] == ["imported []"], result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[-1:] == ["imported []"], result.stderr[-3000:]
+    public = "public True llmc_trace.oneshot.driver True llmc_trace.oneshot.request"
+    assert public in lines, result.stdout[-3000:]
     assert '<g class="node" id="sg-' in (out / "report.html").read_text()

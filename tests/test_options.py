@@ -4,8 +4,6 @@ the request, and the public names are the documented ones."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -100,22 +98,6 @@ def test_a_request_is_built_without_reading_files_and_validate_reads_them(
         assert compressed.value.message == validated.value.message
     validate(CompressRequest(folder, data, tmp_path / "free", samples=4, seq_len=32))
     assert not (tmp_path / "free").exists()
-
-
-def test_the_public_compress_is_the_function_in_a_fresh_interpreter() -> None:
-    code = (
-        "from llmc_trace import compress, CompressRequest\n"
-        "import llmc_trace.algorithms, llmc_trace\n"
-        "print(callable(compress), compress.__module__, llmc_trace.compress is compress,\n"
-        "      CompressRequest.__module__)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.split() == [
-        "True",
-        "llmc_trace.oneshot.driver",
-        "True",
-        "llmc_trace.oneshot.request",
-    ], result.stderr
 
 
 def test_group_size_overrides_the_schemes_and_zero_means_per_channel() -> None:

@@ -1,14 +1,11 @@
 """SparseGPT's mask-and-sweep as one kernel against the torch loop it replaces: on the CPU
-through Triton's interpreter (the same mask and weights, bit for bit), and on a GPU compiled."""
+through Triton's interpreter (the same mask and weights, bit for bit: run by
+``test_interpreted_kernels.py``), and on a GPU compiled."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -112,17 +109,9 @@ def _tied_runs(case: str) -> int:
     return int((runs.unsqueeze(-1) == runs.unsqueeze(-2)).sum(dim=(-1, -2)).gt(4).sum())
 
 
-@pytest.mark.slow
-def test_the_interpreted_kernel_prunes_as_the_torch_loop() -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", "import json; from test_prune_kernel import compare_on_the_cpu; "
-         "print(json.dumps(compare_on_the_cpu()))"],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
-        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])},
-    )  # fmt: skip
-    assert child.returncode == 0, child.stderr[-3000:]
-    results = json.loads(child.stdout.splitlines()[-1])
+def check_interpreted(results: dict[str, dict[str, object]]) -> None:
+    """What :func:`compare_on_the_cpu` found, in a process with Triton's interpreter, checked
+    (``tests/algorithms/test_interpreted_kernels.py`` starts that process)."""
     assert set(results) == set(CASES)
     for case, result in results.items():
         assert result["launched"] == [0, 32], case  # each block in one launch, none by the loop

@@ -22,8 +22,8 @@ M - N lowest scores with ties to the earlier column (a stable sort's choice), ev
 rounded before it is subtracted (no fused multiply-adds, as SparseGPT's loop rounds them; GPTQ's
 loop updates with `addr_`, which a CPU may fuse, so there only the integers are compared). On
 the CPU, through the interpreter, GPTQ's integers and SparseGPT's masks, weights and integers
-are the torch loops' bit for bit (`tests/algorithms/test_sweep_kernel.py`,
-`tests/algorithms/test_prune_kernel.py`).
+are the torch loops' bit for bit (`tests/algorithms/test_interpreted_kernels.py`, on the cases
+of `test_sweep_kernel.py` and `test_prune_kernel.py` beside it).
 
 Scales fitted inside the sweep (`SweepGrid.fits_in_sweep`: the original GPTQ's per-group fits,
 and SparseGPT's quantized groups) need the group's columns as the sweep has updated them and
