@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from llmc_trace.checkpoint import unpack_from_int32
@@ -32,7 +31,7 @@ from llmc_trace.oneshot import CompressRequest, LayerCompressor, compress
 from llmc_trace.oneshot.resume import KILL_AFTER, read_manifest, staging_folders
 from refmodel import VLM_FOLDER
 from tests.test_moe import _tiny_qwen3_moe
-from tests.test_streamed_compress import bf16_llama
+from tests.test_streamed_compress import bf16_llama, stored
 
 # tiny models are many tiny ops, which a second thread only slows on a busy 2-core machine
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -262,11 +261,6 @@ def test_ctrl_c_after_a_subgraph_keeps_it_and_says_how_to_resume(
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 
 
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a (sharded) checkpoint, by name."""
-    return {k: v for path in sorted(folder.glob("*.safetensors")) for k, v in load_file(path).items()}
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
 def test_two_ranks_write_the_one_process_checkpoint_and_resume_to_their_own_bytes(
@@ -292,7 +286,7 @@ def test_two_ranks_write_the_one_process_checkpoint_and_resume_to_their_own_byte
     assert full.returncode == 0, full.stderr
     assert (full.stdout + full.stderr).count("wrote ") == 1  # rank 0 alone reports
     compress(text_request(text, tmp_path / "alone", batch_size=1))
-    ranks, alone = tensors(tmp_path / "full"), tensors(tmp_path / "alone")
+    ranks, alone = stored(tmp_path / "full"), stored(tmp_path / "alone")
     assert ranks.keys() == alone.keys()
     first = [k for k in alone if k.startswith("model.layers.0.") and k.endswith("weight_packed")]
     assert first
