@@ -37,12 +37,14 @@ def test_heads_of_a_second_block_kind_shrink_with_the_main_ones() -> None:
 
 def test_per_layer_widths_and_vocabularies_shrink() -> None:
     """Gemma 3n's feed-forward width is a list with one entry per layer, and its per-layer
-    embeddings have their own vocabulary: each entry keeps its ratio to the hidden size, and the
-    per-layer vocabulary is capped as the main one is."""
+    embeddings have their own vocabulary: every entry narrows by one factor, to no more than
+    twice the hidden size (from 8x), the twin of the twin is the twin, and the per-layer
+    vocabulary is capped as the main one is."""
     full, twin = default_config("gemma3n_text"), twin_config("gemma3n_text")
-    ratios = {width / full.hidden_size for width in full.intermediate_size}
-    assert {width / twin.hidden_size for width in twin.intermediate_size} == ratios
+    assert {width / full.hidden_size for width in full.intermediate_size} == {8}
+    assert {width / twin.hidden_size for width in twin.intermediate_size} == {2}
     assert twin.hidden_size < full.hidden_size
+    assert shrink_config(copy.deepcopy(twin)).to_dict() == twin.to_dict()
     assert full.vocab_size_per_layer_input > VOCAB_LIMIT >= twin.vocab_size_per_layer_input
 
 
@@ -64,18 +66,19 @@ def test_deepstack_layers_keep_their_count_in_the_twin_and_its_twin() -> None:
 
 def test_an_odd_head_count_left_by_halving_becomes_four_heads() -> None:
     """Jais 2's 26 heads halve to 13: four heads, every width at the same 4/26 (its twin was
-    114M parameters at 13 heads)."""
+    114M parameters at 13 heads), and its MLP, 4.3x that width, then halved to 2x or less."""
     full, twin = default_config("jais2"), twin_config("jais2")
     assert twin.num_attention_heads == 4 and full.num_attention_heads == 26
-    for key in ("hidden_size", "intermediate_size"):
-        assert getattr(twin, key) * 26 == getattr(full, key) * 4, key
+    assert twin.hidden_size * 26 == full.hidden_size * 4
+    assert twin.intermediate_size * 26 * 4 == full.intermediate_size * 4
     assert twin.head_dim == full.head_dim
 
 
 def test_widths_apart_from_the_heads_shrink_past_them() -> None:
     """Gemma 3's width is not its heads x head_dim: the twin keeps four heads of the full
     head_dim and shrinks the widths four times further (a tenth of the parameters), its MLP
-    keeping its ratio to the width. A mixture of experts (Gemma 4 26B-A4B) does not."""
+    keeping its ratio to the width (halved, its 1,152 columns would no longer be groups of
+    128). A mixture of experts (Gemma 4 26B-A4B) does not."""
     full, twin = default_config("gemma3_text"), twin_config("gemma3_text")
     assert full.num_attention_heads * full.head_dim != full.hidden_size
     assert (twin.num_attention_heads, twin.head_dim) == (4, full.head_dim)

@@ -19,6 +19,7 @@ the text hidden size) follow that width, so projections still line up.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from fractions import Fraction
 from typing import Any
@@ -130,6 +131,7 @@ def shrink_config(config: PretrainedConfig, min_layers: int = MIN_LAYERS) -> Pre
         _follow_widths(sub, renamed_widths)
     _follow_merged_widths(twin, renamed_widths)
     _shrink_projector_widths(twin, config)
+    _narrow_feed_forward(twin)
     _shrink_vocab(twin)
     _shrink_images(twin)
     _shrink_conv_towers(twin)
@@ -497,6 +499,69 @@ def _shrink_projector_widths(twin: PretrainedConfig, full: PretrainedConfig) -> 
         value = vars(twin).get(key)
         if _is_count(value) and value == vars(full).get(key) and (value * ratio).denominator == 1:
             setattr(twin, key, int(value * ratio))
+
+
+#: Feed-forward widths: each sizes an MLP's matrices (and its experts'), which nothing in a
+#: forward branches on, and they are most of a twin's weights (a 2,048-wide twin of a 16,384
+#: MLP holds 25 M weights per layer in it).
+FEED_FORWARD_KEYS = (
+    "intermediate_size",
+    "ffn_dim",
+    "d_ff",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "n_inner",
+    "ffn_hidden_size",
+    "mlp_dim",
+    "intermediate_size_mlp",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "expert_intermediate_size",
+    "shared_intermediate_size",  # Granite 4's shared MLP beside its experts
+)
+#: The largest group size a scheme splits input columns into (W4A16's).
+GROUP_MULTIPLE = 128
+
+
+def _narrow_feed_forward(twin: PretrainedConfig) -> None:
+    """Halve each feed-forward width (every entry of a per-layer one alike) while it is wider
+    than twice its config's width and stays a multiple of what it was of 128 (the group sizes
+    a scheme divides it into keep dividing it): the matrices narrow, the code paths stay, and
+    the twin of a twin is the twin. A width that another field mirrors (a tower's width equal to a text MLP's,
+    a projection sized to it) is left as it is, so the two still line up; so is one no wider
+    than twice the width, which SSM blocks size from their width (Mamba's ``intermediate_size``
+    is its expansion of it)."""
+    configs = [twin, *_sub_configs(twin)]
+    mirrored = {
+        v
+        for config in configs
+        for key, value in vars(config).items()
+        if key not in FEED_FORWARD_KEYS and _names_a_size(key)
+        for v in _counts(value)
+    }
+    for config in configs:
+        hidden = _get(config, HIDDEN_KEYS)
+        if hidden is None:
+            continue
+        for key in FEED_FORWARD_KEYS:
+            value = vars(config).get(key)
+            widths = _counts(value)
+            if not widths or any(w in mirrored for w in widths):
+                continue
+            groups = [math.gcd(w, GROUP_MULTIPLE) for w in widths]
+            narrowed = widths
+            while all(
+                w > 2 * hidden[1] and w // 2 % g == 0 for w, g in zip(narrowed, groups, strict=True)
+            ):
+                narrowed = [w // 2 for w in narrowed]
+            if narrowed != widths:
+                setattr(config, key, narrowed[0] if _is_count(value) else type(value)(narrowed))
+
+
+def _names_a_size(key: str) -> bool:
+    """Whether ``key`` may hold a width (a size, dimension or hidden width, not a count of
+    positions, tokens or heads)."""
+    return key in WIDTH_KEYS or bool(_SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key))
 
 
 def _is_channels_into_width(key: str, value: Any, renamed: dict[int, int]) -> bool:
