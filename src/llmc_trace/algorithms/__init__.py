@@ -3,7 +3,13 @@
 Nothing here knows about hooks, tracing, files or consoles: functions take a weight, a Hessian
 and a scheme, and return tensors. Feed `HessianAccumulator.add` with a layer's inputs, then call
 `gptq` or `sparsegpt` with its weight and `H`.
+
+The presets (`W4A16`, `PRESET_NAMES`, ...) are read from compressed-tensors when first used
+(PEP 562), as `scheme` reads them: it imports transformers, seconds that a rank accumulating
+Hessians or a process sweeping a kernel would pay for nothing.
 """
+
+from typing import Any
 
 from llmc_trace.errors import CheckpointError, CompressionError, HessianError, SchemeError
 from llmc_trace.algorithms.gptq import GPTQResult, gptq
@@ -16,15 +22,10 @@ from llmc_trace.algorithms.quantize import (
     quantize_to_int,
     rtn,
 )
+from llmc_trace.algorithms import scheme as _scheme
 from llmc_trace.algorithms.scheme import (
     DEFAULT_IGNORE,
-    DEFAULT_SCHEME,
     DEFAULT_TARGETS,
-    PRESET_NAMES,
-    W4A16,
-    W4A16_ASYM,
-    W8A8,
-    W8A16,
     ActivationArgs,
     QuantizationArgs,
     QuantizationScheme,
@@ -67,3 +68,13 @@ __all__ = [
     "sparsegpt",
     "sweep_factor",
 ]
+
+
+_PRESETS = frozenset({"DEFAULT_SCHEME", "PRESET_NAMES", "W4A16", "W4A16_ASYM", "W8A8", "W8A16"})
+
+
+def __getattr__(name: str) -> Any:
+    """The presets, from `scheme` (which reads them when first used)."""
+    if name in _PRESETS:
+        return getattr(_scheme, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

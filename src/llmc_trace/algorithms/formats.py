@@ -17,18 +17,23 @@ The chosen values are held as `float8_e4m3fn` (every FP8, FP6 E2M3 and FP4 E2M1 
 exactly, so a code costs one byte, as an integer code does), and a weight is `code * scale`
 computed in float32 and rounded once to the model's dtype: compressed-tensors' `dequantize`,
 op for op, so a reloaded checkpoint decompresses to exactly our weights.
+
+compressed-tensors is imported where a float grid is first used: it imports transformers,
+seconds that an integer grid's GPTQ in a process of its own would pay for nothing.
 """
 
 from __future__ import annotations
 
 import functools
 
+from typing import TYPE_CHECKING
+
 import torch
-from compressed_tensors.quantization import QuantizationArgs as CtQuantizationArgs
-from compressed_tensors.quantization.quant_args import round_to_quantized_type_args
-from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
 from llmc_trace.algorithms.scheme import QuantizationArgs
+
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationArgs as CtQuantizationArgs
 
 CODE_DTYPE = torch.float8_e4m3fn
 """How a float grid's chosen values are held (exactly, see the module docstring)."""
@@ -41,6 +46,8 @@ _CT_OBSERVER = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 def ct_weight_args(args: QuantizationArgs) -> CtQuantizationArgs:
     """Our weight arguments as compressed-tensors' `QuantizationArgs` (what a checkpoint's
     config says, and what its rounding and scale rules take)."""
+    from compressed_tensors.quantization import QuantizationArgs as CtQuantizationArgs
+
     extra: dict[str, object] = {}
     if args.is_float:
         extra = {
@@ -68,6 +75,8 @@ def tensor_global_scale(W: torch.Tensor, args: QuantizationArgs) -> torch.Tensor
     compressed-tensors generates it (from the weight in float32); None for other grids."""
     if args.strategy != "tensor_group":
         return None
+    from compressed_tensors.quantization.utils import generate_gparam
+
     W = W.float()
     return generate_gparam(W.amin(), W.amax())
 
@@ -81,6 +90,8 @@ def float_qparams(
 ) -> torch.Tensor:
     """The stored scale for each range (`xmin`, `xmax` already contain 0), in `scale_dtype`
     (the model's): FP8 scales, MX powers of two and NVFP4's FP8 values all are one exactly."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+
     scale, _ = calculate_qparams(
         xmin.to(scale_dtype), xmax.to(scale_dtype), ct_weight_args(args), global_scale
     )
@@ -98,5 +109,7 @@ def round_to_float_grid(x: torch.Tensor, args: QuantizationArgs) -> torch.Tensor
 
     A small negative value rounds to -0.0; adding 0.0 makes it +0.0, the zero compressed-tensors
     packs (its compressor sees the dequantized weight, where both zeros are 0)."""
+    from compressed_tensors.quantization.quant_args import round_to_quantized_type_args
+
     bound = torch.tensor(args.qmax, device=x.device)
     return round_to_quantized_type_args(x.float(), ct_weight_args(args), -bound, bound).add_(0.0)

@@ -7,6 +7,7 @@ version, read by `preset_scheme`): integer grids (W4A16, W8A8, W4A8, ...),
 FP8 (per tensor, per channel, per 128x128 block), NVFP4 and the MX formats. Per-channel
 variants come from the same presets::
 
+    >>> from llmc_trace.algorithms.scheme import W4A16
     >>> W4A16.with_weights(strategy="channel", group_size=None).weights.strategy
     'channel'
 """
@@ -14,6 +15,7 @@ variants come from the same presets::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -273,6 +275,7 @@ checkpoint format and cut GPTQ's output error by about 40 % over the reference m
 layers (W4 group 128, W3 per channel, W2 group 64); round-to-nearest ignores it."""
 
 
+@functools.cache
 def preset_names() -> tuple[str, ...]:
     """compressed-tensors' presets that quantize weights, in its order (UNQUANTIZED, which
     quantizes nothing, is not one)."""
@@ -281,6 +284,7 @@ def preset_names() -> tuple[str, ...]:
     return tuple(name for name, preset in PRESET_SCHEMES.items() if preset.get("weights"))
 
 
+@functools.cache
 def preset_scheme(name: str) -> QuantizationScheme:
     """compressed-tensors' preset `name` as a scheme, read from the installed version's
     `PRESET_SCHEMES` (one definition), with `DEFAULT_ACTORDER` added."""
@@ -324,23 +328,45 @@ def _dtype_name(dtype: torch.dtype | None) -> Any:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-PRESET_NAMES: tuple[str, ...] = preset_names()
+PRESET_NAMES: tuple[str, ...]
 """Every compressed-tensors preset that quantizes, by the installed version's names."""
+W4A16: QuantizationScheme
+W4A16_ASYM: QuantizationScheme
+W8A16: QuantizationScheme
+W8A8: QuantizationScheme
+DEFAULT_SCHEME: QuantizationScheme
 
-W4A16 = preset_scheme("W4A16")
-W4A16_ASYM = preset_scheme("W4A16_ASYM")
-W8A16 = preset_scheme("W8A16")
-W8A8 = preset_scheme("W8A8")
-DEFAULT_SCHEME = W4A16
+#: The module's preset names and the compressed-tensors preset each is.
+_PRESET_ATTRIBUTES = {
+    "W4A16": "W4A16",
+    "W4A16_ASYM": "W4A16_ASYM",
+    "W8A16": "W8A16",
+    "W8A8": "W8A8",
+    "DEFAULT_SCHEME": "W4A16",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The presets above, read from compressed-tensors when one is first used (PEP 562):
+    compressed-tensors imports transformers (seconds on two cores), which the algorithms on
+    their own never need (a rank accumulating Hessians, a process sweeping a kernel)."""
+    if name == "PRESET_NAMES":
+        value: Any = preset_names()
+    elif name in _PRESET_ATTRIBUTES:
+        value = preset_scheme(_PRESET_ATTRIBUTES[name])
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def resolve_scheme(name: str) -> QuantizationScheme:
     """Return the preset called `name` (case does not matter), e.g. `resolve_scheme("w4a16")`,
     with the project's one default (`DEFAULT_ACTORDER`)."""
-    if name.upper() not in PRESET_NAMES:
+    if name.upper() not in preset_names():
         raise SchemeError(
             f"unknown quantization scheme {name!r}.",
-            hint=f"use one of compressed-tensors' presets: {', '.join(PRESET_NAMES)}.",
+            hint=f"use one of compressed-tensors' presets: {', '.join(preset_names())}.",
             location=name,
         )
     return preset_scheme(name.upper())
