@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny seeded models built from configs, and the reference model's folder."""
+"""Shared fixtures: tiny seeded models built from configs, and the reference model's folder.
+
+transformers' model classes are imported where a model is built: under ``-n 2`` this module
+is also imported by pytest's controlling process, which runs no test, and their imports cost
+it seconds of the two cores the workers start on.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,15 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 import torch
 from refmodel import FOLDER as REFMODEL
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,6 +85,8 @@ def refmodel_result(config: str = "bf16 weights, fp32 compute") -> dict[str, flo
 def tiny_llama(
     layers: int = 3, seed: int = 0, hidden: int = 64, attention: str = "eager"
 ) -> LlamaForCausalLM:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=128,
         hidden_size=hidden,
@@ -148,6 +158,8 @@ def refmodel_dir() -> Path:
 
 def tiny_gpt2(*, tie_word_embeddings: bool = True) -> GPT2LMHeadModel:
     """A 2-layer GPT-2 (Conv1D layers, widths 64 and 256) with seeded random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     config = GPT2Config(
         n_layer=2,
         n_embd=64,
