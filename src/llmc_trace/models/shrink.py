@@ -6,11 +6,13 @@ so that at least four attention heads remain; a head count that no power of two 
 (Falcon-7B's 71), or that halves to an odd eight or more (Jais 2's 26 to 13), becomes four
 heads, every width scaled by the same ratio. A dense config whose heads are already apart
 from its width (Gemma's ``head_dim``: 8 heads of 256 in a 2560 width) shrinks its widths up
-to 4x further than its heads. Head dimensions, rope sections, patch sizes and every ratio the
-code relies on are kept, which is what keeps the twin on the same code paths. Layer counts
-shrink to the shortest prefix that still holds every distinct layer type (dense and MoE,
-sliding and full attention, attention and SSM). Vocabularies shrink too, with special token
-ids moved inside the smaller vocabulary, and convolutional tokenizers start from few channels.
+to 4x further than its heads, and a feed-forward width more than twice its config's width
+halves until it is not (most of a twin's weights were its MLP's). Head dimensions, rope
+sections, patch sizes and every ratio the code relies on are kept, which is what keeps the
+twin on the same code paths. Layer counts shrink to the shortest prefix that still holds
+every distinct layer type (dense and MoE, sliding and full attention, attention and SSM).
+Vocabularies shrink too, with special token ids moved inside the smaller vocabulary, and
+convolutional tokenizers start from few channels.
 
 Fields of one sub-config that mirror another's width (a vision tower's output size equal to
 the text hidden size) follow that width, so projections still line up.
