@@ -184,12 +184,17 @@ def test_the_public_compress_in_a_fresh_interpreter_imports_nothing_that_draws(
     (not the subpackage of the same name), and a whole run through it (trace, fix search,
     calibration, checkpoint, report.json and report.html) imports no drawing: Graphviz and the
     trace viewer would be start-up time spent on pictures the run never makes (the report
-    page lays its overview out itself). One interpreter proves both: each costs seconds of
-    imports before any work."""
+    page lays its overview out itself). Before it, the solvers and the Hessian import neither
+    compressed-tensors nor transformers (seconds a rank or a kernel's process would spend on
+    presets it never reads). One interpreter proves all three: each costs seconds of imports
+    before any work."""
     folder, data = saved_llama
     out = tmp_path / "out"
     code = (
         "import sys\n"
+        "import llmc_trace.algorithms.gptq, llmc_trace.algorithms.hessian\n"
+        "import llmc_trace.algorithms.sparsegpt\n"
+        "print('solvers import', sorted({'compressed_tensors', 'transformers'} & set(sys.modules)))\n"
         "from llmc_trace import CompressRequest, compress\n"
         "import llmc_trace.algorithms, llmc_trace\n"
         "print('public', callable(compress), compress.__module__, llmc_trace.compress is compress,"
@@ -209,4 +214,5 @@ def test_the_public_compress_in_a_fresh_interpreter_imports_nothing_that_draws(
     assert lines[-1:] == ["imported []"], result.stderr[-3000:]
     public = "public True llmc_trace.oneshot.driver True llmc_trace.oneshot.request"
     assert public in lines, result.stdout[-3000:]
+    assert "solvers import []" in lines, result.stdout[-3000:]
     assert '<g class="node" id="sg-' in (out / "report.html").read_text()
