@@ -455,8 +455,7 @@ def _follow_widths(config: PretrainedConfig, renamed: dict[int, int]) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value not in renamed:
             continue
         # a depthwise convolution's groups equal its channels (Mimi's upsample_groups)
-        is_width = _SIZE_NAME.search(key) and not _NOT_A_WIDTH.search(key)
-        if key in WIDTH_KEYS or is_width or key.endswith("_groups"):
+        if _names_a_size(key) or key.endswith("_groups"):
             if renamed[value] != value:
                 setattr(config, key, renamed[value])
 
