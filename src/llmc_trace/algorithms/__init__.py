@@ -70,11 +70,8 @@ __all__ = [
 ]
 
 
-_PRESETS = frozenset({"DEFAULT_SCHEME", "PRESET_NAMES", "W4A16", "W4A16_ASYM", "W8A8", "W8A16"})
-
-
 def __getattr__(name: str) -> Any:
     """The presets, from `scheme` (which reads them when first used)."""
-    if name in _PRESETS:
+    if name in _scheme.LAZY_NAMES:
         return getattr(_scheme, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

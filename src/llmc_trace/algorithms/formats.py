@@ -25,7 +25,6 @@ seconds that an integer grid's GPTQ in a process of its own would pay for nothin
 from __future__ import annotations
 
 import functools
-
 from typing import TYPE_CHECKING
 
 import torch

@@ -338,12 +338,11 @@ DEFAULT_SCHEME: QuantizationScheme
 
 #: The module's preset names and the compressed-tensors preset each is.
 _PRESET_ATTRIBUTES = {
-    "W4A16": "W4A16",
-    "W4A16_ASYM": "W4A16_ASYM",
-    "W8A16": "W8A16",
-    "W8A8": "W8A8",
+    **{name: name for name in ("W4A16", "W4A16_ASYM", "W8A16", "W8A8")},
     "DEFAULT_SCHEME": "W4A16",
 }
+#: The names :func:`__getattr__` reads from compressed-tensors (the package re-exports them).
+LAZY_NAMES = frozenset({"PRESET_NAMES", *_PRESET_ATTRIBUTES})
 
 
 def __getattr__(name: str) -> Any:

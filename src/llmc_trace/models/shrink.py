@@ -526,12 +526,11 @@ GROUP_MULTIPLE = 128
 
 def _narrow_feed_forward(twin: PretrainedConfig) -> None:
     """Halve each feed-forward width (every entry of a per-layer one alike) while it is wider
-    than twice its config's width and stays a multiple of what it was of 128 (the group sizes
-    a scheme divides it into keep dividing it): the matrices narrow, the code paths stay, and
-    the twin of a twin is the twin. A width that another field mirrors (a tower's width equal to a text MLP's,
-    a projection sized to it) is left as it is, so the two still line up; so is one no wider
-    than twice the width, which SSM blocks size from their width (Mamba's ``intermediate_size``
-    is its expansion of it)."""
+    than twice its config's width (:func:`_halved`): the matrices narrow, the code paths stay,
+    and the twin of a twin is the twin. A width that another field mirrors (a tower's width
+    equal to a text MLP's, a projection sized to it) is left as it is, so the two still line
+    up; so is one no wider than twice the width, which SSM blocks size from their width
+    (Mamba's ``intermediate_size`` is its expansion of it)."""
     configs = [twin, *_sub_configs(twin)]
     mirrored = {
         v
@@ -547,16 +546,23 @@ def _narrow_feed_forward(twin: PretrainedConfig) -> None:
         for key in FEED_FORWARD_KEYS:
             value = vars(config).get(key)
             widths = _counts(value)
-            if not widths or any(w in mirrored for w in widths):
+            if mirrored.intersection(widths):
                 continue
-            groups = [math.gcd(w, GROUP_MULTIPLE) for w in widths]
-            narrowed = widths
-            while all(
-                w > 2 * hidden[1] and w // 2 % g == 0 for w, g in zip(narrowed, groups, strict=True)
-            ):
-                narrowed = [w // 2 for w in narrowed]
+            narrowed = _halved(widths, hidden[1])
             if narrowed != widths:
                 setattr(config, key, narrowed[0] if _is_count(value) else type(value)(narrowed))
+
+
+def _halved(widths: list[int], width: int) -> list[int]:
+    """``widths`` halved together while each is wider than twice ``width`` and stays a
+    multiple of what it was of :data:`GROUP_MULTIPLE` (the group sizes a scheme divides it
+    into keep dividing it)."""
+    groups = [math.gcd(w, GROUP_MULTIPLE) for w in widths]
+    while widths and all(
+        w > 2 * width and w // 2 % g == 0 for w, g in zip(widths, groups, strict=True)
+    ):
+        widths = [w // 2 for w in widths]
+    return widths
 
 
 def _names_a_size(key: str) -> bool:
