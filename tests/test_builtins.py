@@ -7,6 +7,8 @@ file and function the report must name, so a regression in either direction show
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from llmc_trace.attempt.prove import attempt_trace
@@ -56,12 +58,14 @@ REQUIRED = [
 ]
 
 
-def cases() -> list[tuple[str, str]]:
-    found = []
-    for name in builtin_names():
-        for modality in supported_modalities(resolve_model(name).config()):
-            found.append((name, modality))
-    return found
+@functools.cache
+def cases() -> tuple[tuple[str, str], ...]:
+    """Every built-in with each modality it takes (collected by several test modules: once)."""
+    return tuple(
+        (name, modality)
+        for name in builtin_names()
+        for modality in supported_modalities(resolve_model(name).config())
+    )
 
 
 @pytest.mark.parametrize(("name", "modality"), cases(), ids=lambda v: str(v))

@@ -17,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 GPU = REPO / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
+import kernel_speed  # noqa: E402
 import llama  # noqa: E402
 import phases  # noqa: E402
 import summary  # noqa: E402
@@ -49,6 +50,12 @@ def cuda_tests_in_suite() -> int:
     return sum(
         len(decorator.findall(path.read_text())) for path in (REPO / "tests").rglob("test_*.py")
     )
+
+
+def test_the_kernel_figures_quantize_with_the_w4a16_preset() -> None:
+    from llmc_trace.algorithms import W4A16
+
+    assert kernel_speed.W4A16_WEIGHTS == W4A16.weights
 
 
 @pytest.mark.slow

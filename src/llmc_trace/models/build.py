@@ -13,6 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from llmc_trace.errors import BadInputError
+from llmc_trace.models.draws import pooled_draws
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
 from llmc_trace.models.source import ModelSource
@@ -175,7 +176,7 @@ def twin_of_class(
     config = prepare_config(shrink_config(copy.deepcopy(config), min_layers))
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        with _initialized_once():
+        with pooled_draws(), _initialized_once():
             model = _instantiate(cls, config, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()
 

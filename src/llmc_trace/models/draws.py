@@ -1,0 +1,93 @@
+"""Random weights for tiny twins, read from a pool of draws instead of drawn one by one.
+
+A twin needs random weights, not fresh ones: verification compares a replay with the eager
+forward on the same weights, whatever they are. Drawing them was most of a twin's build time
+(torch's CPU generator makes about 100 million normal values a second, and a twin of a wide
+model holds 100 million weights), and twins are built for every trace that is verified.
+
+Inside :func:`pooled_draws`, ``Tensor.normal_`` and ``Tensor.uniform_`` (what every
+``torch.nn.init`` function and transformers' initialization call) copy consecutive values of a
+pool drawn once, starting at an offset drawn from the global generator: as seeded as before,
+scaled to the requested mean and spread or bounds, at the cost of a copy. The pool's length is
+a prime larger than any row, so no two rows of a matrix with fewer rows than that repeat each
+other. Calls given their own ``generator`` draw as they always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+#: The pool's length: a prime, and wider than any weight's row.
+POOL_SIZE = 1_048_573
+#: The pools' own seed: the same values in every process.
+POOL_SEED = 20_240_601
+
+
+@functools.cache
+def _pool(kind: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(POOL_SEED)
+    pool = torch.empty(POOL_SIZE)
+    return (
+        pool.normal_(generator=generator)
+        if kind == "normal"
+        else pool.uniform_(generator=generator)
+    )
+
+
+def _fill_from_pool(tensor: torch.Tensor, kind: str) -> None:
+    """``tensor`` filled with the pool's values from a random offset, wrapping around."""
+    flat = tensor.view(-1)
+    pool = _pool(kind)
+    start = int(torch.randint(POOL_SIZE, (1,)).item())
+    filled = 0
+    while filled < flat.numel():
+        count = min(flat.numel() - filled, POOL_SIZE - start)
+        flat[filled : filled + count].copy_(pool[start : start + count])
+        filled += count
+        start = 0
+
+
+#: Each method's two parameters, as torch names them: normal_(mean, std), uniform_(from, to).
+PARAMETERS = {"normal": (("mean", 0.0), ("std", 1.0)), "uniform": (("from", 0.0), ("to", 1.0))}
+
+
+def _pooled(kind: str, original: object) -> object:
+    def draw(tensor: torch.Tensor, *args: float, **kwargs: object) -> torch.Tensor:
+        poolable = (
+            kwargs.get("generator") is None
+            and tensor.is_contiguous()
+            and tensor.is_floating_point()
+            and tensor.device.type == "cpu"
+        )
+        if not poolable:
+            return original(tensor, *args, **kwargs)  # type: ignore[operator]
+        kwargs.pop("generator", None)
+        given = dict(zip((name for name, _ in PARAMETERS[kind]), args, strict=False))
+        first, second = (float(kwargs.get(n, given.get(n, d))) for n, d in PARAMETERS[kind])
+        with torch.no_grad():
+            _fill_from_pool(tensor, kind)
+            # normal_: std * z + mean; uniform_: (to - from) * u + from
+            scale = second if kind == "normal" else second - first
+            if scale != 1.0:
+                tensor.mul_(scale)
+            return tensor.add_(first) if first else tensor
+
+    return draw
+
+
+@contextlib.contextmanager
+def pooled_draws() -> Iterator[None]:
+    """Within the block, ``Tensor.normal_`` and ``Tensor.uniform_`` read the pools (see the
+    module docstring). Not thread-safe: twins are built on one thread."""
+    originals = {"normal": torch.Tensor.normal_, "uniform": torch.Tensor.uniform_}
+    torch.Tensor.normal_ = _pooled("normal", originals["normal"])  # type: ignore[method-assign]
+    torch.Tensor.uniform_ = _pooled("uniform", originals["uniform"])  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.normal_ = originals["normal"]  # type: ignore[method-assign]
+        torch.Tensor.uniform_ = originals["uniform"]  # type: ignore[method-assign]
