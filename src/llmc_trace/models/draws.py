@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -55,7 +55,9 @@ def _fill_from_pool(tensor: torch.Tensor, kind: str) -> None:
 PARAMETERS = {"normal": (("mean", 0.0), ("std", 1.0)), "uniform": (("from", 0.0), ("to", 1.0))}
 
 
-def _pooled(kind: str, original: object) -> object:
+def _pooled(kind: str, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``original`` (``Tensor.normal_`` or ``Tensor.uniform_``) reading the pool where it can."""
+
     def draw(tensor: torch.Tensor, *args: float, **kwargs: object) -> torch.Tensor:
         poolable = (
             kwargs.get("generator") is None
@@ -64,7 +66,7 @@ def _pooled(kind: str, original: object) -> object:
             and tensor.device.type == "cpu"
         )
         if not poolable:
-            return original(tensor, *args, **kwargs)  # type: ignore[operator]
+            return original(tensor, *args, **kwargs)
         kwargs.pop("generator", None)
         given = dict(zip((name for name, _ in PARAMETERS[kind]), args, strict=False))
         first, second = (float(kwargs.get(n, given.get(n, d))) for n, d in PARAMETERS[kind])
