@@ -30,12 +30,7 @@ POOL_SEED = 20_240_601
 @functools.cache
 def _pool(kind: str) -> torch.Tensor:
     generator = torch.Generator().manual_seed(POOL_SEED)
-    pool = torch.empty(POOL_SIZE)
-    return (
-        pool.normal_(generator=generator)
-        if kind == "normal"
-        else pool.uniform_(generator=generator)
-    )
+    return getattr(torch.empty(POOL_SIZE), f"{kind}_")(generator=generator)
 
 
 def _fill_from_pool(tensor: torch.Tensor, kind: str) -> None:
@@ -51,8 +46,8 @@ def _fill_from_pool(tensor: torch.Tensor, kind: str) -> None:
         start = 0
 
 
-#: Each method's two parameters, as torch names them: normal_(mean, std), uniform_(from, to).
-PARAMETERS = {"normal": (("mean", 0.0), ("std", 1.0)), "uniform": (("from", 0.0), ("to", 1.0))}
+#: Each method's two parameters, as torch names them, with their defaults.
+PARAMETERS = {"normal": {"mean": 0.0, "std": 1.0}, "uniform": {"from": 0.0, "to": 1.0}}
 
 
 def _pooled(kind: str, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -68,8 +63,8 @@ def _pooled(kind: str, original: Callable[..., torch.Tensor]) -> Callable[..., t
         if not poolable:
             return original(tensor, *args, **kwargs)
         kwargs.pop("generator", None)
-        given = dict(zip((name for name, _ in PARAMETERS[kind]), args, strict=False))
-        first, second = (float(kwargs.get(n, given.get(n, d))) for n, d in PARAMETERS[kind])
+        values = {**PARAMETERS[kind], **dict(zip(PARAMETERS[kind], args, strict=False)), **kwargs}
+        first, second = (float(values[name]) for name in PARAMETERS[kind])
         with torch.no_grad():
             _fill_from_pool(tensor, kind)
             # normal_: std * z + mean; uniform_: (to - from) * u + from
@@ -85,11 +80,11 @@ def _pooled(kind: str, original: Callable[..., torch.Tensor]) -> Callable[..., t
 def pooled_draws() -> Iterator[None]:
     """Within the block, ``Tensor.normal_`` and ``Tensor.uniform_`` read the pools (see the
     module docstring). Not thread-safe: twins are built on one thread."""
-    originals = {"normal": torch.Tensor.normal_, "uniform": torch.Tensor.uniform_}
-    torch.Tensor.normal_ = _pooled("normal", originals["normal"])  # type: ignore[method-assign]
-    torch.Tensor.uniform_ = _pooled("uniform", originals["uniform"])  # type: ignore[method-assign]
+    originals = {kind: getattr(torch.Tensor, f"{kind}_") for kind in PARAMETERS}
+    for kind, original in originals.items():
+        setattr(torch.Tensor, f"{kind}_", _pooled(kind, original))
     try:
         yield
     finally:
-        torch.Tensor.normal_ = originals["normal"]  # type: ignore[method-assign]
-        torch.Tensor.uniform_ = originals["uniform"]  # type: ignore[method-assign]
+        for kind, original in originals.items():
+            setattr(torch.Tensor, f"{kind}_", original)
