@@ -6,6 +6,11 @@
 # between runs in $LLMC_VLLM_VENV).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts about fifty interpreters (CLI commands, torchrun ranks, fresh-import
+# checks): with bytecode caches turned off, as some sandboxes do, each compiles llmc-trace's
+# sources again and each pytest worker rewrites every test module's asserts, about a CPU
+# minute of the suite's twenty. Python's caches go to __pycache__ folders, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 
 step() {
     echo
