@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmc_trace.cli.context import CliContext, exit_for_closed_stdout, handle_errors, pass_cli
+from llmc_trace.cli.ending import end_process
 from llmc_trace.cli.options import model_options
 
 if TYPE_CHECKING:
@@ -195,4 +196,9 @@ _register()
 
 
 def main() -> None:
-    cli(prog_name="llmc-trace")
+    """The ``llmc-trace`` console script: the command, then the process's end
+    (:func:`~llmc_trace.cli.ending.end_process`, which skips the interpreter's teardown)."""
+    try:
+        cli(prog_name="llmc-trace")
+    except SystemExit as done:
+        end_process(done.code)
