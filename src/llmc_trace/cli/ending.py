@@ -2,7 +2,7 @@
 
 A command imports torch and transformers: some 400,000 Python objects. After the command has
 printed its last line, Python's own exit frees them one by one in its final garbage
-collections, 1.5-2 s of CPU on every command while the prompt waits (and while a torchrun rank
+collections, 1.5-3 s of CPU on every command while the prompt waits (and while a torchrun rank
 holds its slot). :func:`end_process` does what an exit must do first, in the order Python's
 exit does it: it joins the threads not marked daemon, runs the exit handlers the libraries
 registered (logging's last flush, file locks released, temporary folders removed, child
