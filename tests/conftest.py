@@ -18,6 +18,8 @@ import pytest
 import torch
 from refmodel import FOLDER as REFMODEL
 
+from tests.float32_cpu import hide_half_precision_units
+
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
@@ -43,24 +45,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-#: torch's probes of the CPU's half-precision matrix instructions (see pipelines/residency.py)
-HALF_PRECISION_PROBES = (
-    "_is_avx512_bf16_supported",
-    "_is_amx_tile_supported",
-    "_is_avx512_fp16_supported",
-    "_is_amx_fp16_supported",
-)
-
-
-@pytest.fixture(autouse=True)
-def float32_cpu_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def float32_cpu_forwards() -> Iterator[None]:
     """Every test sees a CPU without half-precision matrix units, so bf16 checkpoints calibrate
     in float32 on every machine that runs the suite, with or without AVX512-BF16: tests that
     compare compressed weights or logits at tight tolerances then give the same answer
-    everywhere. A test of the native path sets the probes itself
-    (``tests/test_device.py``); subprocesses (the CLI tests) see the real CPU."""
-    for probe in HALF_PRECISION_PROBES:
-        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+    everywhere. Session-wide, so that module and session fixtures (a reference checkpoint
+    computed once) see it too. A test of the native path sets the probes itself
+    (``tests/test_device.py``); subprocesses see the real CPU, unless run through
+    ``tests/float32_cpu.py``."""
+    with pytest.MonkeyPatch.context() as patch:
+        hide_half_precision_units(patch)
+        yield
 
 
 @pytest.fixture

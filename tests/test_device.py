@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmc_trace.core.device import HOST, place, resolve
-from tests.conftest import HALF_PRECISION_PROBES
+from tests.float32_cpu import HALF_PRECISION_PROBES
 from llmc_trace.models.build import build_skeleton
 from llmc_trace.models.source import resolve_model
 from llmc_trace.models.weight_store import WeightStore

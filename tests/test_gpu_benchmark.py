@@ -120,9 +120,9 @@ def test_the_dry_run_writes_every_figure(tmp_path: Path) -> None:
     cpu, device = reference["compressed_on_cpu"], reference["compressed_on_device"]
     assert cpu["perplexity"] == device["perplexity"] and reference["perplexity_gap"] == 0
     assert reference["int_weights_equal_fraction"] == 1.0
-    assert (
-        reference["float"]["perplexity"] < cpu["perplexity"] < 2 * reference["float"]["perplexity"]
-    )
+    # W4A16 on 128 evaluation tokens: within noise of the float model either way (its gap has
+    # both signs across CPUs), far from a broken checkpoint's perplexity
+    assert 0.9 < cpu["perplexity"] / reference["float"]["perplexity"] < 2
 
     assert set(record["goals"]) == {
         "compress_8b_s",

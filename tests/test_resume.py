@@ -36,6 +36,9 @@ from tests.test_streamed_compress import bf16_llama, stored
 # tiny models are many tiny ops, which a second thread only slows on a busy 2-core machine
 pytestmark = pytest.mark.usefixtures("one_thread")
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+#: the command line in a child that sees the CPU as this process does (float32 forwards), so
+#: its checkpoint can be compared with one written here, byte for byte
+FLOAT32_CPU_CLI = Path(__file__).with_name("float32_cpu.py")
 TEXT = dict(samples=4, seq_len=32, batch_size=2, group_size=32)
 
 
@@ -144,7 +147,7 @@ def test_a_sigkilled_run_resumes_by_running_the_same_command(
 ) -> None:
     command = arguments(text, tmp_path / "out")
     killed = subprocess.run(
-        [sys.executable, "-c", "from llmc_trace.cli.main import main; main()", "--quiet", *command],
+        [sys.executable, str(FLOAT32_CPU_CLI), "--quiet", *command],
         capture_output=True, text=True, env={**ONE_THREAD, KILL_AFTER: "3"}, timeout=300,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -276,7 +279,7 @@ def test_two_ranks_write_the_one_process_checkpoint_and_resume_to_their_own_byte
     assert TORCHRUN is not None
 
     def torchrun(out: Path, **environment: str) -> subprocess.CompletedProcess[str]:
-        command = [TORCHRUN, "--nproc-per-node", "2", "--no-python", "llmc-trace", "--quiet"]
+        command = [TORCHRUN, "--nproc-per-node", "2", str(FLOAT32_CPU_CLI), "--quiet"]
         return subprocess.run(
             [*command, *arguments(text, out, "--batch-size", "1")],
             capture_output=True, text=True, env={**ONE_THREAD, **environment}, timeout=300,

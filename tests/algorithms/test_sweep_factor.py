@@ -167,6 +167,13 @@ weight across a rounding boundary about once in 10^4 here, and GPTQ carries the 
 its row; a wrong update disagrees on a quarter or more."""
 
 
+LOSS_AGREEMENT = 1e-2
+"""Relative gap allowed between the sweep's predicted loss and the paper's: equal up to float
+rounding (1e-6) where the integers are all equal, and about 1e-3 where a tip is carried along a
+row (seen with one thread on an AVX512 CPU; which weight tips depends on the machine's
+summation order). Without the updates (round to nearest) the loss is 2.7-10x the sweep's."""
+
+
 def assert_agrees(new: QuantizedWeight, paper: QuantizedWeight) -> None:
     """The same integers but for float-rounding tips, and the same scales but for the groups
     a tip reached before their scale was fitted (a search observer then picks another)."""
@@ -221,7 +228,7 @@ def test_gptq_sweep_makes_the_papers_choices(
     new = gptq(W, H, args, SolverSettings(static_groups=static_groups))
     paper, paper_loss = gptq_paper(W, H, args, static_groups=static_groups)
     assert_agrees(new.quantized, paper)
-    assert new.loss == pytest.approx(paper_loss, rel=1e-4)
+    assert new.loss == pytest.approx(paper_loss, rel=LOSS_AGREEMENT)
 
 
 def test_gptq_sweep_keeping_zeros_makes_the_papers_choices(
@@ -234,7 +241,7 @@ def test_gptq_sweep_keeping_zeros_makes_the_papers_choices(
         new = gptq(W, H, args, SolverSettings(static_groups=False), zeros=W == 0)
         paper, paper_loss = gptq_paper(W, H, args, static_groups=False, zeros=W == 0)
         assert_agrees(new.quantized, paper)
-        assert new.loss == pytest.approx(paper_loss, rel=1e-4)
+        assert new.loss == pytest.approx(paper_loss, rel=LOSS_AGREEMENT)
         assert new.quantized.weight is not None
         assert (new.quantized.weight[W == 0] == 0).all()
 
@@ -262,7 +269,7 @@ def test_sparsegpt_sweep_makes_the_papers_choices(
         assert_agrees(new.quantized, quantized)
     else:  # the kept weights are the updated ones: equal up to float rounding
         torch.testing.assert_close(new.weight, weight, rtol=0, atol=1e-5)
-    assert new.loss == pytest.approx(loss, rel=1e-4)
+    assert new.loss == pytest.approx(loss, rel=LOSS_AGREEMENT)
 
 
 def test_the_selection_prunes_what_the_stable_sort_pruned() -> None:
