@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerFast
 
 from llmc_trace.cli.main import cli
 from llmc_trace.models.source import resolve_model
+from llmc_trace.oneshot import CompressRequest, compress
 
 WEIGHTS = "model.safetensors"
 LLAMA = "meta-llama/Llama-3.1-8B"
@@ -185,19 +186,30 @@ def test_evaluate_scores_a_sound_checkpoint_as_before(saved_llama: tuple[Path, P
     assert code == 0 and "perplexity" in output
 
 
-def test_evaluate_shows_no_third_party_progress_bars(saved_llama: tuple[Path, Path]) -> None:
-    """transformers' tqdm bar for loading the weights would cut through the command's own
-    progress display on the same stderr: a real process (tqdm reads its settings when first
-    imported) prints the perplexity and no bar."""
+def test_evaluate_shows_no_third_party_progress_bars(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The libraries' tqdm bars would cut through the command's own progress display on the
+    same stderr: a real process (tqdm reads its settings when first imported) evaluating a
+    W4A16 checkpoint prints the perplexity and none of transformers' bar for loading the
+    weights or compressed-tensors' for applying the quantization config and dispatching the
+    model (it asks for them explicitly); ``TQDM_DISABLE=0`` brings them back."""
     folder, data = saved_llama
+    compress(CompressRequest(str(folder), str(data), str(tmp_path / "w4a16"), samples=2, seq_len=64))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "llmc-trace"), "evaluate", "-m", str(folder),
-         "--data", str(data), "--samples", "2"],
-        capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"},
-    )  # fmt: skip
-    assert run.returncode == 0 and "perplexity" in run.stdout, run.stderr
-    assert "Loading weights" not in run.stderr and "it/s]" not in run.stderr
+
+    def evaluate(**more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "llmc-trace"), "evaluate", "-m",
+             str(tmp_path / "w4a16"), "--data", str(data), "--samples", "2"],
+            capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200", **more},
+        )  # fmt: skip
+
+    quiet = evaluate()
+    assert quiet.returncode == 0 and "perplexity" in quiet.stdout, quiet.stderr
+    assert "it/s]" not in quiet.stderr, quiet.stderr
+    asked = evaluate(TQDM_DISABLE="0")
+    assert "Applying quantization config" in asked.stderr and "it/s]" in asked.stderr
 
 
 def test_a_sequence_longer_than_the_models_positions_exits_2(

@@ -7,7 +7,6 @@ of stdout went away (``| head``), as for any command the pipe's close ends.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ import click
 from llmc_trace.cli.context import CliContext, exit_for_closed_stdout, handle_errors, pass_cli
 from llmc_trace.cli.ending import end_process
 from llmc_trace.cli.options import model_options
+from llmc_trace.cli.quiet_libraries import quiet_libraries
 
 if TYPE_CHECKING:
     from llmc_trace.tracing.settings import TracingSettings
@@ -86,13 +86,7 @@ class _CommandGroup(click.Group):
 @click.pass_context
 def cli(click_ctx: click.Context, quiet: bool, debug: bool) -> None:
     """Make large models traceable for memory-efficient compression, and compress them."""
-    # transformers' advice about optional kernels is noise here; our own messages are enough.
-    # Read when transformers is imported: importing it here would cost every --help seconds
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # transformers' tqdm bars (loading weights, decompressing a checkpoint) would cut through
-    # our own progress display on the same stderr; tqdm reads this when first imported, which
-    # no command has done yet
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    quiet_libraries()
     click_ctx.obj = CliContext(quiet=quiet, debug=debug)
 
 
