@@ -2,19 +2,21 @@
 
 A command draws its progress on stderr with rich; a tqdm bar printed by transformers (loading
 weights) or compressed-tensors (applying a checkpoint's quantization config, dispatching its
-modules, decompressing) cuts through it, and transformers' advice about optional kernels says
-nothing a user of llmc-trace can act on.
+modules, decompressing) cuts through it; transformers' advice about optional kernels, and its
+deprecation warnings (raised by its own code: Fuyu's model sets the ``rope_scaling`` it
+deprecates), say nothing a user of llmc-trace can act on.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 
 def quiet_libraries() -> None:
-    """Silence transformers' advice and every tqdm bar, unless the user's environment asks
-    for them (``TRANSFORMERS_VERBOSITY``, ``TQDM_DISABLE=0``).
+    """Silence transformers' advice and deprecation warnings and every tqdm bar, unless the
+    user's environment asks for them (``TRANSFORMERS_VERBOSITY``, ``TQDM_DISABLE=0``).
 
     Both variables are read when their library is first imported, which no command has done
     yet. ``TQDM_DISABLE`` only sets tqdm's default, and compressed-tensors passes
@@ -23,6 +25,9 @@ def quiet_libraries() -> None:
     pays.
     """
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
     os.environ.setdefault("TQDM_DISABLE", "1")
     if os.environ["TQDM_DISABLE"] not in ("", "0", "false", "False"):
         _disable_every_tqdm_bar()
