@@ -28,7 +28,6 @@ VISION_TOWER = "vision tower"
 AUDIO_TOWER = "audio tower"
 PROJECTOR = "projector"
 HEAD = "head"
-PARTS = (LANGUAGE_MODEL, VISION_TOWER, AUDIO_TOWER, PROJECTOR, HEAD)
 #: The parts kept in full precision unless the run asks for the towers too.
 TOWER_PARTS = (VISION_TOWER, AUDIO_TOWER, PROJECTOR)
 
