@@ -11,6 +11,7 @@ line (``python tests/float32_cpu.py compress ...``, or as torchrun's script).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,6 +43,9 @@ def _no() -> bool:
 
 
 if __name__ == "__main__":
+    # run as a script, this folder leads sys.path: its packages (cli, graph, ...) must not
+    # stand in for anything the command imports
+    del sys.path[0]
     hide_half_precision_units()
     from llmc_trace.cli.main import main
 

@@ -16,6 +16,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from llmc_trace.oneshot import CompressRequest, compress
+from tests.float32_cpu import hide_half_precision_units
 
 
 def bf16_llama(
@@ -108,8 +109,10 @@ def test_sharded_source_and_sharded_output_give_the_single_file_checkpoint(
 
 def _peak_growth(model: Path, calib: Path, out: Path, results: Any) -> None:
     """In a forked child: reset the peak to the current resident set, compress, and report
-    how far the peak rose (the imports are the parent's, already resident)."""
+    how far the peak rose (the imports are the parent's, already resident). A spawned child
+    sees the real CPU, so the suite's float32 CPU is set up here too."""
     try:
+        hide_half_precision_units()
         torch.set_num_threads(1)
         Path("/proc/self/clear_refs").write_text("5")
         baseline = _status_bytes("VmRSS")
