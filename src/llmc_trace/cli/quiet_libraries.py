@@ -16,11 +16,12 @@ from typing import Any
 
 def quiet_libraries() -> None:
     """Silence transformers' advice and deprecation warnings and every tqdm bar, unless the
-    user's environment asks for them (``TRANSFORMERS_VERBOSITY``, ``TQDM_DISABLE=0``).
+    user's environment asks for them (``TRANSFORMERS_VERBOSITY``, an empty ``TQDM_DISABLE=``).
 
     Both variables are read when their library is first imported, which no command has done
-    yet. ``TQDM_DISABLE`` only sets tqdm's default, and compressed-tensors passes
-    ``disable=False`` explicitly, so tqdm itself is told to draw nothing as well; importing it
+    yet. ``TQDM_DISABLE`` is read as tqdm reads it (any value but an empty one disables), but
+    only sets tqdm's default, and compressed-tensors passes ``disable=False`` explicitly, so
+    tqdm itself is told to draw nothing as well; importing it
     costs about 40 ms, against the seconds of torch's import every command that loads a model
     pays.
     """
@@ -29,7 +30,7 @@ def quiet_libraries() -> None:
         for category in (FutureWarning, DeprecationWarning):
             warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    if os.environ["TQDM_DISABLE"] not in ("", "0", "false", "False"):
+    if os.environ["TQDM_DISABLE"]:
         _disable_every_tqdm_bar()
 
 
