@@ -50,3 +50,41 @@ def test_a_freed_layer_leaves_the_resident_set_only_when_large_blocks_are_mapped
     # the environment's own threshold wins over ours
     applied, freed = returned_bytes("map", MALLOC_MMAP_THRESHOLD_=str(64 * 2**20))
     assert applied == "False" and freed < layer_bytes * 0.1
+
+
+TRIM_FRAGMENT = """
+import re, sys, torch
+from llmc_trace.core.host_memory import map_large_blocks, release_free_memory
+def rss():
+    return int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+map_large_blocks()
+hole = torch.ones(3 * 2**18)  # 3 MB, below the 4 MiB threshold: from the heap
+above = torch.ones(3 * 2**18)  # as large: no free chunk below holds it, it goes above the hole
+before = rss()
+del hole  # a hole under `above`: free() cannot shrink the heap's top past it
+if sys.argv[1] == "trim":
+    release_free_memory()
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc" or not Path("/proc/self/status").exists(),
+    reason="glibc's malloc_trim and /proc (Linux)",
+)
+def test_a_hole_below_the_threshold_leaves_the_resident_set_only_when_trimmed() -> None:
+    hole_bytes = 3 * 2**20
+
+    def returned(mode: str) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        child = subprocess.run(
+            [sys.executable, "-c", TRIM_FRAGMENT, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        return int(child.stdout)
+
+    assert returned("keep") < hole_bytes * 0.1
+    assert returned("trim") >= hole_bytes * 0.9

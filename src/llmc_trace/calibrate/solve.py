@@ -5,7 +5,9 @@ weight matrix (:mod:`llmc_trace.layers.linear`), and the result replaces the wei
 module's own layout, so error propagation sees compressed outputs. An expert whose Hessian
 holds fewer than ``min_expert_tokens`` tokens is compressed with the method's data-free
 baseline instead, and its :class:`LayerResult` says so (never silently). A result holding NaN
-or inf (from a finite weight and Hessian: a solver's bug) ends the run there, named.
+or inf (from a finite weight and Hessian: a solver's bug) ends the run there, named. A solve on
+the CPU hands its freed working memory back to the system before the next one starts
+(:func:`~llmc_trace.core.host_memory.release_free_memory`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from llmc_trace.algorithms.scheme import QuantizationScheme
 from llmc_trace.algorithms.sparsegpt import Sparsity, sparsegpt
 from llmc_trace.core.device_peak import DevicePeaks, PeakReading
 from llmc_trace.core.finite import non_finite
+from llmc_trace.core.host_memory import release_free_memory
 from llmc_trace.core.solver import DEFAULTS, SolverSettings
 from llmc_trace.core.names import BASELINE, DATA_METHODS, GPTQ, MAGNITUDE, METHODS, RTN, SPARSEGPT
 from llmc_trace.errors import NonFiniteError
@@ -100,6 +103,8 @@ class LayerSolver:
                 last_use=last_use,
                 method=method,
             )
+        if layer.module.weight.device.type == "cpu":  # its working memory was the host's
+            release_free_memory()
         problem = non_finite(layer.module.weight)
         if problem is not None:
             raise NonFiniteError(

@@ -14,13 +14,24 @@ the peak follows the live bytes. 4 MiB keeps the small per-block temporaries of 
 on the heap, where reusing them costs no page faults; the 0.4B run took as long either way.
 
 Setting ``MALLOC_MMAP_THRESHOLD_`` in the environment does the same; when it is set, it wins.
+
+Below the threshold, freed blocks stay resident until :func:`release_free_memory` hands their
+pages back (glibc's ``malloc_trim``). The pipelines call it between subgraphs, and a CPU solve
+calls it when it returns: the seven solves of a decoder layer leave their float32 copies,
+Hessian factors and block temporaries as holes between the integers and weights they keep,
+and the next solve's differently sized blocks do not fit them. Trimming after each solve
+lowered the 0.1B Llama's peak growth from 171-192 to 162-164 MiB (0.4B: 383-389 to
+370-371 MiB) for about 2.5 ms a call, 0.4 % of its solves.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
 import os
 import sys
+from typing import Any
 
 #: ``mallopt``'s parameter number for the mmap threshold (glibc's malloc.h).
 _M_MMAP_THRESHOLD = -3
@@ -38,3 +49,20 @@ def map_large_blocks(threshold: int = 4 * 2**20) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a
+    no-op), so that what a finished step freed does not count towards the next step's peak."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

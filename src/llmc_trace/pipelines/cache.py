@@ -19,34 +19,13 @@ it is never compared again, so hidden states cost one comparison in the whole ru
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from llmc_trace.tracing.values import map_leaves
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a
-    no-op). Between subgraphs, thousands of batch-sized temporaries have come and gone; glibc
-    keeps their pages resident unless asked, and they would count towards the next peak."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def move(value: Any, device: torch.device, pin: bool = False) -> Any:

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from llmc_trace.core.host_memory import release_free_memory
 from llmc_trace.core.names import LAYER_SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.graph.partition import PartitionedTrace
-from llmc_trace.pipelines.cache import move, release_free_memory, values_equal
+from llmc_trace.pipelines.cache import move, values_equal
 from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
 from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, scaled_bytes

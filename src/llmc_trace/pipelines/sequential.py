@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
+from llmc_trace.core.host_memory import release_free_memory
 from llmc_trace.core.names import SEQUENTIAL
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import largest_parameter_bytes, parameter_bytes
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
-from llmc_trace.pipelines.cache import IntermediatesCache, release_free_memory
+from llmc_trace.pipelines.cache import IntermediatesCache
 from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
 from llmc_trace.pipelines.estimate import (
@@ -133,7 +134,7 @@ def run_sequential(
         stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.size_bytes())
         stats.passes.append(passes)
         residency.leave(modules)
-        release_free_memory()
+        release_free_memory()  # thousands of batch-sized temporaries came and went
         if resume is not None:
             resume.save(position + 1, (cache, stats))
     stats.passes.extend([0] * (len(subgraphs) - last - 1))
