@@ -19,8 +19,9 @@ embeddings. A vision-language model's first subgraph can need more than a decode
 
 Where the weights are follows :mod:`~llmc_trace.pipelines.residency`: in memory, the host
 holds every weight in the checkpoint's dtype and the device one group in the compute dtype;
-streamed, the host holds one group's pages of the checkpoint while it is read and nothing
-after. On a CPU run the device *is* the host, so the host figure includes the device's.
+streamed, tensors are read and written one at a time, so the host holds one tensor in transit
+(where it is cast or crosses to or from the device) and nothing after. On a CPU run the device
+*is* the host, so the host figure includes the device's.
 """
 
 from __future__ import annotations
@@ -79,23 +80,21 @@ class RunSettings:
         parameter count times ``dtype_bytes`` (what the device holds of it), ``weights`` all
         of the model's at ``storage_bytes`` (see the module docstring); ``largest``, the
         group's largest tensor at ``dtype_bytes``."""
-        # the group in the stored dtype as it is read (an upper bound: each tensor is cast to
-        # the compute dtype as soon as it is read)
-        staged = group * self.storage_bytes // self.dtype_bytes
+        cast = self.storage_bytes != self.dtype_bytes
         if self.streamed:
-            # streamed, the group goes to the checkpoint as it leaves, tensor by tensor; one
-            # that is cast to the stored dtype (float32 compute on a CPU) or brought back from
-            # the device is copied on its way, beside the pages it was read from: at 0.1B the
-            # embedding's bfloat16 copy was the quarter of the peak the plan had missed
-            copied = not self.device_is_host or self.storage_bytes != self.dtype_bytes
-            writing = largest * self.storage_bytes // self.dtype_bytes if copied else 0
+            # streamed, tensors are read from the checkpoint and written to the new one one at
+            # a time (`models/weight_store.py`, `checkpoint/shards.py`): beside the group the
+            # host holds one tensor in transit, in the stored dtype, where it is cast (float32
+            # compute on a CPU) or crosses from or to the device; on the device's way in, a
+            # cast on the host holds its compute-dtype copy too
+            moved = cast or not self.device_is_host
+            in_transit = largest * self.storage_bytes // self.dtype_bytes if moved else 0
             if self.device_is_host:
-                return cache + kept_group + max(device, group + staged + writing)
-            return cache + kept_group + staged + writing
+                return cache + kept_group + max(device, group + in_transit)
+            return cache + kept_group + in_transit + (largest if cast else 0)
         on_host = weights + kept
         if self.device_is_host:  # the group's weights are the host's, cast when dtypes differ
-            shared = staged if self.storage_bytes == self.dtype_bytes else 0
-            on_host += device - shared
+            on_host += device - (0 if cast else group)
         return cache + on_host
 
 
