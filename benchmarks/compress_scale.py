@@ -12,8 +12,11 @@ Per size it records: seconds (the whole call: loading, tracing, calibrating, wri
 loading, ``oneshot``, saving); the peak resident set and its growth over the same process's
 resident set after ``import torch, transformers`` (and ``llmc_trace``); the checkpoint's bytes
 against the ideal W4A16 size (int4 packed, bf16 group scales, every other tensor in bf16); the
-plan's host (and, on a GPU, device) estimate against the measured peak growth (and
-``torch.cuda.max_memory_allocated``).
+plan's host (and, on a GPU, device) estimate against the pipeline's own growth (and
+``torch.cuda.max_memory_allocated``): the peak over the resident set when the calibration
+pipeline starts, as ``benchmarks/pipeline_memory.py`` measures it. By then the libraries have
+been loaded, the model traced and the memory planned, which the plan does not count (the
+libraries' first use alone, the same at every size, is tens of MiB: most of a 0.1B run's).
 
 Beside each tool's figures it records what decides them, measured in the process that ran:
 the tool's version (ours: the git commit, ``+dirty`` with uncommitted changes), Python, torch
@@ -31,11 +34,7 @@ algorithm functions in the worker process only; nothing else is changed.
 Targets, side by side in one run on an idle machine: seconds ours/theirs at most 0.8 at every
 size; growth ours/theirs at most 0.5; checkpoint 1.00x ideal; and, at the largest size (1.6B),
 our growth at most 0.25x the checkpoint's bf16 bytes + 256 MiB; plan within 25 % of each
-measured peak. The plan models the run's tensors, not the libraries' own memory, so its host
-verdict is taken net of what the libraries take: each tool also compresses a 2-layer Llama of
-width 128 (``LIBRARIES``), as many times as the most repeated size, and the median growth of
-those runs is that tool's libraries' share (shown beside the sizes; the raw ratio too). Each
-goal is judged with the run's figures and recorded met or missed.
+measured peak (the host's: the pipeline's growth). Each is judged with the run's figures and recorded met or missed.
 
 The run writes ``benchmarks/results/compress_scale.json`` (``--result`` elsewhere): every
 run's figures, the spreads, the settings, each tool's environment and the goals' verdicts;
@@ -66,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _environment import SAME_FOR_A_RATIO, describe, environment_line, load_average  # noqa: E402
 from _results import Run, goal, spread, spread_text  # noqa: E402
-from _rss import peak_rss_since_reset, resident_bytes  # noqa: E402
+from _rss import peak_rss_since_reset, reset_peak_rss, resident_bytes  # noqa: E402
 from _worker import failure_text, run_child  # noqa: E402
 from refmodel import FOLDER as REFMODEL  # noqa: E402
 
@@ -84,13 +83,6 @@ SIZES = {
     "1.6B": (2048, 5632, 32, 16, 4, 32000),
     "8B": (4096, 14336, 32, 32, 8, 128256),
 }
-#: A Llama whose own tensors are a rounding error (1.4 MiB): a compress of it grows by what the
-#: libraries take on first use (the pages of the kernels it runs, modules imported on demand,
-#: BLAS buffers), the same at every size and outside any plan of a model. The plan's verdict
-#: is taken on the growth net of it.
-LIBRARIES = "2-layer"
-LIBRARIES_SHAPE = (128, 256, 2, 4, 2, 512)
-SHAPE_KEYS = ["hidden", "intermediate", "layers", "heads", "kv_heads", "vocab"]
 #: the size the host-memory target (growth <= 0.25 x bf16 bytes + 256 MiB) is set at
 TARGET_SIZE = "1.6B"
 
@@ -101,7 +93,7 @@ def build(name: str, folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, inner, layers, heads, kv, vocab = {**SIZES, LIBRARIES: LIBRARIES_SHAPE}[name]
+    hidden, inner, layers, heads, kv, vocab = SIZES[name]
     config = LlamaConfig(
         hidden_size=hidden,
         intermediate_size=inner,
@@ -200,6 +192,7 @@ def ours(spec: dict[str, Any]) -> dict[str, Any]:
     import llmc_trace  # noqa: F401
     from llmc_trace.algorithms.hessian import HessianAccumulator
     from llmc_trace.oneshot import CompressRequest, compress
+    from llmc_trace.pipelines import sequential
 
     torch.set_num_threads(spec["threads"])
     baseline = resident_bytes()
@@ -217,6 +210,16 @@ def ours(spec: dict[str, Any]) -> dict[str, Any]:
     gptq_module = importlib.import_module("llmc_trace.algorithms.gptq")
     HessianAccumulator.add = clock.timed(HessianAccumulator.add, "hessians")
     gptq_module._rtn_error = clock.timed(gptq_module._rtn_error, "baseline")
+    started: dict[str, int] = {}
+    run_sequential = sequential.run_sequential
+
+    def from_its_start(*args: Any, **kwargs: Any) -> Any:
+        """The pipeline, its peak measured from what is resident when it starts."""
+        started["peak_before"] = peak_rss_since_reset()
+        started["resident"] = reset_peak_rss()
+        return run_sequential(*args, **kwargs)
+
+    sequential.run_sequential = from_its_start
     environment = describe(["llmc-trace"])
     environment["packages"]["llmc-trace"] = spec["commit"]
     load_before = load_average()
@@ -226,12 +229,14 @@ def ours(spec: dict[str, Any]) -> dict[str, Any]:
     seconds = end - start
     chosen = result.plan.estimate(result.pipeline)
     layers = sum(1 for passes in result.stats.passes if passes)
+    peak = peak_rss_since_reset()
     return {
         "seconds": seconds,
         "seconds_per_layer": seconds / max(layers, 1),
         "phases_s": clock.seconds(start, end, sum(layer.seconds for layer in result.layers)),
         "baseline_rss_bytes": baseline,
-        "peak_rss_bytes": peak_rss_since_reset(),
+        "peak_rss_bytes": max(peak, started.get("peak_before", 0)),
+        "pipeline_growth_bytes": peak - started["resident"] if started else None,
         # compress resets CUDA's peak counter per layer solve; its report keeps the run's peak
         "device_peak_bytes": (
             max(torch.cuda.max_memory_allocated(), result.report.device_peak_bytes or 0)
@@ -273,6 +278,7 @@ SPREADS = {
     "seconds": ("seconds", 1),
     "seconds_per_layer": ("seconds_per_layer", 1),
     "growth_bytes": ("growth_mib", MiB),
+    "pipeline_growth_bytes": ("pipeline_growth_mib", MiB),
     "peak_rss_bytes": ("peak_rss_mib", MiB),
     "baseline_rss_bytes": ("baseline_rss_mib", MiB),
     "device_peak_bytes": ("device_peak_mib", MiB),
@@ -350,6 +356,11 @@ def mib(count: float | None) -> str:
     return "-" if count is None else f"{count / MiB:,.0f}"
 
 
+def mib_bytes(spread: dict[str, Any] | None) -> float | None:
+    """A spread of MiB figures' median, in bytes."""
+    return spread["median"] * MiB if spread else None
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
@@ -366,36 +377,29 @@ def tool_label(tool: str, figures: dict[str, Any]) -> str:
     return tool
 
 
-def libraries_mib(figures: dict[str, Any], tool: str) -> float | None:
-    """``tool``'s median growth on the ``LIBRARIES`` model (None when the run did not measure
-    it)."""
-    return median(figures.get("libraries", {}).get("tools", {}).get(tool, {}).get("growth_mib"))
-
-
 def sizes_table(figures: dict[str, Any]) -> str:
     """Per size and tool: seconds and growth (median (min-max) of the repeats), growth over the
-    bf16 bytes, the checkpoint over the ideal W4A16 bytes, the plan over the measured peak and
-    over the peak net of the libraries' share."""
+    bf16 bytes, the checkpoint over the ideal W4A16 bytes, the plan over the pipeline's growth
+    (and the device peak)."""
     on_device = any(
         median(tool.get("device_peak_mib")) for size in figures["sizes"].values()
         for tool in size["tools"].values()
     )  # fmt: skip
     header = (
         "| size | bf16 MiB | tool | seconds | growth MiB | growth / bf16 "
-        "| checkpoint / ideal W4A16 | plan host / growth | plan host / growth net of libraries |"
+        "| checkpoint / ideal W4A16 | plan host / pipeline's growth |"
     )
     lines = [header + (" plan device / device peak |" if on_device else "")]
-    lines.append("|---" * (9 + on_device) + "|")
+    lines.append("|---" * (8 + on_device) + "|")
     for name, size in figures["sizes"].items():
         bf16, ideal = size["bf16_bytes"], size["ideal_bytes"]
         for tool, r in size["tools"].items():
             label = tool_label(tool, r)
             if "seconds" not in r:
                 lines.append(f"| {name} | {mib(bf16)} | {label} | failed: {r['errors'][-1]} |"
-                             + " - |" * (5 + on_device))  # fmt: skip
+                             + " - |" * (4 + on_device))  # fmt: skip
                 continue
             growth = median(r["growth_mib"]) * MiB
-            libraries = libraries_mib(figures, tool)
             cells = [
                 name,
                 mib(bf16),
@@ -404,8 +408,7 @@ def sizes_table(figures: dict[str, Any]) -> str:
                 spread_text(r["growth_mib"], ",.0f"),
                 f"{growth / bf16:.2f}",
                 ratio(median(r["checkpoint_bytes"]), ideal),
-                ratio(r.get("plan_host_bytes"), growth),
-                ratio(r.get("plan_host_bytes"), libraries and growth - libraries * MiB),
+                ratio(r.get("plan_host_bytes"), mib_bytes(r.get("pipeline_growth_mib"))),
             ]
             if on_device:
                 device_peak = median(r.get("device_peak_mib"))
@@ -452,24 +455,26 @@ def phases_table(figures: dict[str, Any]) -> str:
 
 
 def processes_table(figures: dict[str, Any]) -> str:
-    """What the growth is measured from: each process's resident set after its imports and
-    its peak, and our seconds per decoder layer (medians of the repeats)."""
+    """What the growth is measured from: each process's resident set after its imports, its
+    peak and (ours) the pipeline's growth, and our seconds per decoder layer (medians of the
+    repeats)."""
     lines = [
-        "| size | tool | runs | seconds per layer | RSS after imports MiB | peak RSS MiB |",
-        "|---|---|---|---|---|---|",
+        "| size | tool | runs | seconds per layer | RSS after imports MiB | peak RSS MiB "
+        "| pipeline's growth MiB |",
+        "|---|---|---|---|---|---|---|",
     ]
-    measured = dict(figures["sizes"])
-    if "libraries" in figures:
-        measured[f"{LIBRARIES} (the libraries' share)"] = figures["libraries"]
-    for name, size in measured.items():
+    for name, size in figures["sizes"].items():
         for tool, r in size["tools"].items():
             if "seconds" not in r:
                 continue
             per_layer = median(r.get("seconds_per_layer"))
+            growth = r.get("pipeline_growth_mib")
+            pipeline = spread_text(growth, ",.0f") if growth else "-"
             lines.append(
                 f"| {name} | {tool_label(tool, r)} | {len(r['runs'])} | "
                 f"{'-' if per_layer is None else f'{per_layer:.2f}'} | "
-                f"{median(r['baseline_rss_mib']):,.0f} | {median(r['peak_rss_mib']):,.0f} |"
+                f"{median(r['baseline_rss_mib']):,.0f} | {median(r['peak_rss_mib']):,.0f} | "
+                f"{pipeline} |"
             )
     return "\n".join(lines)
 
@@ -531,11 +536,11 @@ def judge(figures: dict[str, Any]) -> list[dict[str, Any]]:
             round(checkpoint, 2) == 1.0,
         ))  # fmt: skip
         growth = median(mine["growth_mib"]) * MiB
-        libraries = libraries_mib(figures, "llmc-trace")
-        if libraries is not None:
-            plan = mine["plan_host_bytes"] / (growth - libraries * MiB)
+        pipeline = mib_bytes(mine.get("pipeline_growth_mib"))
+        if pipeline:
+            plan = mine["plan_host_bytes"] / pipeline
             goals.append(goal(
-                f"{name}: plan host / growth net of libraries", "within 25 %", f"{plan:.2f}x",
+                f"{name}: plan host / pipeline's growth", "within 25 %", f"{plan:.2f}x",
                 abs(plan - 1) <= 0.25,
             ))  # fmt: skip
         device_peak = median(mine.get("device_peak_mib"))
@@ -647,13 +652,6 @@ def run_notes(settings: dict[str, Any], figures: dict[str, Any]) -> list[str]:
         both = name in settings["reference_sizes"]
         tools = "each tool, alternating" if both else "llmc-trace only"
         notes.append(f"{name}: {repeats} run{'s' if repeats > 1 else ''} of {tools}.")
-    if "libraries" in figures:
-        runs = max(settings["repeats"].values())
-        tools = "each tool" if settings["reference_sizes"] else "llmc-trace"
-        notes.append(
-            f"{LIBRARIES} (width 128, the libraries' share): {runs} run{'s' * (runs > 1)} of "
-            f"{tools}; the plan's host verdict is taken on each size's growth less its median."
-        )
     notes.append(
         f"GPTQ W4A16 on {settings['samples']} rows of {settings['seq_len']} tokens, "
         f"{settings['threads']} torch threads, each run a fresh process; seconds and growth are "
@@ -721,14 +719,6 @@ def main() -> None:
     measured: dict[str, dict[str, list[dict[str, Any]]]] = {}
     environments: dict[str, Any] = {}
     sizes: dict[str, Any] = {}
-    folder = args.cache / LIBRARIES
-    ensure_model(LIBRARIES, folder)
-    runs = measure_size(LIBRARIES, folder, args, max(repeats.values()), bool(reference_sizes))
-    measured[LIBRARIES] = runs
-    libraries = {
-        "shape": dict(zip(SHAPE_KEYS, LIBRARIES_SHAPE)),
-        "tools": {tool: tool_figures(tool_runs) for tool, tool_runs in runs.items()},
-    }
     for name in args.sizes:
         folder = args.cache / name
         ensure_model(name, folder)
@@ -738,7 +728,8 @@ def main() -> None:
         for tool, tool_runs in runs.items():
             keep_environments(environments, name, tool, tool_runs)
         sizes[name] = {
-            "shape": dict(zip(SHAPE_KEYS, SIZES[name])),
+            "shape": dict(zip(["hidden", "intermediate", "layers", "heads", "kv_heads", "vocab"],
+                              SIZES[name])),  # fmt: skip
             "bf16_bytes": bf16,
             "ideal_bytes": ideal,
             "tools": {tool: tool_figures(tool_runs) for tool, tool_runs in runs.items()},
@@ -753,7 +744,7 @@ def main() -> None:
         "seq_len": SEQ_LEN,
         "max_shard_size": args.max_shard_size,
     }
-    figures = {"settings": settings, "libraries": libraries, "sizes": sizes}
+    figures = {"settings": settings, "sizes": sizes}
     goals = judge(figures)
     print_tables(figures, goals)
     print_environments(measured)
