@@ -34,7 +34,8 @@ algorithm functions in the worker process only; nothing else is changed.
 Targets, side by side in one run on an idle machine: seconds ours/theirs at most 0.8 at every
 size; growth ours/theirs at most 0.5; checkpoint 1.00x ideal; and, at the largest size (1.6B),
 our growth at most 0.25x the checkpoint's bf16 bytes + 256 MiB; plan within 25 % of each
-measured peak (the host's: the pipeline's growth). Each is judged with the run's figures and recorded met or missed.
+measured peak (the host's: the pipeline's growth). Each is judged with the run's figures and
+recorded met or missed.
 
 The run writes ``benchmarks/results/compress_scale.json`` (``--result`` elsewhere): every
 run's figures, the spreads, the settings, each tool's environment and the goals' verdicts;
@@ -356,11 +357,6 @@ def mib(count: float | None) -> str:
     return "-" if count is None else f"{count / MiB:,.0f}"
 
 
-def mib_bytes(spread: dict[str, Any] | None) -> float | None:
-    """A spread of MiB figures' median, in bytes."""
-    return spread["median"] * MiB if spread else None
-
-
 def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
@@ -400,6 +396,7 @@ def sizes_table(figures: dict[str, Any]) -> str:
                              + " - |" * (4 + on_device))  # fmt: skip
                 continue
             growth = median(r["growth_mib"]) * MiB
+            pipeline = median(r.get("pipeline_growth_mib"))
             cells = [
                 name,
                 mib(bf16),
@@ -408,7 +405,7 @@ def sizes_table(figures: dict[str, Any]) -> str:
                 spread_text(r["growth_mib"], ",.0f"),
                 f"{growth / bf16:.2f}",
                 ratio(median(r["checkpoint_bytes"]), ideal),
-                ratio(r.get("plan_host_bytes"), mib_bytes(r.get("pipeline_growth_mib"))),
+                ratio(r.get("plan_host_bytes"), pipeline and pipeline * MiB),
             ]
             if on_device:
                 device_peak = median(r.get("device_peak_mib"))
@@ -536,9 +533,9 @@ def judge(figures: dict[str, Any]) -> list[dict[str, Any]]:
             round(checkpoint, 2) == 1.0,
         ))  # fmt: skip
         growth = median(mine["growth_mib"]) * MiB
-        pipeline = mib_bytes(mine.get("pipeline_growth_mib"))
+        pipeline = median(mine.get("pipeline_growth_mib"))
         if pipeline:
-            plan = mine["plan_host_bytes"] / pipeline
+            plan = mine["plan_host_bytes"] / (pipeline * MiB)
             goals.append(goal(
                 f"{name}: plan host / pipeline's growth", "within 25 %", f"{plan:.2f}x",
                 abs(plan - 1) <= 0.25,

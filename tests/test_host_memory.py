@@ -26,22 +26,32 @@ print(applied, before - rss())
 """
 
 
-def returned_bytes(mode: str, **env: str) -> tuple[str, int]:
+#: glibc's mallopt and malloc_trim, and /proc to read the resident set
+GLIBC_ON_LINUX = pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc" or not Path("/proc/self/status").exists(),
+    reason="glibc's malloc and /proc (Linux)",
+)
+
+
+def child_output(fragment: str, mode: str, **env: str) -> list[str]:
+    """What ``fragment`` prints in a fresh interpreter given ``mode``, with no ``MALLOC_``
+    variable of ours in its environment (``env`` adds some)."""
     child = subprocess.run(
-        [sys.executable, "-c", FRAGMENT, mode],
+        [sys.executable, "-c", fragment, mode],
         capture_output=True,
         text=True,
         check=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env,
     )
-    applied, freed = child.stdout.split()
+    return child.stdout.split()
+
+
+def returned_bytes(mode: str, **env: str) -> tuple[str, int]:
+    applied, freed = child_output(FRAGMENT, mode, **env)
     return applied, int(freed)
 
 
-@pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc" or not Path("/proc/self/status").exists(),
-    reason="glibc's mallopt and /proc (Linux)",
-)
+@GLIBC_ON_LINUX
 def test_a_freed_layer_leaves_the_resident_set_only_when_large_blocks_are_mapped() -> None:
     layer_bytes = 8 * 2**20
     applied, freed = returned_bytes("map")
@@ -68,23 +78,13 @@ print(before - rss())
 """
 
 
-@pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc" or not Path("/proc/self/status").exists(),
-    reason="glibc's malloc_trim and /proc (Linux)",
-)
+@GLIBC_ON_LINUX
 def test_a_hole_below_the_threshold_leaves_the_resident_set_only_when_trimmed() -> None:
     hole_bytes = 3 * 2**20
 
     def returned(mode: str) -> int:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        child = subprocess.run(
-            [sys.executable, "-c", TRIM_FRAGMENT, mode],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=env,
-        )
-        return int(child.stdout)
+        (freed,) = child_output(TRIM_FRAGMENT, mode)
+        return int(freed)
 
     assert returned("keep") < hole_bytes * 0.1
     assert returned("trim") >= hole_bytes * 0.9

@@ -21,9 +21,8 @@ def quiet_libraries() -> None:
     Both variables are read when their library is first imported, which no command has done
     yet. ``TQDM_DISABLE`` is read as tqdm reads it (any value but an empty one disables), but
     only sets tqdm's default, and compressed-tensors passes ``disable=False`` explicitly, so
-    tqdm itself is told to draw nothing as well; importing it
-    costs about 40 ms, against the seconds of torch's import every command that loads a model
-    pays.
+    tqdm itself is told to draw nothing as well; importing it costs about 40 ms, against the
+    seconds of torch's import every command that loads a model pays.
     """
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
