@@ -50,7 +50,7 @@ from llmc_trace.algorithms import (
     sparsegpt,
     sweep_factor,
 )
-from llmc_trace.algorithms.sweep_kernel import kernel_sweeps
+from llmc_trace.algorithms.sweep_kernel import kernel_fallback_reason, kernel_sweeps
 from llmc_trace.core.solver import SolverSettings
 
 #: (name, out, in): Llama-3-8B's and -70B's projections (hidden 4096 / 8192, 8 key-value
@@ -182,7 +182,8 @@ def kernel_agreement(device: torch.device) -> dict[str, Any]:
     """The sweep kernel against the torch loop on one 40 x 128 layer (two blocks of 64 columns,
     rows not a multiple of the kernel's tile): the share of GPTQ's integers, and of SparseGPT's mask
     and weights, that differ (0.0 on the CPU's interpreter; on a GPU the loop's rank-1
-    updates may fuse multiply and add), and whether the kernel ran at all."""
+    updates may fuse multiply and add), whether the kernel ran at all, and if not, why
+    (``fallback``: the ``KernelFallbackWarning``'s reason)."""
     gptq_module = sys.modules[gptq.__module__]
     sparsegpt_module = sys.modules[sparsegpt.__module__]
     generator = torch.Generator().manual_seed(0)
@@ -206,7 +207,8 @@ def kernel_agreement(device: torch.device) -> dict[str, Any]:
     def differing(a: torch.Tensor, b: torch.Tensor) -> float:
         return (a != b).float().mean().item()
 
-    result: dict[str, Any] = {"kernel_ran": kernel_sweeps(None, device)}
+    ran = kernel_sweeps(None, device)
+    result: dict[str, Any] = {"kernel_ran": ran, "fallback": kernel_fallback_reason()}
     result["gptq_integers_differing"] = differing(through_kernel["gptq"], through_loop["gptq"])
     for name in ("sparsegpt", "sparsegpt_2of4"):
         kernel, loop = through_kernel[name], through_loop[name]
@@ -257,11 +259,13 @@ def run(spec: dict[str, Any], save: Any) -> dict[str, Any]:
         "fp32_matmul_tflops": matmul_tflops(size, torch.float32, device),
         # what the Hessian's products of bf16 inputs run on: TF32 tensor cores on a GPU
         "hessian_peak_kind": "tf32" if on_cuda else "fp32",
-        "sweep_kernel": kernel_sweeps(None, device),
         "shapes": [],
         "skipped": [],
     }
     result["kernel_agreement"] = kernel_agreement(device) if on_cuda else interpreted_agreement()
+    # after the agreement's launches: whether the timed sweeps below run the kernel (on a GPU
+    # one that failed to compile there sweeps with torch ops; the agreement says why)
+    result["sweep_kernel"] = kernel_sweeps(None, device)
     save(result)
     peak = matmul_tflops(size, torch.float32, device, tf32=True) if on_cuda else None
     result["tf32_matmul_tflops"] = peak

@@ -146,6 +146,7 @@ def kernel_lines(record: dict[str, Any]) -> list[str]:
         f"matmul bf16 {number(kernels.get('bf16_matmul_tflops'))}, fp32 "
         f"{number(kernels.get('fp32_matmul_tflops'))}, tf32 "
         f"{number(kernels.get('tf32_matmul_tflops'))} TFLOP/s",
+        *agreement_lines(kernels),
         f"{'shape':17} {'out x in':>13} {'H TFLOP/s':>9} {'of peak':>7} {'floor s':>8} "
         f"{'GPTQ s':>8} {'x':>5} {'spread':>6} {'SpGPT s':>8} {'2:4 s':>8} {'x':>5} {'spread':>6}",
     ]
@@ -160,6 +161,27 @@ def kernel_lines(record: dict[str, Any]) -> list[str]:
         )
     if kernels.get("skipped"):
         lines.append(f"skipped (budget): {', '.join(kernels['skipped'])}")
+    return lines
+
+
+def agreement_lines(kernels: dict[str, Any]) -> list[str]:
+    """The sweep kernel held against the torch loop, and why it did not run where it did not:
+    without this line a GPU run whose kernel failed to compile reads as slow kernels."""
+    agreement = kernels.get("kernel_agreement") or {}
+    lines = []
+    if "skipped" in agreement:
+        lines.append(f"sweep kernel against the torch loop: skipped ({agreement['skipped']})")
+    elif agreement:
+        differing = {
+            k.removesuffix("_differing"): v
+            for k, v in agreement.items()
+            if k.endswith("_differing")
+        }
+        shares = ", ".join(f"{name} {share:.2%}" for name, share in differing.items())
+        ran = "ran" if agreement.get("kernel_ran") else "did not run"
+        lines.append(f"sweep kernel against the torch loop: {ran}; differing {shares}")
+        if agreement.get("fallback"):
+            lines.append(f"  why not: {agreement['fallback']}")
     return lines
 
 

@@ -7,12 +7,18 @@ from __future__ import annotations
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 from llmc_trace.algorithms import QuantizationArgs, gptq, sparsegpt
 from llmc_trace.algorithms import sweep_kernel
-from llmc_trace.algorithms.sweep_kernel import KernelFallbackWarning, _Fallback
+from llmc_trace.algorithms.sweep_kernel import (
+    KernelFallbackWarning,
+    _Fallback,
+    interpreter_problem,
+    kernel_fallback_reason,
+)
 from llmc_trace.core.solver import SolverSettings
 
 GPTQ_MODULE = sys.modules["llmc_trace.algorithms.gptq"]
@@ -89,6 +95,7 @@ def test_a_kernel_that_fails_to_compile_sweeps_with_torch_after_one_warning(
     W, H = problem
     expected = _torch_loops(W, H)
     monkeypatch.setattr(sweep_kernel, "_triton_import_error", lambda: None)  # Triton imports
+    monkeypatch.setattr(sweep_kernel, "interpreter_problem", lambda: None)  # and would run
     compiles: list[int] = []
 
     def failing() -> FailingCompiler:
@@ -106,6 +113,47 @@ def test_a_kernel_that_fails_to_compile_sweeps_with_torch_after_one_warning(
     ]
     for result in results:
         assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+
+
+@pytest.mark.usefixtures("wants_the_kernel")
+def test_an_interpreter_that_cannot_run_with_this_numpy_is_named_before_any_launch(
+    problem: tuple[torch.Tensor, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton 3.6 (torch 2.11's) and numpy 2.4: the interpreter would fail inside the
+    kernel's first loop; the sweeps say why before launching it, with what runs it instead."""
+    triton = pytest.importorskip("triton")
+    W, H = problem
+    expected = _torch_loops(W, H)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(np, "__version__", "2.4.0")
+    monkeypatch.setattr(sweep_kernel, "_kernel", lambda: pytest.fail("the kernel was launched"))
+    results, messages = _swept_with_warnings(W, H)
+    reason = (
+        "Triton 3.6.0's interpreter cannot run the sweep kernel with numpy 2.4.0 (it turns the "
+        "kernel's scalar arguments into one-element arrays, which numpy 2.4 and later refuse to "
+        "convert to integers)"
+    )
+    assert messages == [
+        f"{reason}: GPTQ and SparseGPT sweep each block with torch ops instead of one Triton "
+        "kernel (the same results, several times slower on a GPU); Triton 3.7 or later, or "
+        "numpy before 2.4, runs the kernel through the interpreter."
+    ]
+    assert kernel_fallback_reason() == reason
+    for result in results:
+        assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+
+
+@pytest.mark.parametrize(
+    ("triton_version", "numpy_version"),
+    [("3.7.0", "2.5.2"), ("3.6.0", "2.3.5"), ("3.9.0", "2.4.6")],
+)
+def test_an_interpreter_that_runs_with_this_numpy_is_not_refused(
+    triton_version: str, numpy_version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(np, "__version__", numpy_version)
+    assert interpreter_problem() is None
 
 
 def test_a_cpu_without_the_interpreter_never_asks_for_triton(

@@ -15,6 +15,7 @@ from llmc_trace.algorithms import QuantizationArgs, gptq
 from llmc_trace.core.solver import SolverSettings
 from llmc_trace.algorithms.gptq import GPTQResult
 from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.algorithms import sweep_kernel
 from llmc_trace.algorithms.sweep_kernel import kernel_sweeps
 
 pytest.importorskip("triton")
@@ -109,6 +110,9 @@ def test_scales_fitted_in_the_sweep_stay_on_the_torch_loop(
     W, _, _ = _problem("cpu")
     args = QuantizationArgs(num_bits=4, group_size=64)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # which grids take the kernel, whatever this environment's interpreter can run
+    monkeypatch.setattr(sweep_kernel, "_FALLBACK", sweep_kernel._Fallback())
+    monkeypatch.setattr(sweep_kernel, "interpreter_problem", lambda: None)
     fitted_in_sweep = SweepGrid(W, args, perm=None, static_groups=False, scale_dtype=W.dtype)
     fitted_up_front = SweepGrid(W, args, perm=None, static_groups=True, scale_dtype=W.dtype)
     assert not kernel_sweeps(fitted_in_sweep, W.device)

@@ -447,6 +447,27 @@ def test_a_config_transformers_refuses_exits_2_with_its_reason(
     assert code == 2 and expected in output, output
 
 
+def test_a_config_whose_check_crashes_in_transformers_exits_2_asking_for_a_newer_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers 5.17's rope check calls `.get` on a value Laguna's published config (read
+    by 5.24) holds as an int: its validator crashes instead of refusing. Simulated here, where
+    the release reads that config."""
+    import llmc_trace.models.source as source
+
+    def crashing(model_type: str, **values: object) -> None:
+        raise AttributeError("'int' object has no attribute 'get'")
+
+    monkeypatch.setattr(source.AutoConfig, "for_model", crashing)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "laguna"}))
+    code, output = invoke("attempt", "-m", str(tmp_path))
+    assert code == 2, output
+    said = " ".join(output.split())
+    assert "cannot read the config of" in said and "as a 'laguna' config" in said
+    assert "(AttributeError: 'int' object has no attribute 'get')" in said
+    assert "upgrade transformers (pip install -U transformers)" in said
+
+
 @pytest.mark.parametrize("command", ["attempt", "plan", "compress"])
 def test_a_config_json_that_is_no_object_or_cannot_be_read_exits_2_naming_it(
     command: str, tmp_path: Path

@@ -31,15 +31,17 @@ stay on the torch ops; so do CPUs, where a launch costs nothing and Triton does 
 `TRITON_INTERPRET=1`, set before Triton is first imported, runs the kernel on the CPU through
 Triton's interpreter: how the tests check it without a GPU.
 
-Where the kernel would run but cannot (Triton not importable, or compiling the kernel raising)
-the sweeps fall back to the torch ops with one `KernelFallbackWarning` per process naming why
-(`kernel_sweeps`, `sweep_block`, `prune_block`): the same results, only slower.
+Where the kernel would run but cannot (Triton not importable, its interpreter unable to run
+with this numpy, or compiling the kernel raising) the sweeps fall back to the torch ops with one
+`KernelFallbackWarning` per process naming why (`kernel_sweeps`, `sweep_block`, `prune_block`):
+the same results, only slower. `kernel_fallback_reason` tells a report why.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -57,20 +59,22 @@ class KernelFallbackWarning(RuntimeWarning):
     """The sweep kernel would run here but cannot; the torch ops sweep instead (slower)."""
 
 
+_INSTALL_ADVICE = "install the Triton release that matches this torch to use the kernel"
+
+
 @dataclass
 class _Fallback:
     """Why this process sweeps with torch ops where the kernel would run (None: it need not)."""
 
     reason: str | None = None
 
-    def give_up(self, reason: str) -> None:
+    def give_up(self, reason: str, advice: str = _INSTALL_ADVICE) -> None:
         """Record `reason` and warn, once per process: every later sweep takes the torch ops."""
         if self.reason is None:
             self.reason = reason
             warnings.warn(
                 f"{reason}: GPTQ and SparseGPT sweep each block with torch ops instead of one "
-                "Triton kernel (the same results, several times slower on a GPU); install the "
-                "Triton release that matches this torch to use the kernel.",
+                f"Triton kernel (the same results, several times slower on a GPU); {advice}.",
                 KernelFallbackWarning,
                 stacklevel=4,
             )
@@ -84,15 +88,63 @@ def kernel_sweeps(grid: SweepGrid | None, device: torch.device) -> bool:
     anywhere under `TRITON_INTERPRET=1` (the tests' way to run it on a CPU), for a sweep with
     no grid (SparseGPT pruning alone) or a grid whose scales are all fitted before the sweep.
     The kernel rounds to integers: float grids (FP8, FP4) sweep with the torch ops. Where the
-    kernel would run but Triton cannot be imported, warns once (`KernelFallbackWarning`) and
-    says no."""
+    kernel would run but Triton cannot be imported, or its interpreter cannot run here
+    (`interpreter_problem`), warns once (`KernelFallbackWarning`) and says no."""
     if grid is not None and (grid.fits_in_sweep or grid.args.is_float):
         return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not interpreting:
         return False
     if _FALLBACK.reason is None and (missing := _triton_import_error()) is not None:
         _FALLBACK.give_up(f"Triton cannot be imported ({missing})")
+    if _FALLBACK.reason is None and interpreting and (problem := interpreter_problem()):
+        _FALLBACK.give_up(problem, advice=_INTERPRETER_ADVICE)
     return _FALLBACK.reason is None
+
+
+def kernel_fallback_reason() -> str | None:
+    """Why this process's sweeps take the torch ops where the kernel would run (the text of its
+    `KernelFallbackWarning`), or None while nothing has stopped the kernel: for reports that
+    time the sweeps and must say which of the two they timed."""
+    return _FALLBACK.reason
+
+
+#: Triton's first release whose interpreter reads a scalar argument as a 0-d array.
+_INTERPRETER_FIXED = (3, 7)
+#: numpy's first release that refuses `int()` of a one-element array with a dimension.
+_NUMPY_STRICT = (2, 4)
+_INTERPRETER_ADVICE = (
+    f"Triton {'.'.join(map(str, _INTERPRETER_FIXED))} or later, or numpy before "
+    f"{'.'.join(map(str, _NUMPY_STRICT))}, runs the kernel through the interpreter"
+)
+
+
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the kernel in this environment, or None.
+
+    Before 3.7 the interpreter holds a scalar argument (the block's column count) as a
+    one-element array and turns it into a loop bound with `int(array)`, which numpy 2.4 refuses
+    ("only 0-dimensional arrays can be converted to Python scalars"). torch 2.11 pins Triton
+    3.6, so a fresh environment with it and numpy 2.4 or later meets this: the compiled kernel on
+    a GPU is unaffected, only the CPU's check of it."""
+    import numpy
+    import triton
+
+    old_triton = _release(triton.__version__) < _INTERPRETER_FIXED
+    if old_triton and _release(numpy.__version__) >= _NUMPY_STRICT:
+        strict = ".".join(map(str, _NUMPY_STRICT))
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run the sweep kernel with numpy "
+            f"{numpy.__version__} (it turns the kernel's scalar arguments into one-element "
+            f"arrays, which numpy {strict} and later refuse to convert to integers)"
+        )
+    return None
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as '3.6.0' or '2.5.0rc1'."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def sweep_block(

@@ -95,6 +95,18 @@ class ModelSource:
                 hint="Correct config.json (or restore it from the checkpoint it came from).",
                 param="model",
             ) from err
+        except AttributeError as err:
+            # transformers' own validator crashing on a value's shape, not rejecting it: a
+            # config published for a newer release (a field that became a dict, say)
+            version = __import__("transformers").__version__
+            raise BadInputError(
+                f"transformers {version} cannot read the config of {self.name} as a "
+                f"{model_type!r} config: its check of the values failed "
+                f"(AttributeError: {_short(err)}).",
+                hint="The config may be written for a newer transformers release: upgrade "
+                "transformers (pip install -U transformers), or correct config.json.",
+                param="model",
+            ) from err
 
     def preprocessor_config(self) -> dict[str, Any] | None:
         if self.folder is None:

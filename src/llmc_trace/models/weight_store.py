@@ -216,11 +216,11 @@ def _canonical_names(model: torch.nn.Module, store: WeightStore) -> dict[str, st
     the architecture's checkpoints at load), mapped to the stored name."""
     renamings = _renamings(model)
     names = {name: name for name in store.tensors}
-    if renamings:
-        from transformers.core_model_loading import apply_renamings
-
-        for name in store.tensors:
-            names.setdefault(apply_renamings(name, renamings), name)
+    for stored in store.tensors if renamings else ():
+        name = stored
+        for renaming in renamings:  # each in turn, as transformers renames at load
+            name, _ = renaming.rename_source_key(name)
+        names.setdefault(name, stored)
     return names
 
 
