@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.pipelines.sequential import run_sequential
-from llmc_trace.pipelines.stages import dependency_stages
+from llmc_trace.pipelines.stages import _producing_layers, dependency_stages
 from tests.conftest import tiny_llama, token_batch
 
 
@@ -28,6 +30,36 @@ def test_a_llama_layer_has_four_stages_in_dependency_order() -> None:
         ["down_proj"],
     ]
     assert all(p.requires_grad for p in layer.parameters())  # left as it found them
+
+
+class _Node:
+    """An autograd node as Python sees it: ``next_functions`` hands out each node's object,
+    made on demand and kept only while something references it (as autograd's are)."""
+
+    live: weakref.WeakValueDictionary[int, _Node] = weakref.WeakValueDictionary()
+
+    def __init__(self, key: int, graph: dict[int, list[int]]) -> None:
+        self.key, self.graph = key, graph
+
+    @classmethod
+    def of(cls, key: int, graph: dict[int, list[int]]) -> _Node:
+        node = cls.live.get(key)
+        if node is None:
+            node = cls(key, graph)
+            cls.live[key] = node
+        return node
+
+    @property
+    def next_functions(self) -> tuple[tuple[_Node, int], ...]:
+        return tuple((_Node.of(k, self.graph), 0) for k in self.graph.get(self.key, []))
+
+
+def test_the_walk_to_the_producing_layers_is_not_cut_by_a_reused_object_id() -> None:
+    """A chain of 40 nodes whose objects are freed as the walk passes them: a new object can
+    take a freed one's id, and a walk that kept ids alone read it as seen and stopped."""
+    chain = {k: [k + 1] for k in range(40)}
+    produced = _Node.of(40, chain)  # the layer's output node, alive as the pipeline keeps it
+    assert _producing_layers(_Node.of(0, chain), {produced: "q_proj"}) == {"q_proj"}
 
 
 class HalvingRecorder:

@@ -74,15 +74,21 @@ def dependency_stages(
 
 
 def _producing_layers(grad_fn: Any, produced_by: dict[Any, str]) -> set[str]:
-    """Layers whose outputs ``grad_fn``'s graph reaches without passing another layer."""
+    """Layers whose outputs ``grad_fn``'s graph reaches without passing another layer.
+
+    ``seen`` holds the nodes themselves, not their ids: autograd makes a node's Python object
+    when ``next_functions`` is read and frees it when the last reference goes, so an id kept
+    alone can be taken by another node's object later in the walk, which then reads as seen
+    and its branch is cut (on torch 2.11 with Python 3.12 the walk from ``o_proj``'s input
+    stopped after 3 nodes, before the attention's ``q/k/v_proj``)."""
     found: set[str] = set()
-    seen: set[int] = set()
+    seen: set[Any] = set()
     stack = [grad_fn]
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen:
+        if node is None or node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         if node in produced_by:
             found.add(produced_by[node])
             continue
