@@ -11,7 +11,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
 from llmc_trace.models.samples import SampleOptions, supported_modalities
-from llmc_trace.traced.probe import UnfitConfig, sample_for
+from llmc_trace.traced.probe import UnfitConfig, _feature_rows, sample_for
 
 SHORT = SampleOptions(seq_len=16)
 
@@ -89,3 +89,24 @@ def test_a_feature_method_that_takes_no_layout_names_each_it_tried() -> None:
     twin = twin_of("molmo2", "Molmo2ForConditionalGeneration")
     with pytest.raises(BadInputError, match="took none of the layouts tried: one picture"):
         sample_for(twin, "image", SHORT)
+
+
+class _FramesAsPixelValues(torch.nn.Module):
+    """A feature method naming a video's frames ``pixel_values`` where the forward calls them
+    ``pixel_values_videos`` (transformers 5.17's LLaVA-OneVision and LLaVA-NeXT-Video)."""
+
+    def get_video_features(self, pixel_values: torch.Tensor, vision_feature_layer: int = -1):
+        return pixel_values.flatten(0, 1).flatten(1)  # one row per frame
+
+
+def test_the_feature_method_gets_the_frames_under_its_own_name() -> None:
+    frames = torch.ones(2, 3, 4, 5)  # 2 frames of 3 x 4 x 5
+    media = {"pixel_values_videos": frames.unsqueeze(0), "video_grid": torch.tensor([1, 2])}
+    rows, width = _feature_rows(_FramesAsPixelValues().get_video_features, media)
+    assert (rows, width) == (2, 60)
+
+
+def test_two_unnamed_pixel_inputs_are_not_guessed_between() -> None:
+    media = {"pixel_values_videos": torch.ones(1, 2, 3), "pixel_values_images": torch.ones(1, 2)}
+    with pytest.raises(TypeError, match="pixel_values"):
+        _feature_rows(_FramesAsPixelValues().get_video_features, media)

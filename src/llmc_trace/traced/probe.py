@@ -228,6 +228,9 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
         for key, value in media.items()
         if key in named
     }
+    renamed = _renamed_pixels(method, media)
+    if renamed is not None:
+        arguments[renamed[0]] = media[renamed[1]].to(dtype)
     with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
         output = method(**arguments)
     pooled = getattr(output, "pooler_output", None)
@@ -235,6 +238,29 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
         pooled = getattr(output, "last_hidden_state", output)
     tensors = [pooled] if isinstance(pooled, torch.Tensor) else list(pooled)
     return sum(t.numel() // t.shape[-1] for t in tensors), int(tensors[0].shape[-1])
+
+
+def _renamed_pixels(method: Callable[..., Any], media: dict[str, Any]) -> tuple[str, str] | None:
+    """(the method's name, the layout's key) where the feature method names the medium's pixels
+    otherwise than the forward does: its first required parameter absent from the layout, and
+    one floating-point input the method does not name. transformers 5.17's LLaVA-OneVision and
+    LLaVA-NeXT-Video take a video's frames as ``pixel_values``, which their forwards call
+    ``pixel_values_videos``."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [
+        p.name
+        for p in inspect.signature(method).parameters.values()
+        if p.kind in kinds and p.default is inspect.Parameter.empty
+    ]
+    if not required or required[0] in media:
+        return None
+    named = set(_named_parameters(method))
+    unread = [
+        key
+        for key, value in media.items()
+        if key not in named and isinstance(value, torch.Tensor) and value.is_floating_point()
+    ]
+    return (required[0], unread[0]) if len(unread) == 1 else None
 
 
 def _assemble(
