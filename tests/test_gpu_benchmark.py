@@ -24,7 +24,10 @@ import summary  # noqa: E402
 import wheels  # noqa: E402
 from wheels import record_hash  # noqa: E402
 
+import torch  # noqa: E402
+
 from llmc_trace.algorithms.sweep_kernel import interpreter_problem  # noqa: E402
+from llmc_trace.core.device_peak import DevicePeaks  # noqa: E402
 
 SHAPE_FIGURES = (
     "hessian_tokens_per_s",
@@ -290,6 +293,34 @@ def test_phases_take_the_seconds_until_the_next_report(monkeypatch: pytest.Monke
         }
     )
     assert set(saved[-1]) == set(phases.PHASES) - {"write"}
+
+
+def test_a_layers_solves_peak_at_their_largest_and_the_run_keeps_the_forwards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each solve resets CUDA's mark for its own reading (the report's per-layer peak) and
+    the meter resets it at each phase: neither may lose what the other has not read. A CUDA
+    counter simulated on the CPU; the forward pass peaks at 900, the solves at 300, 500, 200."""
+    mark = [0]
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: mark[0])
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: mark.__setitem__(0, 0)
+    )
+    monkeypatch.setattr(phases, "synchronize", lambda device: None)
+    cuda = torch.device("cuda")
+    run = DevicePeaks()
+    meter = phases.PhaseMeter(lambda p: None, cuda)
+    with meter.instrumented():
+        meter("subgraph 1/1 · a", 0, 1)
+        mark[0] = 900
+        with meter.nested("solves"):
+            for nbytes in (300, 500, 200):
+                with run.step(torch.device("cuda:0")):
+                    mark[0] = nbytes
+        meter("write", 0, 1)
+        meter.close()
+    assert meter.peaks["forwards"] == 900 and meter.peaks["solves"] == 500
+    assert run.current(cuda) == 900
 
 
 def test_a_measured_phase_is_held_against_the_plans_phase_that_covers_it() -> None:

@@ -11,8 +11,10 @@ device at its start and end so that the seconds are the device's; their seconds 
 the phase around them.
 
 Each phase's device peak is CUDA's allocated high-water mark over the phase, read and reset at
-every boundary (``torch.cuda.max_memory_allocated``, ``reset_peak_memory_stats``); off CUDA no
-peak is read. Wrapping the library's methods here, in a benchmark, is the measurement's
+every boundary (``torch.cuda.max_memory_allocated``, through the library's ``reset_peak``); the
+resets the library makes inside a phase (one per solve) hand the meter the mark they clear
+(``observing_resets``), so a layer's solves peak at their largest, not at their last. Off CUDA
+no peak is read. Wrapping the library's methods here, in a benchmark, is the measurement's
 business: the library itself keeps no timers in its maths.
 """
 
@@ -29,6 +31,7 @@ import torch
 from common import synchronize
 from llmc_trace.algorithms.hessian import HessianAccumulator
 from llmc_trace.calibrate.compressor import LayerCompressor
+from llmc_trace.core.device_peak import observing_resets, reset_peak
 from llmc_trace.pipelines.cache import IntermediatesCache
 
 #: every phase, in the order a run goes through them
@@ -68,6 +71,7 @@ class PhaseMeter:
         self._since = time.perf_counter()
         self._nested_s = 0.0  # seconds of nested phases since the label began
         self._inside = False
+        self._cleared = 0  # the highest mark another reset cleared since the last reading
 
     @staticmethod
     def phase(label: str) -> str:
@@ -128,6 +132,7 @@ class PhaseMeter:
             return lambda: setattr(owner, method, original)
 
         with ExitStack() as restore:
+            restore.enter_context(observing_resets(self._observe_reset))
             restore.callback(wrap(HessianAccumulator, "add", "hessians"))
             restore.callback(wrap(LayerCompressor, "on_calibrated", "solves"))
             for method in ("fetch", "replace"):
@@ -139,13 +144,18 @@ class PhaseMeter:
     def _add(self, phase: str, seconds: float) -> None:
         self.phases_s[phase] = self.phases_s.get(phase, 0.0) + seconds
 
+    def _observe_reset(self, device: torch.device, mark: int) -> None:
+        if device.type == self.device.type:  # one GPU: "cuda" and "cuda:0" are the same one
+            self._cleared = max(self._cleared, mark)
+
     def _read_peak(self, phase: str | None) -> None:
         """Give the high-water mark since the last reading to ``phase``, and start anew."""
         if self.device.type != "cuda" or phase is None:
             return
-        peak = torch.cuda.max_memory_allocated(self.device)
+        peak = max(torch.cuda.max_memory_allocated(self.device), self._cleared)
         self.peaks[phase] = max(self.peaks.get(phase, 0), peak)
-        torch.cuda.reset_peak_memory_stats(self.device)
+        reset_peak(self.device)
+        self._cleared = 0  # after the reset, which handed this meter the mark it just read
 
 
 def phase_peaks_against_plan(

@@ -2,19 +2,50 @@
 
 CUDA counts one high-water mark per process (``torch.cuda.max_memory_allocated``); a step's own
 peak needs it reset before the step (``reset_peak_memory_stats``), which loses the mark of
-everything before. :class:`DevicePeaks` reads the mark before each reset and after each step,
-so ``run_peak_bytes`` is what one reading at the end would have given without the resets.
-Only CUDA is measured: a CPU process has no peak it could reset for one step without
-disturbing other measurements of its resident set.
+everything before. Every reset in the process therefore goes through :func:`reset_peak`, which
+first hands the mark it is about to lose to every live observer: :class:`DevicePeaks` (each
+run's, so ``run_peak_bytes`` is what one reading at the end would have given without any reset)
+and whoever else measures phases (:func:`observing_resets`; the GPU benchmark's phase meter).
+Without that, a reset by one measurer erased what another had not read yet: the phase meter's
+resets hid a run's forward peaks from its report, and the solver's per-solve resets left the
+meter only the last solve of a layer. Only CUDA is measured: a CPU process has no peak it could
+reset for one step without disturbing other measurements of its resident set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+#: called with the device and its mark just before the mark is reset
+PeakObserver = Callable[[torch.device, int], None]
+_observers: list[PeakObserver] = []
+_runs: weakref.WeakSet[DevicePeaks] = weakref.WeakSet()  # each live run's, observing too
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start CUDA's high-water mark on ``device`` anew, first giving the mark to every observer
+    (see the module docstring)."""
+    mark = torch.cuda.max_memory_allocated(device)
+    for run in tuple(_runs):
+        run._keep(mark)
+    for observe in tuple(_observers):
+        observe(device, mark)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+@contextmanager
+def observing_resets(observe: PeakObserver) -> Iterator[None]:
+    """Have ``observe`` given the mark before every reset while the block runs."""
+    _observers.append(observe)
+    try:
+        yield
+    finally:
+        _observers.remove(observe)
 
 
 @dataclass
@@ -24,11 +55,15 @@ class PeakReading:
     peak_bytes: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class DevicePeaks:
-    """Per-step CUDA peaks (see the module docstring) and the run's peak across them."""
+    """Per-step CUDA peaks (see the module docstring) and the run's peak across them; observes
+    every reset in the process for as long as it lives."""
 
     run_peak_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _runs.add(self)
 
     @contextmanager
     def step(self, device: torch.device) -> Iterator[PeakReading]:
@@ -38,8 +73,7 @@ class DevicePeaks:
         if device.type != "cuda":
             yield reading
             return
-        self._keep(torch.cuda.max_memory_allocated(device))
-        torch.cuda.reset_peak_memory_stats(device)
+        reset_peak(device)
         try:
             yield reading
         finally:
@@ -47,7 +81,7 @@ class DevicePeaks:
             self._keep(reading.peak_bytes)
 
     def current(self, device: torch.device) -> int | None:
-        """The run's peak so far, including what the counter holds since the last step."""
+        """The run's peak so far, including what the counter holds since the last reset."""
         if device.type == "cuda":
             self._keep(torch.cuda.max_memory_allocated(device))
         return self.run_peak_bytes
