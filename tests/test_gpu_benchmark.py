@@ -379,6 +379,71 @@ def test_the_table_says_why_the_sweep_kernel_did_not_run() -> None:
     assert lines[at + 1] == f"  why not: {reason}"
 
 
+def test_each_cuda_tests_outcome_is_kept_as_it_finishes(tmp_path: Path) -> None:
+    """The CUDA tests' step writes its JUnit report only at the end: a step killed at its
+    budget keeps the outcomes already written, one JSON line per test."""
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.cuda\n"
+        "def test_passes():\n    pass\n"
+        "@pytest.mark.cuda\n"
+        "def test_fails():\n    assert 1 == 2\n"
+        "@pytest.mark.skipif(True, reason='needs a CUDA device')\n"
+        "def test_skips():\n    pass\n"
+        "def test_not_selected():\n    pass\n"
+    )
+    outcomes = tmp_path / "outcomes.jsonl"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "cuda_selection", "-p"]
+    command += [
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-o",
+        "markers=cuda",
+        "--rootdir",
+        str(tmp_path),
+    ]
+    command += ["--outcomes", str(outcomes), str(tmp_path / "test_some.py")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(GPU), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
+    lines = [json.loads(line) for line in outcomes.read_text().splitlines()]
+    assert [(line["test"].split("::")[-1], line["outcome"]) for line in lines] == [
+        ("test_passes", "passed"),
+        ("test_fails", "failed"),
+        ("test_skips", "skipped"),
+    ]
+    assert lines[1]["message"].startswith("assert 1 == 2")
+    assert lines[2]["message"] == "Skipped: needs a CUDA device"
+    record = {
+        "mode": "full",
+        "device": "cuda",
+        "steps": {
+            "cuda_tests": {
+                "status": "timed out",
+                "elapsed_s": 87.0,
+                "figures": {
+                    "finished": 3,
+                    "passed": 1,
+                    "failed": 1,
+                    "error": 0,
+                    "skipped": 1,
+                    "tests": lines,
+                },
+            }
+        },
+    }
+    record["goals"] = summary.goals(record)
+    table = summary.render(record)
+    assert (
+        "cuda tests: 3 finished before the step ended: 1 passed, 1 failed, 0 error, 1 skipped"
+        in table
+    )
+    assert "failed: " in table and "test_fails" in table
+
+
 def test_the_table_shows_what_a_failed_run_left() -> None:
     """A run cut short (no versions, a failed step, a step killed before its figures) still
     renders, naming each step's status and error."""

@@ -4,11 +4,16 @@ Loaded with ``-p cuda_selection``: a test is kept when it carries the ``cuda`` m
 ``skipif`` marker whose reason names CUDA or a GPU (the suite's way to skip cleanly without
 one); every other collected test is deselected. On a GPU machine the kept tests are the ones
 no CI run has exercised; on a CPU they all skip, which proves the selection without a GPU.
+
+With ``--outcomes PATH`` each test's outcome is appended to PATH as one JSON line the moment
+it is known: a run killed at its budget writes no JUnit report, but keeps these.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +35,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = kept
+
+
+_outcomes: list[Path] = []  # where --outcomes writes, once configured
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--outcomes", help="append each test's outcome here as a JSON line")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("outcomes"):
+        _outcomes[:] = [Path(config.getoption("outcomes"))]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The test's outcome once known: its call's, or a setup's that skipped or failed, or a
+    teardown's that failed (an error, as JUnit counts it)."""
+    if not _outcomes:
+        return
+    if report.when == "call":
+        outcome = report.outcome
+    elif report.when == "setup" and not report.passed:
+        outcome = "skipped" if report.skipped else "error"
+    elif report.when == "teardown" and report.failed:
+        outcome = "error"
+    else:
+        return
+    message = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2])
+    elif report.failed:  # the exception's own line, as JUnit's message gives it
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else report.longreprtext.strip()
+    line = {"test": report.nodeid, "outcome": outcome, "seconds": report.duration}
+    with _outcomes[0].open("a") as out:
+        out.write(json.dumps({**line, "message": message[:200]}) + "\n")

@@ -27,7 +27,9 @@ FILES = ("gpu-benchmark.json", "summary.txt", "cuda-tests.xml", "steps.log")
 
 def head_commit() -> str:
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
 
     dirty = any(
         not line[3:].startswith("benchmarks/results/")
@@ -42,8 +44,10 @@ def main() -> int:
     args = parser.parse_args()
     record_path = args.source / "gpu-benchmark.json"
     if not record_path.is_file():
-        print(f"error: {record_path} does not exist: name the folder holding the run's output",
-              file=sys.stderr)
+        print(
+            f"error: {record_path} does not exist: name the folder holding the run's output",
+            file=sys.stderr,
+        )
         return 2
     record = json.loads(record_path.read_text())
     commit = head_commit()
@@ -54,14 +58,20 @@ def main() -> int:
     kept = [name for name in FILES if (args.source / name).is_file()]
     for name in kept:
         shutil.copy2(args.source / name, staging / name)
-    provenance = {"commit": commit, "date": record.get("date"), "command": record.get("command"),
-                  "files": kept}
+    provenance = {
+        "commit": commit,
+        "date": record.get("date"),
+        "command": record.get("command"),
+        "files": kept,
+    }
     (staging / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
     missing = sorted(set(FILES) - set(kept))
-    print(f"kept {', '.join(kept)} in {folder.relative_to(REPO)}"
-          + (f"; missing: {', '.join(missing)}" if missing else ""))
+    print(
+        f"kept {', '.join(kept)} in {folder.relative_to(REPO)}"
+        + (f"; missing: {', '.join(missing)}" if missing else "")
+    )
     return 0
 
 

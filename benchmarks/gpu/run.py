@@ -221,18 +221,24 @@ def cuda_tests(run: Run, budget_s: float) -> dict[str, Any]:
         if CUDA_TEST.search(p.read_text())
     )
     report = run.out / "cuda-tests.xml"
+    outcomes = run.work / "cuda-tests.jsonl"
     env_path = run.env.get("PYTHONPATH", "")
     run.env["PYTHONPATH"] = os.pathsep.join(p for p in (env_path, str(HERE)) if p)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "cuda_selection", "-p"]
-    command += ["no:cacheprovider", "-o", "addopts=", f"--junitxml={report}", *files]
+    command += ["no:cacheprovider", "-o", "addopts=", f"--junitxml={report}"]
+    command += ["--outcomes", str(outcomes), *files]
     report.unlink(missing_ok=True)
+    outcomes.unlink(missing_ok=True)
     try:
         code, seconds = run.child(command, budget_s + GRACE_S)
     finally:
         run.env["PYTHONPATH"] = env_path
-    if not report.exists():
+    if not report.exists():  # killed: the outcomes of the tests that finished
         status = "timed out" if code is None else f"crashed (exit {code})"
-        return {"status": status, "elapsed_s": seconds, "budget_s": budget_s, "figures": {}}
+        lines = outcomes.read_text().splitlines() if outcomes.exists() else []
+        tests = [json.loads(line) for line in lines if line.strip()]
+        figures = {"files": files, "finished": len(tests), **_counts(tests), "tests": tests}
+        return {"status": status, "elapsed_s": seconds, "budget_s": budget_s, "figures": figures}
     suite = ElementTree.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     assert suite is not None
@@ -257,9 +263,7 @@ def cuda_tests(run: Run, budget_s: float) -> dict[str, Any]:
                 "message": message,
             }
         )
-    counts = {
-        o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")
-    }
+    counts = _counts(tests)
     return {
         "status": "ok"
         if code in (0, 5) and not counts["failed"] and not counts["error"]
@@ -267,6 +271,12 @@ def cuda_tests(run: Run, budget_s: float) -> dict[str, Any]:
         "elapsed_s": seconds,
         "budget_s": budget_s,
         "figures": {"files": files, "selected": len(tests), **counts, "tests": tests},
+    }
+
+
+def _counts(tests: list[dict[str, Any]]) -> dict[str, int]:
+    return {
+        o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")
     }
 
 

@@ -127,7 +127,10 @@ def test_lines(record: dict[str, Any]) -> list[str]:
     if not tests:
         return []
     counts = ", ".join(f"{tests[k]} {k}" for k in ("passed", "failed", "error", "skipped"))
-    lines = [f"cuda tests: {tests['selected']} selected: {counts}"]
+    if "selected" in tests:
+        lines = [f"cuda tests: {tests['selected']} selected: {counts}"]
+    else:  # the step was killed: what finished before
+        lines = [f"cuda tests: {tests['finished']} finished before the step ended: {counts}"]
     lines += [
         f"  {t['outcome']}: {t['test']}: {t['message']}"
         for t in tests["tests"]
