@@ -89,8 +89,9 @@ class IntermediatesCache:
 
     offload_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     batches: list[dict[str, Any]] = field(default_factory=list)
-    #: the values are computed on a GPU: host copies are pinned, so the copies to and from it
-    #: run asynchronously (a CPU run pins nothing, GPU or not on the machine)
+    #: the values are computed on a GPU: host copies are pinned, and a value stored outside a
+    #: slab leaves the device without waiting for it; slab rows and fetches copy in step with
+    #: the device (a CPU run pins nothing, GPU or not on the machine)
     for_gpu: bool = False
     _first: dict[str, Any] = field(default_factory=dict)
     _varies: set[str] = field(default_factory=set)
