@@ -26,10 +26,16 @@ from llmc_trace.tracing.settings import TracingSettings, tracing_settings
 
 def available_device_memory(device_is_host: bool) -> int:
     """Free memory where calibration runs: the current CUDA device's, or the host's available
-    memory for a run on the CPU (whether or not the machine has a GPU)."""
+    memory for a run on the CPU (whether or not the machine has a GPU).
+
+    On CUDA that is the driver's free memory plus what this process's caching allocator holds
+    reserved but unallocated: the driver counts those blocks as used, though the run will
+    allocate from them first (a second run in one process would otherwise plan with less)."""
     if not device_is_host and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
-        return int(free)
+        device = torch.cuda.current_device()
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + cached)
     return available_host_memory()
 
 
