@@ -8,12 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from _checkpoint_data import eval_tokens, layer_hessians, load_refmodel, perplexity
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from transformers.utils.quantization_config import CompressedTensorsConfig
 
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
+from llmc_trace.errors import BadInputError
+from llmc_trace.models.build import load_pretrained
+from llmc_trace.models.source import resolve_model
 from llmc_trace.oneshot import Stage
 from llmc_trace.spec.recipe import Recipe, render_recipe
 from llmc_trace.spec.settings import CalibrationSettings, CheckpointSettings, TracingSettings
@@ -233,6 +237,31 @@ def test_sparse_only_checkpoint_loads_as_a_dense_model(refmodel_dir: Path, tmp_p
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
     for name in names:
         assert torch.equal(reloaded.get_submodule(name).weight, model.get_submodule(name).weight)
+
+
+@pytest.mark.parametrize(("version", "loads"), [("5.22.2", False), ("5.23.0", True)])
+def test_a_sparse_only_checkpoint_is_refused_where_transformers_cannot_load_it(
+    refmodel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, loads: bool
+) -> None:
+    """transformers before 5.23 fails on a checkpoint that quantizes nothing (its loader reads
+    the absent scheme's groups): the load is refused first, naming the release that reads it."""
+    model = load_refmodel(refmodel_dir)
+    names = [n for n, m in model.named_modules() if W4A16.is_target(n, m)]
+    save_compressed(
+        model, tmp_path / "checkpoint", {}, [], sparsity=SparsityInfo(0.5, tuple(names))
+    )
+    monkeypatch.setattr(transformers, "__version__", version)
+    source = resolve_model(str(tmp_path / "checkpoint"))
+    if loads:
+        assert load_pretrained(source) is not None
+        return
+    with pytest.raises(BadInputError) as refused:
+        load_pretrained(source)
+    assert f"transformers {version} cannot load" in str(refused.value)
+    assert "quantizes no weights (sparsity alone), which transformers loads from 5.23 on" in str(
+        refused.value
+    )
+    assert refused.value.hint == "Upgrade transformers (pip install -U 'transformers>=5.23')."
 
 
 class _Interrupted(Exception):

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,7 @@ from typing import Any
 import torch
 
 from llmc_trace.algorithms.grid import SweepGrid
+from llmc_trace.core.versions import release
 
 ROWS_PER_PROGRAM = 32
 """Output rows each program owns: a 128-column block's tile is then 4,096 floats, 32
@@ -130,8 +130,8 @@ def interpreter_problem() -> str | None:
     import numpy
     import triton
 
-    old_triton = _release(triton.__version__) < _INTERPRETER_FIXED
-    if old_triton and _release(numpy.__version__) >= _NUMPY_STRICT:
+    old_triton = release(triton.__version__) < _INTERPRETER_FIXED
+    if old_triton and release(numpy.__version__) >= _NUMPY_STRICT:
         strict = ".".join(map(str, _NUMPY_STRICT))
         return (
             f"Triton {triton.__version__}'s interpreter cannot run the sweep kernel with numpy "
@@ -139,12 +139,6 @@ def interpreter_problem() -> str | None:
             f"arrays, which numpy {strict} and later refuse to convert to integers)"
         )
     return None
-
-
-def _release(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as '3.6.0' or '2.5.0rc1'."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def sweep_block(

@@ -12,6 +12,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from llmc_trace.core.versions import release
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.draws import pooled_draws
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
@@ -243,6 +244,7 @@ def load_pretrained(
     """
     folder = source.weights_folder("load")
     store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
+    _check_loader(source.config(), folder)
     cls = model_class(source.config(), source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     int8_experts = (
@@ -309,6 +311,32 @@ def _instantiate(
         return cls._from_config(config, experts_implementation="eager", **kwargs)
     except (ValueError, TypeError):
         return cls._from_config(config, **kwargs)
+
+
+#: transformers' first release whose compressed-tensors loader reads a checkpoint that
+#: quantizes no weights (sparsity alone): earlier ones read the absent scheme's config groups
+#: and fail with an AttributeError on ``None``
+QUANTIZES_NOTHING_LOADS = (5, 23)
+
+
+def _check_loader(config: PretrainedConfig, folder: object) -> None:
+    """Refuse, before loading, a checkpoint the installed transformers cannot load."""
+    quantization = getattr(config, "quantization_config", None)
+    if (
+        not isinstance(quantization, dict)
+        or quantization.get("quant_method") != "compressed-tensors"
+    ):
+        return
+    version = transformers.__version__
+    if quantization.get("config_groups") or release(version) >= QUANTIZES_NOTHING_LOADS:
+        return
+    needed = ".".join(map(str, QUANTIZES_NOTHING_LOADS))
+    raise BadInputError(
+        f"transformers {version} cannot load {folder}: it is a compressed-tensors checkpoint "
+        f"that quantizes no weights (sparsity alone), which transformers loads from {needed} on.",
+        hint=f"Upgrade transformers (pip install -U 'transformers>={needed}').",
+        param="model",
+    )
 
 
 def _decompress_at_load(config: PretrainedConfig) -> dict[str, object]:
