@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,7 @@ sys.path.insert(0, str(GPU))
 import kernel_speed  # noqa: E402
 import llama  # noqa: E402
 import phases  # noqa: E402
+import run as gpu_run  # noqa: E402
 import summary  # noqa: E402
 import wheels  # noqa: E402
 from wheels import record_hash  # noqa: E402
@@ -416,7 +418,7 @@ def test_each_cuda_tests_outcome_is_kept_as_it_finishes(tmp_path: Path) -> None:
         ("test_skips", "skipped"),
     ]
     assert lines[1]["message"].startswith("assert 1 == 2")
-    assert lines[2]["message"] == "Skipped: needs a CUDA device"
+    assert lines[2]["message"] == "needs a CUDA device"
     record = {
         "mode": "full",
         "device": "cuda",
@@ -442,6 +444,31 @@ def test_each_cuda_tests_outcome_is_kept_as_it_finishes(tmp_path: Path) -> None:
         in table
     )
     assert "failed: " in table and "test_fails" in table
+
+
+def test_a_cuda_tests_step_killed_at_its_budget_reports_what_finished(tmp_path: Path) -> None:
+    """No JUnit report (the step was killed): the step's figures are the outcomes written."""
+    finished = [
+        {"test": "tests.test_a::test_one", "outcome": "passed", "seconds": 1.0, "message": ""},
+        {"test": "tests.test_a::test_two", "outcome": "failed", "seconds": 2.0, "message": "x"},
+    ]
+
+    def killed(command: list[str], timeout: float) -> tuple[None, float]:
+        outcomes = Path(command[command.index("--outcomes") + 1])
+        outcomes.write_text("".join(json.dumps(line) + "\n" for line in finished))
+        return None, timeout  # killed: no exit status, no report
+
+    fake = types.SimpleNamespace(out=tmp_path, work=tmp_path, env={}, child=killed)
+    result = gpu_run.cuda_tests(fake, 72.0)
+    assert result["status"] == "timed out" and result["elapsed_s"] == 87.0
+    figures = result["figures"]
+    assert figures["finished"] == 2 and figures["tests"] == finished
+    assert (figures["passed"], figures["failed"], figures["error"], figures["skipped"]) == (
+        1,
+        1,
+        0,
+        0,
+    )
 
 
 def test_the_table_shows_what_a_failed_run_left() -> None:

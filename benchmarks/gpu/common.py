@@ -55,7 +55,11 @@ def timings(work: Callable[[], Any], device: torch.device, repeats: int = 5) -> 
     work()
     synchronize(device)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        # imported here: step.py imports this module before any step, and a step that cannot
+        # import llmc-trace must still fail on its own, not take the versions step with it
+        from llmc_trace.core.device_peak import reset_peak
+
+        reset_peak(device)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -45,7 +45,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("outcomes"):
+    # under xdist the controller reports every test: its workers write nothing
+    if config.getoption("outcomes") and not hasattr(config, "workerinput"):
         _outcomes[:] = [Path(config.getoption("outcomes"))]
 
 
@@ -64,10 +65,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     message = ""
     if report.skipped and isinstance(report.longrepr, tuple):
-        message = str(report.longrepr[2])
+        message = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.failed:  # the exception's own line, as JUnit's message gives it
         crash = getattr(report.longrepr, "reprcrash", None)
-        message = crash.message if crash is not None else report.longreprtext.strip()
-    line = {"test": report.nodeid, "outcome": outcome, "seconds": report.duration}
+        message = crash.message if crash is not None else report.longreprtext
+    line = {"test": junit_name(report.nodeid), "outcome": outcome, "seconds": report.duration}
+    first_line = (message.strip().splitlines() or [""])[0][:200]
     with _outcomes[0].open("a") as out:
-        out.write(json.dumps({**line, "message": message[:200]}) + "\n")
+        out.write(json.dumps({**line, "message": first_line}) + "\n")
+
+
+def junit_name(nodeid: str) -> str:
+    """``classname::name`` as the JUnit report gives a test (``tests/a/test_b.py::C::t[x]``
+    -> ``tests.a.test_b.C::t[x]``), so a killed step's tests read as a finished step's."""
+    path, *inner = nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return "::".join([".".join([module, *inner[:-1]]), inner[-1]]) if inner else module

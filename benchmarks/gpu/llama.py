@@ -34,6 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from common import GiB, Deadline
 from phases import PhaseMeter, phase_peaks_against_plan
 from llmc_trace import CompressRequest, compress
+from llmc_trace.core.device_peak import reset_peak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_rss.py
 from _rss import peak_rss_since_reset, reset_peak_rss, resident_bytes  # noqa: E402
@@ -169,7 +170,7 @@ def compress_once(
     except OSError:  # no /proc/self/clear_refs: the peak then includes writing the model
         baseline, whole_process = resident_bytes(), True
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        reset_peak(device)
     with meter.instrumented():
         result = compress(request, device=device, progress=meter)
     estimate = result.plan.estimate(result.pipeline)

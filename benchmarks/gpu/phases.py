@@ -150,7 +150,10 @@ class PhaseMeter:
 
     def _read_peak(self, phase: str | None) -> None:
         """Give the high-water mark since the last reading to ``phase``, and start anew."""
-        if self.device.type != "cuda" or phase is None:
+        if self.device.type != "cuda":
+            return
+        if phase is None:  # before the first label: nothing to give it to
+            self._cleared = 0
             return
         peak = max(torch.cuda.max_memory_allocated(self.device), self._cleared)
         self.peaks[phase] = max(self.peaks.get(phase, 0), peak)

@@ -15,6 +15,8 @@
 # Idempotent: a venv that already has the pinned releases is reused.
 #
 #     bash benchmarks/gpu/rehearse.sh            # -> out/gpu-rehearsal/ (summary.txt, tests.log)
+#
+# wheels.py runs in the project's .venv ($PYTHON to name another Python that has the project).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,10 +52,16 @@ for pin in sys.argv[1:]:
 EOF
 }
 
+marker="$venv/.llmc-gpu-rehearsal"  # written here: only such a venv is ever rebuilt
 if ! is_ready; then
+    if [ -e "$venv" ] && [ ! -e "$marker" ]; then
+        echo "$venv exists and was not made by this script: set REHEARSAL_VENV elsewhere" >&2
+        exit 1
+    fi
     python312="$(find_python312)"
     rm -rf "$venv"
     "$python312" -m venv "$venv"
+    touch "$marker"
     "$venv/bin/pip" install --quiet --upgrade pip
     "$venv/bin/pip" install --quiet "${pins[@]}"
 fi
@@ -66,20 +74,21 @@ is_ready || { echo "the rehearsal venv does not hold ${pins[*]}" >&2; exit 1; }
 rm -rf "$out"
 mkdir -p "$out"
 wheels="$out/wheels"
-python "$here/wheels.py" --out "$wheels" --python-version 3.12
+"${PYTHON:-$repo/.venv/bin/python}" "$here/wheels.py" --out "$wheels" --python-version 3.12
 "$venv/bin/python" "$here/run.py" --dry-run --wheels "$wheels" --target "$out/site" \
     --work "$out/work" --out "$out/run"
 cp "$out/run/summary.txt" "$out/summary.txt"
 
 cd "$repo"
-files=$(grep -lE 'mark\.cuda\b|cuda\.is_available\(' -r tests --include='test_*.py' | sort)
+# the test files holding a CUDA test, as run.py's cuda_tests step selects them
+mapfile -t files < <(grep -lE 'mark\.cuda\b|cuda\.is_available\(' -r tests --include='test_*.py' | sort)
+# Triton 3.6's interpreter runs the kernel with numpy before 2.4: the kernel check once more,
+# below, with such a numpy first on the path, so this Triton's reading of the kernel is checked
+"$venv/bin/pip" install --quiet --no-deps --target "$out/numpy-2.3" numpy==2.3.5
 status=0
 env -u PYTHONDONTWRITEBYTECODE PYTHONPATH="$repo/src:$out/site" "$venv/bin/python" -m pytest \
-    -q -rs -p no:cacheprovider -n 2 $files tests/algorithms tests/test_gpu_benchmark.py \
+    -q -rs -p no:cacheprovider -n 2 "${files[@]}" tests/algorithms tests/test_gpu_benchmark.py \
     > "$out/tests.log" 2>&1 || status=$?
-# Triton 3.6's interpreter runs the kernel with numpy before 2.4: the kernel check once more,
-# with such a numpy first on the path, so this Triton's reading of the kernel is checked too
-"$venv/bin/pip" install --quiet --no-deps --target "$out/numpy-2.3" numpy==2.3.5
 env -u PYTHONDONTWRITEBYTECODE PYTHONPATH="$out/numpy-2.3:$repo/src:$out/site" "$venv/bin/python" \
     -m pytest -q -rs -p no:cacheprovider tests/algorithms/test_interpreted_kernels.py \
     >> "$out/tests.log" 2>&1 || status=$?

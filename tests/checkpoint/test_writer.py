@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils.quantization_config import CompressedTensorsConfig
 
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
+from llmc_trace.core.versions import release
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import resolve_model
@@ -250,6 +251,8 @@ def test_a_sparse_only_checkpoint_is_refused_where_transformers_cannot_load_it(
     save_compressed(
         model, tmp_path / "checkpoint", {}, [], sparsity=SparsityInfo(0.5, tuple(names))
     )
+    if loads and release(transformers.__version__) < release(version):
+        pytest.skip(f"transformers {transformers.__version__} cannot load it: the refusal holds")
     monkeypatch.setattr(transformers, "__version__", version)
     source = resolve_model(str(tmp_path / "checkpoint"))
     if loads:

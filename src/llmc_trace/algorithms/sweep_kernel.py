@@ -109,7 +109,7 @@ def kernel_fallback_reason() -> str | None:
     return _FALLBACK.reason
 
 
-#: Triton's first release whose interpreter reads a scalar argument as a 0-d array.
+#: Triton's first release whose interpreter squeezes a scalar argument before ``int()``.
 _INTERPRETER_FIXED = (3, 7)
 #: numpy's first release that refuses `int()` of a one-element array with a dimension.
 _NUMPY_STRICT = (2, 4)
@@ -122,8 +122,8 @@ _INTERPRETER_ADVICE = (
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run the kernel in this environment, or None.
 
-    Before 3.7 the interpreter holds a scalar argument (the block's column count) as a
-    one-element array and turns it into a loop bound with `int(array)`, which numpy 2.4 refuses
+    The interpreter holds a scalar argument (the block's column count) as a one-element array;
+    before 3.7 it turns that into a loop bound with `int(array)`, which numpy 2.4 refuses
     ("only 0-dimensional arrays can be converted to Python scalars"). torch 2.11 pins Triton
     3.6, so a fresh environment with it and numpy 2.4 or later meets this: the compiled kernel on
     a GPU is unaffected, only the CPU's check of it."""

@@ -5,10 +5,10 @@ peak needs it reset before the step (``reset_peak_memory_stats``), which loses t
 everything before. Every reset in the process therefore goes through :func:`reset_peak`, which
 first hands the mark it is about to lose to every live observer: :class:`DevicePeaks` (each
 run's, so ``run_peak_bytes`` is what one reading at the end would have given without any reset)
-and whoever else measures phases (:func:`observing_resets`; the GPU benchmark's phase meter).
-Without that, a reset by one measurer erased what another had not read yet: the phase meter's
-resets hid a run's forward peaks from its report, and the solver's per-solve resets left the
-meter only the last solve of a layer. Only CUDA is measured: a CPU process has no peak it could
+and whoever else measures phases (:func:`observing_resets`; the GPU benchmark's phase meter),
+since a reset by one measurer would erase what another has not read: a meter's resets would
+hide a run's forward peaks from its report, and the solver's per-solve resets would leave the
+meter only a layer's last solve. Only CUDA is measured: a CPU process has no peak it could
 reset for one step without disturbing other measurements of its resident set.
 """
 

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import transformers
@@ -244,8 +245,9 @@ def load_pretrained(
     """
     folder = source.weights_folder("load")
     store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
-    _check_loader(source.config(), folder)
-    cls = model_class(source.config(), source.name)
+    config = source.config()
+    _check_loader(config, folder)
+    cls = model_class(config, source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     int8_experts = (
         reading_int8_experts() if int8_expert_weights(store) else contextlib.nullcontext()
@@ -254,11 +256,11 @@ def load_pretrained(
         with _quiet_transformers(), int8_experts:
             model, info = cls.from_pretrained(
                 folder,
-                dtype=dtype or checkpoint_dtype(source.config(), store),
+                dtype=dtype or checkpoint_dtype(config, store),
                 use_safetensors=True,
                 output_loading_info=True,
                 **kernel,
-                **_decompress_at_load(source.config()),
+                **_decompress_at_load(config),
             )
     except (RuntimeError, OSError, ValueError) as err:  # shapes that do not fit the config
         expected = {k: tuple(v.shape) for k, v in build_meta_model(source).state_dict().items()}
@@ -316,10 +318,10 @@ def _instantiate(
 #: transformers' first release whose compressed-tensors loader reads a checkpoint that
 #: quantizes no weights (sparsity alone): earlier ones read the absent scheme's config groups
 #: and fail with an AttributeError on ``None``
-QUANTIZES_NOTHING_LOADS = (5, 23)
+_QUANTIZES_NOTHING_LOADS = (5, 23)
 
 
-def _check_loader(config: PretrainedConfig, folder: object) -> None:
+def _check_loader(config: PretrainedConfig, folder: Path) -> None:
     """Refuse, before loading, a checkpoint the installed transformers cannot load."""
     quantization = getattr(config, "quantization_config", None)
     if (
@@ -328,9 +330,9 @@ def _check_loader(config: PretrainedConfig, folder: object) -> None:
     ):
         return
     version = transformers.__version__
-    if quantization.get("config_groups") or release(version) >= QUANTIZES_NOTHING_LOADS:
+    if quantization.get("config_groups") or release(version) >= _QUANTIZES_NOTHING_LOADS:
         return
-    needed = ".".join(map(str, QUANTIZES_NOTHING_LOADS))
+    needed = ".".join(map(str, _QUANTIZES_NOTHING_LOADS))
     raise BadInputError(
         f"transformers {version} cannot load {folder}: it is a compressed-tensors checkpoint "
         f"that quantizes no weights (sparsity alone), which transformers loads from {needed} on.",

@@ -21,6 +21,7 @@ from typing import Any
 
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import StrictDataclassError
+import transformers
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from llmc_trace.core.files import read_json
@@ -79,7 +80,7 @@ class ModelSource:
                     "(often published under the same name with an -hf suffix)."
                 )
             raise BadInputError(
-                f"transformers {__import__('transformers').__version__} does not know the "
+                f"transformers {transformers.__version__} does not know the "
                 f"model type {model_type!r} of {self.name}.",
                 hint=hint,
                 param="model",
@@ -98,7 +99,7 @@ class ModelSource:
         except AttributeError as err:
             # transformers' own validator crashing on a value's shape, not rejecting it: a
             # config published for a newer release (a field that became a dict, say)
-            version = __import__("transformers").__version__
+            version = transformers.__version__
             raise BadInputError(
                 f"transformers {version} cannot read the config of {self.name} as a "
                 f"{model_type!r} config: its check of the values failed "

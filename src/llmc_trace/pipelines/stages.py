@@ -78,9 +78,8 @@ def _producing_layers(grad_fn: Any, produced_by: dict[Any, str]) -> set[str]:
 
     ``seen`` holds the nodes themselves, not their ids: autograd makes a node's Python object
     when ``next_functions`` is read and frees it when the last reference goes, so an id kept
-    alone can be taken by another node's object later in the walk, which then reads as seen
-    and its branch is cut (on torch 2.11 with Python 3.12 the walk from ``o_proj``'s input
-    stopped after 3 nodes, before the attention's ``q/k/v_proj``)."""
+    alone can be taken by another node's object later in the walk, which would then read as
+    seen and cut its branch (``o_proj`` staged with the ``q/k/v_proj`` it reads)."""
     found: set[str] = set()
     seen: set[Any] = set()
     stack = [grad_fn]

@@ -242,10 +242,10 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
 
 def _renamed_pixels(method: Callable[..., Any], media: dict[str, Any]) -> tuple[str, str] | None:
     """(the method's name, the layout's key) where the feature method names the medium's pixels
-    otherwise than the forward does: its first required parameter absent from the layout, and
-    one floating-point input the method does not name. transformers 5.17's LLaVA-OneVision and
-    LLaVA-NeXT-Video take a video's frames as ``pixel_values``, which their forwards call
-    ``pixel_values_videos``."""
+    more briefly than the forward does: its first required parameter absent from the layout,
+    and one floating-point input the method does not name, whose name starts with it.
+    transformers 5.17's LLaVA-OneVision and LLaVA-NeXT-Video take a video's frames as
+    ``pixel_values``, which their forwards call ``pixel_values_videos``."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     required = [
         p.name
@@ -260,7 +260,9 @@ def _renamed_pixels(method: Callable[..., Any], media: dict[str, Any]) -> tuple[
         for key, value in media.items()
         if key not in named and isinstance(value, torch.Tensor) and value.is_floating_point()
     ]
-    return (required[0], unread[0]) if len(unread) == 1 else None
+    if len(unread) == 1 and unread[0].startswith(required[0]):
+        return required[0], unread[0]
+    return None
 
 
 def _assemble(
