@@ -59,3 +59,29 @@ def test_table_refuses_a_file_that_is_no_sweep_document(
 
 def _refuse(path: Path) -> bytes:
     raise PermissionError(13, "Permission denied")
+
+
+def test_a_config_this_transformers_cannot_read_is_a_row_not_the_end(
+    one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A built-in published for a newer transformers (Laguna's config on 5.17) was read before
+    any trace, and its refusal ended the whole coverage run: it is now that model's row."""
+    from llmc_trace.errors import BadInputError
+    from llmc_trace.models.source import ModelSource
+
+    read = ModelSource.config
+    unreadable = "meta-llama/Llama-3.1-8B-Instruct"
+
+    def config(self: ModelSource, read_as: str | None = None) -> object:
+        if self.name == unreadable:
+            raise BadInputError("transformers 5.17.0 cannot read the config of it", hint="x")
+        return read(self, read_as)
+
+    monkeypatch.setattr(ModelSource, "config", config)
+    result = CliRunner().invoke(cli, [*ONE_ROW, "-m", unreadable])
+    rows = {row["model"]: row for row in json.loads(result.output)["rows"]}
+    assert rows[MODEL]["verified"]
+    assert rows[unreadable]["modality"] == "-" and not rows[unreadable]["traced"]
+    assert rows[unreadable]["problem"] == "transformers 5.17.0 cannot read the config of it"
+    assert rows[unreadable]["model_type"] == "llama"
+    assert result.exit_code == 1

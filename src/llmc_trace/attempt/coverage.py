@@ -62,12 +62,20 @@ def coverage_rows(
     settings = tracing or TracingSettings()
     report_progress = progress or no_progress
     jobs = []
+    rows = []
     for name in names or builtin_names():
-        config = resolve_model(name).config()
+        source = resolve_model(name)
+        try:
+            config = source.config()
+        except LlmcTraceError as err:  # a config this transformers cannot read: its own row
+            model_type = str(source.config_dict.get("model_type", "-"))
+            rows.append(
+                CoverageRow(name, model_type, "-", False, False, 0, "", 0.0, 0.0, err.message)
+            )
+            continue
         for modality in supported_modalities(config):
             if modalities is None or modality in modalities:
                 jobs.append((name, config.model_type, modality))
-    rows = []
     for index, (name, model_type, modality) in enumerate(jobs):
         report_progress(f"{name} · {modality}", index, len(jobs))
         start = time.perf_counter()
