@@ -515,6 +515,13 @@ def headline(result: dict[str, Any]) -> list[tuple[str, str]]:
 # ---- goals ---------------------------------------------------------------------------------------
 
 
+#: (the plan's figure, the measured one it is held against, the goal's label)
+PLAN_GOALS = (
+    ("plan_host_bytes", "pipeline_growth_mib", "plan host / pipeline's growth"),
+    ("plan_device_bytes", "device_peak_mib", "plan device / device peak"),
+)
+
+
 def judge(figures: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets of the module's docstring, each with the figure this run measured."""
     goals = []
@@ -533,20 +540,13 @@ def judge(figures: dict[str, Any]) -> list[dict[str, Any]]:
             round(checkpoint, 2) == 1.0,
         ))  # fmt: skip
         growth = median(mine["growth_mib"]) * MiB
-        pipeline = median(mine.get("pipeline_growth_mib"))
-        if pipeline:
-            plan = mine["plan_host_bytes"] / (pipeline * MiB)
-            goals.append(goal(
-                f"{name}: plan host / pipeline's growth", "within 25 %", f"{plan:.2f}x",
-                abs(plan - 1) <= 0.25,
-            ))  # fmt: skip
-        device_peak = median(mine.get("device_peak_mib"))
-        if device_peak:
-            plan = mine["plan_device_bytes"] / (device_peak * MiB)
-            goals.append(goal(
-                f"{name}: plan device / device peak", "within 25 %", f"{plan:.2f}x",
-                abs(plan - 1) <= 0.25,
-            ))  # fmt: skip
+        for plan_key, measured_key, label in PLAN_GOALS:
+            measured = median(mine.get(measured_key))
+            if measured:
+                plan = mine[plan_key] / (measured * MiB)
+                goals.append(goal(
+                    f"{name}: {label}", "within 25 %", f"{plan:.2f}x", abs(plan - 1) <= 0.25
+                ))  # fmt: skip
         if name == TARGET_SIZE:
             limit = 0.25 * size["bf16_bytes"] + 256 * MiB
             goals.append(goal(

@@ -207,8 +207,10 @@ def kernel_agreement(device: torch.device) -> dict[str, Any]:
     def differing(a: torch.Tensor, b: torch.Tensor) -> float:
         return (a != b).float().mean().item()
 
-    ran = kernel_sweeps(None, device)
-    result: dict[str, Any] = {"kernel_ran": ran, "fallback": kernel_fallback_reason()}
+    result: dict[str, Any] = {
+        "kernel_ran": kernel_sweeps(None, device),
+        "fallback": kernel_fallback_reason(),
+    }
     result["gptq_integers_differing"] = differing(through_kernel["gptq"], through_loop["gptq"])
     for name in ("sparsegpt", "sparsegpt_2of4"):
         kernel, loop = through_kernel[name], through_loop[name]

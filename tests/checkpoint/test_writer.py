@@ -17,6 +17,7 @@ from transformers.utils.quantization_config import CompressedTensorsConfig
 from llmc_trace.checkpoint import SparsityInfo, save_compressed, shards, unpack_from_int32
 from llmc_trace.core.versions import release
 from llmc_trace.errors import BadInputError
+from llmc_trace.models import build
 from llmc_trace.models.build import load_pretrained
 from llmc_trace.models.source import resolve_model
 from llmc_trace.oneshot import Stage
@@ -253,7 +254,10 @@ def test_a_sparse_only_checkpoint_is_refused_where_transformers_cannot_load_it(
     )
     if loads and release(transformers.__version__) < release(version):
         pytest.skip(f"transformers {transformers.__version__} cannot load it: the refusal holds")
-    monkeypatch.setattr(transformers, "__version__", version)
+    # the module object the loader reads: importing some of transformers (its processors)
+    # puts another object under sys.modules["transformers"], so a test run's order decides
+    # which one a plain `import transformers` here would be
+    monkeypatch.setattr(build.transformers, "__version__", version)
     source = resolve_model(str(tmp_path / "checkpoint"))
     if loads:
         assert load_pretrained(source) is not None

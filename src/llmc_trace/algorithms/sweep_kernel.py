@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from llmc_trace.algorithms.grid import SweepGrid
-from llmc_trace.core.versions import release
+from llmc_trace.core.versions import dotted, release
 
 ROWS_PER_PROGRAM = 32
 """Output rows each program owns: a 128-column block's tile is then 4,096 floats, 32
@@ -114,8 +114,8 @@ _INTERPRETER_FIXED = (3, 7)
 #: numpy's first release that refuses `int()` of a one-element array with a dimension.
 _NUMPY_STRICT = (2, 4)
 _INTERPRETER_ADVICE = (
-    f"Triton {'.'.join(map(str, _INTERPRETER_FIXED))} or later, or numpy before "
-    f"{'.'.join(map(str, _NUMPY_STRICT))}, runs the kernel through the interpreter"
+    f"Triton {dotted(_INTERPRETER_FIXED)} or later, or numpy before {dotted(_NUMPY_STRICT)}, "
+    "runs the kernel through the interpreter"
 )
 
 
@@ -132,11 +132,11 @@ def interpreter_problem() -> str | None:
 
     old_triton = release(triton.__version__) < _INTERPRETER_FIXED
     if old_triton and release(numpy.__version__) >= _NUMPY_STRICT:
-        strict = ".".join(map(str, _NUMPY_STRICT))
         return (
             f"Triton {triton.__version__}'s interpreter cannot run the sweep kernel with numpy "
             f"{numpy.__version__} (it turns the kernel's scalar arguments into one-element "
-            f"arrays, which numpy {strict} and later refuse to convert to integers)"
+            f"arrays, which numpy {dotted(_NUMPY_STRICT)} and later refuse to convert to "
+            "integers)"
         )
     return None
 

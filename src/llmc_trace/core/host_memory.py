@@ -43,26 +43,27 @@ def map_large_blocks(threshold: int = 4 * 2**20) -> bool:
     (musl), or when ``MALLOC_MMAP_THRESHOLD_`` already decides."""
     if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
-@functools.cache
-def _malloc_trim() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
 def release_free_memory() -> None:
     """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a
     no-op), so that what a finished step freed does not count towards the next step's peak."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name``, or None where there is no such library or function
+    (macOS and Windows have no ``malloc_trim``, musl no ``mallopt``)."""
+    library = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(library), name, None) if library else None
+    except OSError:
+        return None

@@ -14,3 +14,8 @@ def release(version: str) -> tuple[int, int]:
     """(major, minor) of a version string such as '3.6.0', '2.5.0rc1' or '2.11.0+cu130'."""
     found = re.match(r"(\d+)\.(\d+)", version)
     return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def dotted(numbers: tuple[int, int]) -> str:
+    """A (major, minor) release as people write it: (5, 23) -> '5.23'."""
+    return ".".join(map(str, numbers))

@@ -13,7 +13,7 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
-from llmc_trace.core.versions import release
+from llmc_trace.core.versions import dotted, release
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.draws import pooled_draws
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
@@ -332,7 +332,7 @@ def _check_loader(config: PretrainedConfig, folder: Path) -> None:
     version = transformers.__version__
     if quantization.get("config_groups") or release(version) >= _QUANTIZES_NOTHING_LOADS:
         return
-    needed = ".".join(map(str, _QUANTIZES_NOTHING_LOADS))
+    needed = dotted(_QUANTIZES_NOTHING_LOADS)
     raise BadInputError(
         f"transformers {version} cannot load {folder}: it is a compressed-tensors checkpoint "
         f"that quantizes no weights (sparsity alone), which transformers loads from {needed} on.",

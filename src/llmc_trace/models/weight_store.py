@@ -216,7 +216,7 @@ def _canonical_names(model: torch.nn.Module, store: WeightStore) -> dict[str, st
     the architecture's checkpoints at load), mapped to the stored name."""
     renamings = _renamings(model)
     names = {name: name for name in store.tensors}
-    for stored in store.tensors if renamings else ():
+    for stored in store.tensors:
         name = stored
         for renaming in renamings:  # each in turn, as transformers renames at load
             name, _ = renaming.rename_source_key(name)

@@ -210,15 +210,21 @@ def _encoder_forward(
     return encoder.forward if isinstance(encoder, torch.nn.Module) else None
 
 
-def _named_parameters(method: Callable[..., Any]) -> list[str]:
+def _parameters(method: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters ``method`` can be given by name."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in inspect.signature(method).parameters.values() if p.kind in kinds]
+    return [p for p in inspect.signature(method).parameters.values() if p.kind in kinds]
+
+
+def _named_parameters(method: Callable[..., Any]) -> list[str]:
+    return [p.name for p in _parameters(method)]
 
 
 def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[int, int]:
     """Rows the feature method makes of ``media`` (each replaces one placeholder token), and
     their width."""
-    named = set(_named_parameters(method))
+    parameters = _parameters(method)
+    named = {p.name for p in parameters}
     owner = getattr(method, "__self__", None)
     weights = list(owner.parameters()) if isinstance(owner, torch.nn.Module) else []
     on_meta = any(p.is_meta for p in weights)
@@ -228,7 +234,7 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
         for key, value in media.items()
         if key in named
     }
-    renamed = _renamed_pixels(method, media)
+    renamed = _renamed_pixels(parameters, media)
     if renamed is not None:
         arguments[renamed[0]] = media[renamed[1]].to(dtype)
     with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
@@ -240,21 +246,18 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
     return sum(t.numel() // t.shape[-1] for t in tensors), int(tensors[0].shape[-1])
 
 
-def _renamed_pixels(method: Callable[..., Any], media: dict[str, Any]) -> tuple[str, str] | None:
-    """(the method's name, the layout's key) where the feature method names the medium's pixels
-    more briefly than the forward does: its first required parameter absent from the layout,
-    and one floating-point input the method does not name, whose name starts with it.
-    transformers 5.17's LLaVA-OneVision and LLaVA-NeXT-Video take a video's frames as
-    ``pixel_values``, which their forwards call ``pixel_values_videos``."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    required = [
-        p.name
-        for p in inspect.signature(method).parameters.values()
-        if p.kind in kinds and p.default is inspect.Parameter.empty
-    ]
+def _renamed_pixels(
+    parameters: list[inspect.Parameter], media: dict[str, Any]
+) -> tuple[str, str] | None:
+    """(the method's name, the layout's key) where the feature method (its ``parameters``)
+    names the medium's pixels more briefly than the forward does: its first required parameter
+    absent from the layout, and one floating-point input the method does not name, whose name
+    starts with it. transformers 5.17's LLaVA-OneVision and LLaVA-NeXT-Video take a video's
+    frames as ``pixel_values``, which their forwards call ``pixel_values_videos``."""
+    required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
     if not required or required[0] in media:
         return None
-    named = set(_named_parameters(method))
+    named = {p.name for p in parameters}
     unread = [
         key
         for key, value in media.items()
