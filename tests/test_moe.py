@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from click.testing import CliRunner
 from safetensors import safe_open
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -23,10 +24,15 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from llmc_trace.cli.main import cli
 from llmc_trace.algorithms.scheme import QuantizationArgs, QuantizationScheme
 from llmc_trace.moe import fused_experts, observe_experts, per_expert_names
-from llmc_trace.models.build import build_meta_model, build_twin, load_pretrained
+from llmc_trace.core.versions import release
+from llmc_trace.errors import BadInputError
+from llmc_trace.models import build
+from llmc_trace.models.build import INT8_EXPERTS_LOAD, build_meta_model, build_twin, load_pretrained
 from llmc_trace.models.shrink import EXPERT_KEYS
-from llmc_trace.models.source import builtin_names, builtin_root, resolve_model
+from llmc_trace.models.source import ModelSource, builtin_names, builtin_root, resolve_model
 from llmc_trace.oneshot import CompressRequest, compress
+from llmc_trace.oneshot.weight_coverage import KindCoverage, parameter_coverage, untouched_share
+from tests.test_builtins import read_configs
 
 #: Every built-in whose experts are fused, with whether its checkpoints store them per expert.
 MOE_BUILTINS = {
@@ -52,6 +58,11 @@ MOE_BUILTINS = {
     "zai-org/GLM-5": True,
     "zai-org/GLM-4.5V": True,
 }
+
+#: Built-ins whose experts transformers fuses only from a later release than the oldest
+#: llmc-trace supports: 5.17 runs Aria's as grouped GEMMs of its own, which ``compress``
+#: reports as untouched experts (``test_experts_in_a_layout_not_read_are_counted_as_left``).
+FUSED_FROM = {"rhymes-ai/Aria": (5, 18)}
 
 #: 4-bit weights, one scale per output channel: the twins' small widths take no group size.
 W4_CHANNEL = QuantizationScheme(
@@ -85,7 +96,7 @@ def test_every_twin_keeps_the_experts_of_its_model() -> None:
     fused, lost = [], []
     for name in builtin_names():
         config = json.loads((builtin_root() / name / "config.json").read_text())
-        if not _declares_experts(config):
+        if not _declares_experts(config) or not _fused_here(name):
             continue
         source = resolve_model(name)
         if fused_experts(build_meta_model(source)):
@@ -93,14 +104,29 @@ def test_every_twin_keeps_the_experts_of_its_model() -> None:
             if not fused_experts(build_twin(source)):
                 lost.append(name)
     assert lost == []
-    assert sorted(fused) == sorted(MOE_BUILTINS)
+    assert sorted(fused) == sorted(name for name in MOE_BUILTINS if _fused_here(name))
+
+
+def _fused_here(name: str) -> bool:
+    """Whether the installed transformers reads the built-in's config and fuses its experts."""
+    return release(transformers.__version__) >= FUSED_FROM.get(name, (0, 0)) and (
+        name not in read_configs()[1]
+    )
+
+
+def _moe_source(name: str) -> ModelSource:
+    """The built-in, skipped where the installed transformers does not fuse its experts or
+    cannot read its config (``test_builtins`` checks what that refusal says)."""
+    if not _fused_here(name):
+        pytest.skip(f"transformers {transformers.__version__} has no fused experts for {name}")
+    return resolve_model(name)
 
 
 @pytest.mark.parametrize("name", sorted(MOE_BUILTINS))
 def test_observed_experts_compute_what_the_model_computes(name: str) -> None:
     """Through its projections, observed on every token or not, each layer of experts gives
     the model's own logits; afterwards the model is as it was."""
-    model = build_twin(resolve_model(name))
+    model = build_twin(_moe_source(name))
     ids = _tokens(model)
     with torch.no_grad():
         eager = model(input_ids=ids).logits
@@ -122,7 +148,7 @@ def test_observed_experts_compute_what_the_model_computes(name: str) -> None:
 def _saved_twin(name: str, folder: Path) -> Path:
     """The built-in's tiny twin saved as a bf16 checkpoint (without the FP8 quantization
     config some built-ins declare: the twin's weights are plain)."""
-    model = build_twin(resolve_model(name), dtype=torch.bfloat16)
+    model = build_twin(_moe_source(name), dtype=torch.bfloat16)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(folder)
@@ -293,10 +319,43 @@ def test_a_run_that_leaves_the_experts_says_so(tmp_path: Path) -> None:
     assert run.exit_code == 0, run.output
     assert "experts 0% of" in run.output
     assert "were not compressed" in run.output
+    assert "none of the" in run.output and "expert weights were compressed" in run.output
+
+
+class _GroupedGemm(torch.nn.Module):
+    """Experts as one ``(experts, in, out)`` parameter behind a module of its own, the layout
+    transformers 5.17 gives Aria: neither Linear layers nor fused experts llmc-trace reads."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(experts, in_features, out_features))
+
+
+def test_experts_in_a_layout_not_read_are_counted_as_left() -> None:
+    """Before, weights outside linear layers and embeddings were in no row: a run that left
+    every such expert showed only its compressed attention, as if that were all there was."""
+    model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.self_attn = torch.nn.Module()
+    layer.self_attn.q_proj = torch.nn.Linear(16, 16)
+    layer.input_layernorm = torch.nn.LayerNorm(16)  # one dimension: not a weight matrix
+    layer.mlp = torch.nn.Module()
+    layer.mlp.experts = torch.nn.Module()
+    layer.mlp.experts.fc1 = _GroupedGemm(4, 16, 64)
+    layer.mlp.experts.fc2 = _GroupedGemm(4, 32, 16)
+    model.layers = torch.nn.ModuleList([layer])
+    rows = {row.kind: row for row in parameter_coverage(model, {"layers.0.self_attn.q_proj"})}
+    assert rows["attention"] == KindCoverage("attention", 256, 256)
+    assert rows["experts"] == KindCoverage("experts", 0, 4 * 16 * 64 + 4 * 32 * 16)
+    assert set(rows) == {"attention", "experts"}
+    assert untouched_share(list(rows.values())) == pytest.approx(1 - 256 / (256 + 6144))
 
 
 def test_int8_experts_are_stored_as_vllm_reads_them_and_reload_with_our_logits(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, one_thread: None
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    one_thread: None,
 ) -> None:
     """W8A8 stores each expert's projection as compressed-tensors' int-quantized tensors (int8
     ``weight``, ``weight_scale``), as llm-compressor does and vLLM reads. transformers 5.24
@@ -329,6 +388,15 @@ def test_int8_experts_are_stored_as_vllm_reads_them_and_reload_with_our_logits(
     dense = compressor.decompress(dict(tensors), scheme)["weight"]
     expected = ours.model.layers[1].mlp.experts.down_proj[3]
     torch.testing.assert_close(dense.to(expected.dtype), expected, rtol=0, atol=0)
+
+    # a transformers that cannot read them (5.22 collects no int8 expert weight) refuses the
+    # load first, naming the release that reads them; the module object the loader reads
+    with monkeypatch.context() as older:
+        older.setattr(build.transformers, "__version__", "5.22.2")
+        with pytest.raises(BadInputError, match="int8, which transformers loads from 5.23 on"):
+            load_pretrained(resolve_model(str(out)))
+    if release(transformers.__version__) < INT8_EXPERTS_LOAD:
+        pytest.skip(f"transformers {transformers.__version__} cannot load int8 experts")
 
     # transformers 5.24 alone joins nothing into the fused parameters
     with pytest.raises(RuntimeError, match="automatic conversion of the weights"):

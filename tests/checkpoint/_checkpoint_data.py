@@ -1,4 +1,5 @@
-"""The reference model for the checkpoint tests: loading it, its Hessians, and perplexity."""
+"""The reference model for the checkpoint tests: loading it, its Hessians, and perplexity; and
+which checkpoints the installed transformers loads."""
 
 from __future__ import annotations
 
@@ -6,9 +7,20 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+import transformers
 
 from llmc_trace.algorithms import HessianAccumulator, QuantizationScheme
+from llmc_trace.core.versions import release
+from llmc_trace.models.build import QUANTIZES_NOTHING_LOADS
+
+#: transformers loads a checkpoint that quantizes no weights (sparsity alone) from 5.23 on;
+#: llmc-trace refuses one before (test_writer checks the refusal on every release)
+loads_sparse_only = pytest.mark.skipif(
+    release(transformers.__version__) < QUANTIZES_NOTHING_LOADS,
+    reason=f"transformers {transformers.__version__} cannot load a sparsity-only checkpoint",
+)
 
 
 def load_refmodel(folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

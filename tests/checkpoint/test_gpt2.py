@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _checkpoint_data import loads_sparse_only
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
@@ -67,6 +68,7 @@ def test_gpt2_w4a16_reloads_in_transformers_with_our_logits(
         assert not [key for key in stored.keys() if key.endswith("weight_packed")]
 
 
+@loads_sparse_only
 def test_gpt2_sparsegpt_two_four_zeroes_two_of_every_four_inputs(
     saved_gpt2: tuple[Path, Path], tmp_path: Path
 ) -> None:

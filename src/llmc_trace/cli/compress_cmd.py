@@ -210,6 +210,14 @@ def _print_coverage(ctx: CliContext, result: CompressionResult) -> None:
             f"[yellow]warning:[/] {100 * share:.0f}% of the model's linear-like weights were "
             "not compressed (see the kinds above); check the scheme's targets and ignore."
         )
+    experts = next((row for row in coverage if row.kind == "experts"), None)
+    if experts is not None and not experts.compressed:
+        ctx.err.print(
+            f"[yellow]warning:[/] none of the {experts.total / 1e6:.2f}M expert weights were "
+            "compressed: experts are compressed as Linear layers or as transformers' fused "
+            "experts, and this release of transformers stores them otherwise, or the ignore "
+            "list names them; upgrade transformers if --ignore does not."
+        )
     for stage in result.stages:
         others = [layer for layer in stage.layers if layer.fallback]
         if others:

@@ -246,7 +246,7 @@ def load_pretrained(
     folder = source.weights_folder("load")
     store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
     config = source.config()
-    _check_loader(config, folder)
+    _check_loader(config, folder, store)
     cls = model_class(config, source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     int8_experts = (
@@ -318,25 +318,36 @@ def _instantiate(
 #: transformers' first release whose compressed-tensors loader reads a checkpoint that
 #: quantizes no weights (sparsity alone): earlier ones read the absent scheme's config groups
 #: and fail with an AttributeError on ``None``
-_QUANTIZES_NOTHING_LOADS = (5, 23)
+QUANTIZES_NOTHING_LOADS = (5, 23)
+#: the first release whose loader, with :func:`reading_int8_experts`, reads experts stored as
+#: int8: before 5.21 it has no op to decompress them into, and 5.21-5.22 collect no int8 weight
+INT8_EXPERTS_LOAD = (5, 23)
 
 
-def _check_loader(config: PretrainedConfig, folder: Path) -> None:
-    """Refuse, before loading, a checkpoint the installed transformers cannot load."""
+def _check_loader(config: PretrainedConfig, folder: Path, store: WeightStore) -> None:
+    """Refuse, before loading, a compressed-tensors checkpoint the installed transformers
+    cannot load: one that quantizes nothing, or one whose experts are stored as int8."""
     quantization = getattr(config, "quantization_config", None)
     if (
         not isinstance(quantization, dict)
         or quantization.get("quant_method") != "compressed-tensors"
     ):
         return
+    if not quantization.get("config_groups"):
+        _needs_release(QUANTIZES_NOTHING_LOADS, folder, "quantizes no weights (sparsity alone)")
+    if int8_expert_weights(store):
+        _needs_release(INT8_EXPERTS_LOAD, folder, "stores its experts' weights as int8")
+
+
+def _needs_release(needed: tuple[int, int], folder: Path, what: str) -> None:
+    """Refuse a checkpoint that ``what`` says of, if transformers reads it only from ``needed``."""
     version = transformers.__version__
-    if quantization.get("config_groups") or release(version) >= _QUANTIZES_NOTHING_LOADS:
+    if release(version) >= needed:
         return
-    needed = dotted(_QUANTIZES_NOTHING_LOADS)
     raise BadInputError(
         f"transformers {version} cannot load {folder}: it is a compressed-tensors checkpoint "
-        f"that quantizes no weights (sparsity alone), which transformers loads from {needed} on.",
-        hint=f"Upgrade transformers (pip install -U 'transformers>={needed}').",
+        f"that {what}, which transformers loads from {dotted(needed)} on.",
+        hint=f"Upgrade transformers (pip install -U 'transformers>={dotted(needed)}').",
         param="model",
     )
 

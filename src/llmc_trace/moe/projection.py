@@ -43,8 +43,13 @@ class ExpertProjection(LinearView):
         return "gate_up_proj" if self._experts.has_gate else "up_proj"
 
     @property
+    def fused(self) -> torch.nn.Parameter:
+        """The experts module's parameter this projection is a view of."""
+        return getattr(self._experts, self.fused_name)
+
+    @property
     def weight(self) -> torch.Tensor:
-        return self.weight_of(getattr(self._experts, self.fused_name))
+        return self.weight_of(self.fused)
 
     def weight_of(self, fused: torch.Tensor) -> torch.Tensor:
         """This projection's ``(out, in)`` view of ``fused`` (its parameter, or a copy of it)."""

@@ -8,6 +8,11 @@ touched. A multimodal model's towers and projector are counted apart from its la
 (:mod:`llmc_trace.models.parts`), one row each for their linear layers, whatever their kinds:
 kept in full precision by default, they would otherwise pass for untouched attention and MLP
 weights. Their position tables join the embeddings.
+
+Any other weight matrix (a parameter of two or more dimensions that no linear layer or
+embedding holds, biases aside: fused experts keep theirs per expert) is counted as left: a layout of experts this release of transformers writes
+its own way (Aria's grouped GEMMs on 5.17) is then a large untouched ``experts`` row, not a
+share of the model that no row shows.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def kind_of(name: str, module: torch.nn.Module, routers: Collection[str]) -> str
         return "experts"
     if name in routers:
         return "router"
+    if "experts" in name.split("."):
+        return "experts"
     if isinstance(module, torch.nn.Embedding):
         return "embeddings"
     if name.rpartition(".")[2] in ("lm_head", "output", "head"):
@@ -62,14 +69,15 @@ def parameter_coverage(
     routers: Collection[str] = (),
     parts: ModelParts | None = None,
 ) -> list[KindCoverage]:
-    """Weights of every linear-like layer (experts one by one) and embedding of ``model``, by
-    kind of the language model's layers and by tower, with how many belong to the layers
-    named in ``compressed``; rows with no weights are left out. Shapes alone are read: works
-    on a skeleton on ``meta``."""
+    """Weights of every linear-like layer (experts one by one) and embedding of ``model``, and
+    its other weight matrices (convolutions, routers held as parameters, experts in a layout
+    not read), by kind of the language model's layers and by tower, with how many belong to
+    the layers named in ``compressed``; rows with no weights are left out. Shapes alone are
+    read: works on a skeleton on ``meta``."""
     parts = parts or model_parts(model)
     totals = dict.fromkeys(ROWS, 0)
     done = dict.fromkeys(ROWS, 0)
-    seen: set[int] = set()
+    seen: set[int] = set()  # the parameters counted (a fused one through its experts' views)
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding):
             weight = module.weight
@@ -77,17 +85,30 @@ def parameter_coverage(
             weight = layer.module.weight
         else:
             continue
-        if not isinstance(module, ExpertProjection):
+        if isinstance(module, ExpertProjection):
+            seen.add(id(module.fused))
+        else:
             if id(weight) in seen:  # a tied head counts once, as its embedding
                 continue
             seen.add(id(weight))
-        part = parts.part_of(name)
-        tower = part in TOWER_PARTS and not isinstance(module, torch.nn.Embedding)
-        row = part if tower else kind_of(name, module, routers)
+        row = _row(name, module, routers, parts)
         totals[row] += weight.numel()
         if name in compressed:
             done[row] += weight.numel()
+    for name, parameter in model.named_parameters():
+        if parameter.dim() >= 2 and id(parameter) not in seen and not name.endswith("bias"):
+            owner = name.rpartition(".")[0]
+            totals[_row(owner, model.get_submodule(owner), routers, parts)] += parameter.numel()
     return [KindCoverage(k, done[k], totals[k]) for k in ROWS if totals[k]]
+
+
+def _row(name: str, module: torch.nn.Module, routers: Collection[str], parts: ModelParts) -> str:
+    """The row a weight of module ``name`` counts in: its tower's (the embeddings aside), or its
+    kind's."""
+    part = parts.part_of(name)
+    if part in TOWER_PARTS and not isinstance(module, torch.nn.Embedding):
+        return part
+    return kind_of(name, module, routers)
 
 
 def untouched_share(coverage: list[KindCoverage]) -> float:
