@@ -182,6 +182,23 @@ def test_qwen2_vl_processor_is_built_from_parts_without_torchvision(twins):
     assert type(loaded.processor.image_processor).__name__.endswith("Pil")
 
 
+def test_an_auto_class_that_refuses_without_torchvision_gives_way_to_the_pil_class(
+    twins, monkeypatch
+):
+    """transformers 5.17's AutoImageProcessor refuses, without torchvision, before it reads the
+    folder, though the PIL class it names is there: the processor is built from that class."""
+    from transformers import AutoImageProcessor
+
+    def refuse(*args, **kwargs):
+        raise ImportError("AutoImageProcessor requires the Torchvision library")
+
+    monkeypatch.setattr(AutoImageProcessor, "from_pretrained", refuse)
+    loaded = load_processor(twins("Qwen/Qwen2-VL-2B-Instruct"))
+    assert loaded.built_from == "parts" and "image" in loaded.modalities
+    assert "image" not in loaded.unavailable
+    assert type(loaded.processor.image_processor).__name__ == "Qwen2VLImageProcessorPil"
+
+
 @pytest.mark.parametrize("name", ["Qwen/Qwen2-VL-2B-Instruct", "llava-hf/llava-1.5-7b-hf"])
 def test_without_a_chat_template_the_image_marker_is_written_in_the_text(
     name, twins, drawn_rows, tmp_path

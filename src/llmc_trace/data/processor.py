@@ -193,12 +193,7 @@ def _processor_from_parts(
 ) -> tuple[Any, dict[str, str]]:
     """The folder's processor class, built from parts that load without torchvision."""
     import transformers
-    from transformers import (
-        AutoFeatureExtractor,
-        AutoImageProcessor,
-        AutoTokenizer,
-        AutoVideoProcessor,
-    )
+    from transformers import AutoFeatureExtractor, AutoTokenizer, AutoVideoProcessor
 
     settings = _processor_settings(folder)
     name = settings.pop("processor_class", None) or _processor_class_name(config)
@@ -217,9 +212,7 @@ def _processor_from_parts(
         ) from err
     loaders = {
         "tokenizer": lambda: AutoTokenizer.from_pretrained(folder, local_files_only=True),
-        "image_processor": lambda: AutoImageProcessor.from_pretrained(
-            folder, local_files_only=True, backend="pil"
-        ),
+        "image_processor": lambda: _pil_image_processor(folder),
         "feature_extractor": lambda: AutoFeatureExtractor.from_pretrained(
             folder, local_files_only=True
         ),
@@ -248,6 +241,51 @@ def _processor_from_parts(
         settings["chat_template"] = template
     settings = {k: v for k, v in settings.items() if k in _init_arguments(cls)}
     return _without_missing_parts(cls)(**parts, **settings), unavailable
+
+
+def _pil_image_processor(folder: Path) -> Any:
+    """The folder's image processor in its PIL backend, which needs no torchvision.
+    transformers 5.24's ``AutoImageProcessor`` builds it when asked; 5.17's refuses before
+    reading the folder when torchvision is missing, so there the PIL class is looked up in
+    transformers' own table of each processor's backends."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(folder, local_files_only=True, backend="pil")
+    except ImportError:
+        cls = _pil_class(_image_processor_type(folder))
+        if cls is None:
+            raise
+        return cls.from_pretrained(folder, local_files_only=True)
+
+
+def _image_processor_type(folder: Path) -> str | None:
+    """The image processor class a folder names: in ``preprocessor_config.json``, or under
+    ``image_processor`` in ``processor_config.json`` (where newer releases save it)."""
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
+        path = folder / name
+        if not path.is_file():
+            continue
+        settings = _read_json(path, folder)
+        settings = settings.get(key) if key else settings
+        if isinstance(settings, dict) and settings.get("image_processor_type"):
+            return str(settings["image_processor_type"])
+    return None
+
+
+def _pil_class(name: str | None) -> type | None:
+    """The PIL-backend class of the image processor class ``name``, from transformers' table
+    of model types to their backends' classes."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    for backends in IMAGE_PROCESSOR_MAPPING_NAMES.values():
+        if isinstance(backends, dict) and name in backends.values() and backends.get("pil"):
+            return getattr(transformers, backends["pil"], None)
+    return None
 
 
 def _without_missing_parts(cls: type) -> type:
