@@ -62,7 +62,7 @@ REQUIRED = [
 
 @functools.cache
 def read_configs() -> tuple[dict[str, PretrainedConfig], dict[str, str]]:
-    """Every built-in's config, and the message of each that this transformers cannot read
+    """Every built-in's config, and what is said of each that this transformers cannot read
     (a config published for a newer release): read once, as several test modules collect
     from them."""
     configs: dict[str, PretrainedConfig] = {}
@@ -71,7 +71,7 @@ def read_configs() -> tuple[dict[str, PretrainedConfig], dict[str, str]]:
         try:
             configs[name] = resolve_model(name).config()
         except BadInputError as err:
-            unreadable[name] = err.message
+            unreadable[name] = f"{err.message} {err.hint}"
     return configs, unreadable
 
 

@@ -55,6 +55,35 @@ def test_placeholders_are_as_many_as_the_model_makes_features_at_either_size() -
 
 
 @pytest.mark.usefixtures("one_thread")
+def test_placeholders_are_as_many_as_the_forward_places_where_the_method_says_fewer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers 5.17's LLaVA-OneVision forward appends a newline row to each video's
+    features after ``get_video_features`` returns (5.24's method appends it): a feature method
+    one row short, simulated here, still gives a sample the forward takes, with as many
+    placeholders as it places, both on the full-size model on meta and on the twin."""
+    from llmc_trace.traced import probe
+
+    def one_short(method, media):  # type: ignore[no-untyped-def]
+        rows, width = _feature_rows(method, media)
+        return rows - 1, width
+
+    video = default_config("llava_onevision").video_token_id
+    cls = transformers.LlavaOnevisionForConditionalGeneration
+    full = build_meta_model_of(cls, default_config("llava_onevision"))
+    twin = twin_of("llava_onevision", "LlavaOnevisionForConditionalGeneration")
+    expected = [
+        int((sample_for(m, "video", SHORT)["input_ids"] == video).sum()) for m in (full, twin)
+    ]
+    monkeypatch.setattr(probe, "_feature_rows", one_short)
+    for model, count in zip((full, twin), expected, strict=True):
+        sample = sample_for(model, "video", SHORT)
+        assert int((sample["input_ids"] == video).sum()) == count
+    with torch.no_grad():
+        twin(**sample)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_an_any_resolution_model_gets_the_views_of_its_pinpoints() -> None:
     """LLaVA-NeXT cuts a picture into a base view and the tiles of its best pinpoint; the twin's
     pinpoints shrink with its images, so a square picture is the base view and two tiles."""

@@ -192,7 +192,10 @@ def test_an_auto_class_that_refuses_without_torchvision_gives_way_to_the_pil_cla
     def refuse(*args, **kwargs):
         raise ImportError("AutoImageProcessor requires the Torchvision library")
 
-    monkeypatch.setattr(AutoImageProcessor, "from_pretrained", refuse)
+    try:
+        monkeypatch.setattr(AutoImageProcessor, "from_pretrained", refuse)
+    except ImportError:
+        pass  # this transformers' AutoImageProcessor refuses already: 5.17 without torchvision
     loaded = load_processor(twins("Qwen/Qwen2-VL-2B-Instruct"))
     assert loaded.built_from == "parts" and "image" in loaded.modalities
     assert "image" not in loaded.unavailable

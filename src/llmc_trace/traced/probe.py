@@ -126,7 +126,13 @@ def _sample_for(model: torch.nn.Module, modality: str, options: SampleOptions) -
             # such a forward allows
             read = set(_named_parameters(features))
             media = {k: v for k, v in media.items() if not k.endswith("mask") or k in read}
-        return _assemble(config, forward, modality, media, rows, options, generator)
+        state = generator.get_state()
+        sample = _assemble(config, forward, modality, media, rows, options, generator)
+        placed = _rows_placed(model, modality, sample) if features is not None else None
+        if placed is None or placed == rows:
+            return sample
+        generator.set_state(state)  # the same text around the placeholders the forward wants
+        return _assemble(config, forward, modality, media, placed, options, generator)
     raise BadInputError(
         f"No {modality} sample of {config.model_type} could be built: "
         + (
@@ -244,6 +250,56 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
         pooled = getattr(output, "last_hidden_state", output)
     tensors = [pooled] if isinstance(pooled, torch.Tensor) else list(pooled)
     return sum(t.numel() // t.shape[-1] for t in tensors), int(tensors[0].shape[-1])
+
+
+class _Placed(Exception):
+    """Raised from the placeholder check to stop a forward once its rows are counted."""
+
+
+def _rows_placed(model: torch.nn.Module, modality: str, sample: dict[str, Any]) -> int | None:
+    """How many rows the forward itself hands its placeholder check (``get_placeholder_mask``,
+    given ``<medium>_features``) for ``sample``; ``None`` where it has no such check or does
+    not reach it. The feature method's rows are the forward's in most models, but not in all
+    releases: transformers 5.17's LLaVA-OneVision forward appends one newline row per video
+    after ``get_video_features`` returns, which 5.24's method appends itself."""
+    owners = {
+        type(m) for m in model.modules() if callable(getattr(m, "get_placeholder_mask", None))
+    }
+    if not owners:
+        return None
+    counted: list[int] = []
+
+    def counting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def check(self: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = inspect.signature(original).bind_partial(self, *args, **kwargs).arguments
+            features, embeds = bound.get(f"{modality}_features"), bound.get("inputs_embeds")
+            if features is None or not isinstance(embeds, torch.Tensor):
+                return original(self, *args, **kwargs)
+            tensors = [features] if isinstance(features, torch.Tensor) else list(features)
+            # as the check itself counts: the features' elements over the embeddings' width
+            counted.append(sum(t.numel() for t in tensors) // embeds.shape[-1])
+            raise _Placed
+
+        return check
+
+    originals = {cls: cls.__dict__.get("get_placeholder_mask") for cls in owners}
+    on_meta = any(p.is_meta for p in model.parameters())
+    try:
+        for cls in owners:
+            cls.get_placeholder_mask = counting(cls.get_placeholder_mask)
+        with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
+            model(**sample)
+    except _Placed:
+        pass
+    except Exception:  # noqa: BLE001 - a forward that cannot run here: the method's count stands
+        return None
+    finally:
+        for cls, original in originals.items():
+            if original is None:
+                del cls.get_placeholder_mask
+            else:
+                cls.get_placeholder_mask = original
+    return counted[0] if counted else None
 
 
 def _renamed_pixels(
