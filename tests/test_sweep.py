@@ -180,6 +180,44 @@ def test_attempt_offers_the_fix_the_sweep_verified_for_the_model_type(monkeypatc
     assert "coverage --all" in settled.tried[0].description
 
 
+def test_a_swept_autowrap_named_inside_its_statement_is_named_by_the_statement(
+    monkeypatch,
+) -> None:
+    """A sweep made on another transformers release may name a line inside the statement it
+    moves (a continuation line of a call written over several): the seed installs the same
+    rewrite, and names it as the rewrite does, by the statement's first line, so the working
+    configuration a user pastes is the one the report shows."""
+    import inspect
+    import types
+
+    from llmc_trace.models.build import build_meta_model
+    from llmc_trace.traced import settle
+    from llmc_trace.tracing.autowrap import autowrap_entry, preview_rewrite
+    from llmc_trace.tracing.rewrite import RewriteRefused
+
+    model = build_meta_model(resolve_model("Qwen/Qwen2-Audio-7B-Instruct"))
+    function = "Qwen2AudioModel.forward"
+    lines, first = inspect.getsourcelines(type(model.model).forward)
+
+    def statement_line(line: int) -> int | None:
+        try:
+            return preview_rewrite(model, function, line).line
+        except RewriteRefused:
+            return None
+
+    inside, start = next(
+        (line, statement_line(line))
+        for line in range(first, first + len(lines))
+        if statement_line(line) not in (None, line)
+    )
+    monkeypatch.setattr(settle, "swept_fix", lambda t, m: [autowrap_entry(function, inside)])
+    traced = types.SimpleNamespace(model=model, sample={"input_features": None})
+    [seed] = settle._swept_seeds(traced)
+    assert seed.tracing_ignore == (autowrap_entry(function, start),)
+    assert [rewrite.entry for rewrite in seed.rewrites] == list(seed.tracing_ignore)
+    assert f"line {start} of" in seed.description
+
+
 def test_classes_with_no_forward_of_their_own_are_read_off_the_class() -> None:
     """A generate-only wrapper (forward left as nn.Module's) and a draft model reading its main
     model's key/value states are told apart from a class with a forward, with why; the sweep

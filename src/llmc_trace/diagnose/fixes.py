@@ -107,6 +107,19 @@ def describe_entry(entry: str) -> tuple[str, str]:
     )
 
 
+def as_rewritten(
+    entries: tuple[str, ...], rewrites: tuple[StatementRewrite, ...]
+) -> tuple[str, ...]:
+    """``entries`` with each autowrap named as its rewrite names it, by the first line of the
+    statement it moves: a sweep made on another transformers release may name a line inside
+    that statement, which installs the same rewrite but reads as another fix. Unchanged where
+    an entry found no rewrite (the fix is then refused when installed)."""
+    if len(rewrites) != sum(map(is_autowrap_entry, entries)):
+        return entries
+    named = iter(rewrite.entry for rewrite in rewrites)
+    return tuple(next(named) if is_autowrap_entry(entry) else entry for entry in entries)
+
+
 def preview_rewrites(
     model: torch.nn.Module, entries: tuple[str, ...]
 ) -> tuple[StatementRewrite, ...]:
@@ -141,6 +154,9 @@ def autowrap_fix(failure: TraceFailure, model: torch.nn.Module) -> Fix | None:
                 refusal="the statement reads `self` of the root module, which a graph "
                 "cannot pass to a call as a value",
             )
+        # named by the statement's first line, as the rewrite reports it (the failing line
+        # may be inside a statement of several lines)
+        entry = rewrite.entry
         return Fix("autowrap", (entry,), description, describe_entry(entry)[1], (rewrite,))
     return None
 

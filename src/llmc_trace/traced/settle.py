@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmc_trace.diagnose.failure import TraceFailure, failure_from_replay
-from llmc_trace.diagnose.fixes import Fix, describe_entry, preview_rewrites
+from llmc_trace.diagnose.fixes import Fix, as_rewritten, describe_entry, preview_rewrites
 from llmc_trace.diagnose.search import FixAttempt, search_fixes
 from llmc_trace.diagnose.swept import swept_fix, swept_transformers
 from llmc_trace.traced.model import TracedModel, trace_model
@@ -100,10 +100,11 @@ def _swept_seeds(traced: TracedModel) -> list[Fix]:
     entries = swept_fix(model_type, sample_modality(traced.sample)) if model_type else []
     if not entries:
         return []
-    described = [describe_entry(entry) for entry in entries]
+    rewrites = preview_rewrites(traced.model, tuple(entries))
+    named = as_rewritten(tuple(entries), rewrites)
+    described = [describe_entry(entry) for entry in named]
     description = "; ".join(what for what, _ in described) + (
         f" (verified for {model_type} by `coverage --all` on transformers {swept_transformers()})"
     )
     cost = "; ".join(cost for _, cost in described)
-    rewrites = preview_rewrites(traced.model, tuple(entries))
-    return [Fix("swept", tuple(entries), description, cost, rewrites)]
+    return [Fix("swept", named, description, cost, rewrites)]
