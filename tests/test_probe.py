@@ -83,6 +83,31 @@ def test_placeholders_are_as_many_as_the_forward_places_where_the_method_says_fe
         twin(**sample)
 
 
+def test_positioned_frames_come_stacked_per_clip_where_no_frame_count_is_taken() -> None:
+    """Gemma 4's video processor gives every clip's frames in one run with a count per clip
+    (5.24's forward takes ``num_frames_per_video``); transformers 5.17's takes the clips
+    stacked, frames within each, and no count: each release gets its own layout of the same
+    patches."""
+    from llmc_trace.traced.layouts import layouts
+
+    from llmc_trace.models.source import resolve_model
+
+    config = resolve_model("google/gemma-4-26B-A4B").config()
+    taken = {"input_ids", "pixel_values_videos", "video_position_ids"}
+
+    def video(accepted: set[str]) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(0)
+        [(_, media)] = list(layouts(config, "video", accepted, SHORT, generator))
+        return media
+
+    run = video(taken | {"num_frames_per_video"})
+    stacked = video(taken)
+    assert run["num_frames_per_video"].tolist() == [2] and "num_frames_per_video" not in stacked
+    for key in ("pixel_values_videos", "video_position_ids"):
+        assert stacked[key].shape[:2] == (1, 2)
+        assert torch.equal(stacked[key].flatten(0, 1), run[key])
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_an_any_resolution_model_gets_the_views_of_its_pinpoints() -> None:
     """LLaVA-NeXT cuts a picture into a base view and the tiles of its best pinpoint; the twin's

@@ -329,14 +329,23 @@ def _positioned_frames(
     g: Geometry, takes: set[str], batch: int, generator: torch.Generator
 ) -> list[Layout]:
     """Two frames per clip, each frame's patches with their coordinates, every clip's frames
-    in one run and the count per clip to split it by (Gemma 4's video processor's output)."""
-    if "video_position_ids" not in takes or "num_frames_per_video" not in takes:
+    in one run and the count per clip to split it by (Gemma 4's video processor's output);
+    where the forward takes no count, the clips stacked, frames within each (transformers
+    5.17's Gemma 4)."""
+    if "video_position_ids" not in takes:
         return []
     frames = 2
     (_, image), *_ = _positioned(g, {"image_position_ids"}, batch * frames, generator)
+    pixels, positions = image["pixel_values"], image["image_position_ids"]
+    if "num_frames_per_video" not in takes:
+        media = {
+            "pixel_values_videos": pixels.unflatten(0, (batch, frames)),
+            "video_position_ids": positions.unflatten(0, (batch, frames)),
+        }
+        return [(f"clips of {frames} frames' patches with their positions", media)]
     media = {
-        "pixel_values_videos": image["pixel_values"],
-        "video_position_ids": image["image_position_ids"],
+        "pixel_values_videos": pixels,
+        "video_position_ids": positions,
         "num_frames_per_video": torch.full((batch,), frames),
     }
     return [(f"{frames} frames' patches with their positions", media)]
