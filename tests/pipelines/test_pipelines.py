@@ -9,7 +9,7 @@ import torch
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.pipelines.basic import run_basic
-from llmc_trace.pipelines.cache import IntermediatesCache
+from llmc_trace.pipelines.cache import IntermediatesCache, slab_host_bytes
 from llmc_trace.pipelines.layer_sequential import check_layer_sequential, run_layer_sequential
 from llmc_trace.pipelines.sequential import run_sequential
 from tests.conftest import tiny_llama, token_batch
@@ -151,6 +151,37 @@ def test_a_step_s_outputs_take_over_the_rows_its_consumed_inputs_free() -> None:
     for index, output in enumerate(outputs):
         fetched = cache.fetch(index, ["next_hidden"], torch.device("cpu"))["next_hidden"]
         torch.testing.assert_close(fetched, output)
+
+
+@pytest.mark.parametrize(("batches", "pinned"), [(4, True), (3, False), (15, True), (9, False)])
+def test_a_gpu_hosts_slab_is_pinned_where_its_power_of_two_block_wastes_little(
+    monkeypatch: pytest.MonkeyPatch, batches: int, pinned: bool
+) -> None:
+    """torch's pinned-memory allocator holds the next power of two of each block. Rows of 128
+    bytes: 4 fill a 512-byte block and 15 (1,920 bytes) waste 7 % of a 2 KiB one, so they are
+    pinned; 3 (384) would waste a third and 9 (1,152) 78 %, so they stay pageable. The plan
+    reads the same rule (``slab_host_bytes``)."""
+    from llmc_trace.pipelines import cache as cache_module
+
+    asked: list[bool] = []
+    empty = torch.empty
+
+    def recording_empty(*args, pin_memory: bool = False, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(pin_memory)
+        return empty(*args, **kwargs)  # this CPU build of torch pins nothing
+
+    monkeypatch.setattr(cache_module.torch, "empty", recording_empty)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    inputs = [{"hidden": torch.full((4, 8), float(i))} for i in range(batches)]
+    cache = IntermediatesCache.from_batches(inputs, torch.device("cpu"), for_gpu=True)
+    assert asked == [pinned]  # one slab, made when the second batch differs from the first
+    nbytes = batches * 128
+    held = slab_host_bytes(nbytes, for_gpu=True)
+    assert held == (1 << (nbytes - 1).bit_length() if pinned else nbytes)
+    assert slab_host_bytes(nbytes, for_gpu=False) == nbytes
+    for index in range(batches):
+        fetched = cache.fetch(index, ["hidden"], torch.device("cpu"))["hidden"]
+        assert torch.equal(fetched, inputs[index]["hidden"])
 
 
 @dataclass(frozen=True)

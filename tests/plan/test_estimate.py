@@ -80,7 +80,7 @@ def test_sequential_cache_estimate_is_one_set_of_hidden_states_plus_shared_value
     assert all(c.hessian_bytes == 0 and c.compress_bytes == 0 for c in free)
     first = partitioned.subgraphs[0]
     invariant = {n for n in first.output_names if n != "model_embed_tokens"}
-    settings = RunSettings(64, 29, batch_size=3, dtype_bytes=4)
+    settings = RunSettings(64, 29, batch_size=3, dtype_bytes=4, device_is_host=True)
     by_name = {e.pipeline: e for e in estimate_pipelines(model, partitioned, settings, invariant)}
     values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
     hidden_set = 22 * values["model_embed_tokens"].numel() * 4  # 22 batches of 3
@@ -94,6 +94,19 @@ def test_sequential_cache_estimate_is_one_set_of_hidden_states_plus_shared_value
     inputs = 2 * 22 * values["input_ids"].numel() * 8
     assert by_name["sequential"].cache_bytes == hidden_set + shared + inputs
     assert by_name["sequential"].device_bytes < by_name["basic"].device_bytes
+
+    # on a GPU host a slab holds its pinned block, the next power of two, where that wastes at
+    # most an eighth of it: 22 batches' hidden states (489,984 bytes) hold 512 KiB and each
+    # ids' slab (15,312) 16 KiB; 14 batches' (311,808 and 9,744) would waste more, and are
+    # kept pageable, holding their size
+    def on_gpu(samples: int) -> int:
+        gpu = dataclasses.replace(settings, samples=samples, device_is_host=False)
+        estimates = estimate_pipelines(model, partitioned, gpu, invariant)
+        return next(e.cache_bytes for e in estimates if e.pipeline == "sequential")
+
+    assert (hidden_set, inputs // 2) == (489_984, 15_312)
+    assert on_gpu(64) == 512 * 1024 + shared + 2 * 16 * 1024
+    assert on_gpu(40) == (hidden_set + inputs) // 22 * 14 + shared
 
 
 def test_last_subgraph_restricted_to_its_layer_sees_the_same_inputs() -> None:

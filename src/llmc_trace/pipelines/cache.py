@@ -11,6 +11,12 @@ replace its input's in place and the cache holds one set of hidden states, never
 whole slabs go back to the system when freed instead of leaving the heap fragmented by
 thousands of batch-sized holes (on a GPU host the slab is pinned once, not per batch).
 
+torch's pinned-memory allocator rounds every block up to a power of two, so a pinned slab of
+520 batches of 16 MiB (8.1 GiB) would hold 16 GiB of host memory. A slab pinned that way would
+waste more than :data:`PINNED_WASTE` of its size is kept in pageable memory instead (its copies
+to the device then wait for the host); :func:`slab_host_bytes` says what a slab holds, for the
+memory plan as for the cache.
+
 Sharing is decided by exact equality, not by guessing from the graph: a value is compared with
 the first batch's value of the same name (same shape and dtype); once a name is seen to differ
 it is never compared again, so hidden states cost one comparison in the whole run.
@@ -26,6 +32,28 @@ from typing import Any
 import torch
 
 from llmc_trace.tracing.values import map_leaves
+
+
+#: The most host memory a pinned slab may hold beyond its size, as a share of it.
+PINNED_WASTE = 1 / 8
+
+
+def pinned_block_bytes(nbytes: int) -> int:
+    """The host memory torch's caching pinned-memory allocator holds for a block of
+    ``nbytes``: the next power of two."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
+
+
+def pins_slab(nbytes: int) -> bool:
+    """Whether a slab of ``nbytes`` on a GPU host is pinned: where rounding its block up to a
+    power of two wastes at most :data:`PINNED_WASTE` of it."""
+    return pinned_block_bytes(nbytes) <= nbytes * (1 + PINNED_WASTE)
+
+
+def slab_host_bytes(nbytes: int, for_gpu: bool) -> int:
+    """The host memory a slab of ``nbytes`` holds: its pinned block's on a GPU host where it
+    is pinned, else its size."""
+    return pinned_block_bytes(nbytes) if for_gpu and pins_slab(nbytes) else nbytes
 
 
 def move(value: Any, device: torch.device, pin: bool = False) -> Any:
@@ -211,11 +239,13 @@ class IntermediatesCache:
         earlier = [self.batches[i].get(name) for i in range(index)]
         if not all(isinstance(t, torch.Tensor) and t.shape == value.shape for t in earlier):
             return None
+        shape = (len(self.batches), *value.shape)
+        nbytes = value.element_size() * value.numel() * len(self.batches)
         tensor = torch.empty(
-            (len(self.batches), *value.shape),
+            shape,
             dtype=value.dtype,
             device=self.offload_device,
-            pin_memory=self._pin,
+            pin_memory=self._pin and pins_slab(nbytes),
         )
         slab = self._slabs[name] = _Slab(tensor)
         for i, previous in enumerate(earlier):

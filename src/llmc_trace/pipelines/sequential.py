@@ -29,7 +29,7 @@ from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.core.sizes import largest_parameter_bytes, parameter_bytes
 from llmc_trace.errors import LlmcTraceError
 from llmc_trace.graph.subgraph import MODEL_OUTPUT, Subgraph
-from llmc_trace.pipelines.cache import IntermediatesCache
+from llmc_trace.pipelines.cache import IntermediatesCache, slab_host_bytes
 from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, NamedModules, named_submodules
 from llmc_trace.pipelines.estimate import (
@@ -295,7 +295,8 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
 
     Walks the subgraphs as the cache stores their values: an output that has the shape of
     an input the same subgraph consumes takes that input's slab over row by row; any other
-    output needs a slab of its own while the consumed inputs' slabs are still held.
+    output needs a slab of its own while the consumed inputs' slabs are still held. On a GPU
+    host a slab holds its pinned block (:func:`~llmc_trace.pipelines.cache.slab_host_bytes`).
 
     Stops at the last subgraph holding a target, and counts of that one only what its
     targets need, as the run does: the head's weights and its logits (at 8B, 8 x 2048 tokens
@@ -312,8 +313,13 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
     compute = settings.dtype_bytes
     values = {n.name: n.meta.get("val") for n in partitioned.trace.graph.nodes}
     cost_of = dict(zip(partitioned.trace.leaves.targets, costs))
+    gpu = not settings.device_is_host
+
+    def slab(per_batch: int) -> int:  # every batch's value in one slab, pinned on a GPU host
+        return slab_host_bytes(per_batch * batches, gpu)
+
     live = {  # the batches' model inputs are cached from the start
-        n.name: size(values.get(n.name)) * batches
+        n.name: slab(size(values.get(n.name)))
         for n in partitioned.trace.graph.nodes
         if n.op == "placeholder" and any(n.name in sg.input_names for sg in partitioned.subgraphs)
     }
@@ -346,7 +352,7 @@ def estimate_sequential(inputs: EstimateInputs) -> PipelineEstimate | None:
         added = 0
         for name in subgraph.output_names:
             per_batch = size(values.get(name))
-            live[name] = per_batch if name in invariant else per_batch * batches
+            live[name] = per_batch if name in invariant else slab(per_batch)
             signature = _signature(values.get(name))
             if name not in invariant and signature is not None and signature in donors:
                 donors.remove(signature)  # written into the consumed input's rows
