@@ -26,6 +26,18 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 
 
+def shipped_types(*model_types: str) -> pytest.MarkDecorator:
+    """Skip where the installed transformers ships no model of one of ``model_types``: a test
+    of a type added after the oldest release llmc-trace supports (5.17)."""
+    import transformers
+
+    missing = [t for t in model_types if t not in transformers.CONFIG_MAPPING]
+    return pytest.mark.skipif(
+        bool(missing),
+        reason=f"transformers {transformers.__version__} has no {', '.join(missing)} models",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n N`` each worker gets its share of the cores: N workers of torch's default
     (one thread per core each) oversubscribe the machine, and the suite's heaviest tests ran

@@ -12,6 +12,7 @@ from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
 from llmc_trace.models.samples import SampleOptions, supported_modalities
 from llmc_trace.traced.probe import UnfitConfig, _feature_rows, sample_for
+from tests.conftest import shipped_types
 
 SHORT = SampleOptions(seq_len=16)
 
@@ -138,6 +139,7 @@ def test_a_config_that_cannot_take_a_medium_is_told_apart(
         sample_for(full, modality, SHORT)
 
 
+@shipped_types("molmo2")
 def test_a_feature_method_that_takes_no_layout_names_each_it_tried() -> None:
     """Molmo 2's image features need its processor's pooling tables, which no config holds."""
     twin = twin_of("molmo2", "Molmo2ForConditionalGeneration")

@@ -12,6 +12,7 @@ from llmc_trace.models.defaults import default_config
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.traced.probe import sample_for
 from llmc_trace.traced.processed import processed_layouts
+from tests.conftest import shipped_types
 
 
 def twin(model_type: str, class_name: str) -> transformers.PreTrainedModel:
@@ -32,6 +33,7 @@ def test_an_any_resolution_picture_is_laid_out_by_its_image_processor() -> None:
 
 
 @pytest.mark.usefixtures("one_thread")
+@shipped_types("dots3_note")
 def test_an_audio_input_only_the_feature_extractor_knows_is_given() -> None:
     """Dots3's audio features need the chunk lengths its feature extractor computes, which no
     layout guessed from the config has."""
@@ -42,6 +44,7 @@ def test_an_audio_input_only_the_feature_extractor_knows_is_given() -> None:
         model(**sample)
 
 
+@shipped_types("granite_speech_plus", "molmo2")
 def test_processors_that_need_what_is_not_installed_give_no_layout() -> None:
     """Granite Speech's extractor needs torchaudio, Molmo2's image processor torchvision:
     nothing is offered, and the probe's own layouts follow."""

@@ -17,6 +17,7 @@ from llmc_trace.attempt.sweep_type import DEFAULT, _built_from, _config_of, resw
 from llmc_trace.models.defaults import default_config, generative_types
 from llmc_trace.models.shrink import VOCAB_LIMIT, shrink_config
 from llmc_trace.models.source import builtin_names_of_type, builtin_read_as
+from tests.conftest import shipped_types
 
 
 def twin_config(model_type: str) -> transformers.PretrainedConfig:
@@ -113,6 +114,7 @@ def test_an_xlm_width_named_emb_dim_shrinks() -> None:
     )
 
 
+@shipped_types("muse_spark")
 def test_a_layer_count_that_counts_stages_keeps_them() -> None:
     """Muse Spark's audio tower has one layer per stage (four widths, four layers): the twin
     keeps every stage, one block in each."""
@@ -143,6 +145,7 @@ def test_a_composites_projector_width_shrinks_with_its_text_model() -> None:
     )
 
 
+@shipped_types("apertus1p5")
 def test_media_codes_stay_inside_the_shrunk_vocabulary() -> None:
     """Apertus 1.5 embeds image and audio codes as token ids from an offset per medium: in the
     twin every code of each codebook is a token id of its vocabulary, the two ranges apart and
@@ -221,10 +224,11 @@ def test_a_twin_layer_the_model_init_leaves_alone_still_gets_drawn() -> None:
     [
         ("musicgen", DEFAULT, ["text"]),  # audio codes, a row per codebook
         ("fun_asr_nano", DEFAULT, ["audio"]),  # mel frames stacked seven to a frame
-        ("muse_spark", DEFAULT, ["audio"]),
+        pytest.param("muse_spark", DEFAULT, ["audio"], marks=shipped_types("muse_spark")),
         ("minimax_m3_vl", DEFAULT, ["image"]),
         ("cohere2_vision", DEFAULT, ["image"]),  # a projector width of the composite's own
-        ("apertus1p5", DEFAULT, ["audio", "image"]),  # VQ and audio codes as token ids
+        # VQ and audio codes as token ids
+        pytest.param("apertus1p5", DEFAULT, ["audio", "image"], marks=shipped_types("apertus1p5")),
         ("qwen2_5_omni_thinker", "Qwen/Qwen2.5-Omni-3B", ["text"]),
         ("blt", DEFAULT, ["text"]),
         ("xmod", DEFAULT, ["text"]),  # each sequence's language
