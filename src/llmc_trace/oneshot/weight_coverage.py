@@ -10,9 +10,9 @@ kept in full precision by default, they would otherwise pass for untouched atten
 weights. Their position tables join the embeddings.
 
 Any other weight matrix (a parameter of two or more dimensions that no linear layer or
-embedding holds, biases aside: fused experts keep theirs per expert) is counted as left: a layout of experts this release of transformers writes
-its own way (Aria's grouped GEMMs on 5.17) is then a large untouched ``experts`` row, not a
-share of the model that no row shows.
+embedding holds, biases aside: fused experts keep theirs per expert) is counted as left: experts
+that a release of transformers lays out its own way (Aria's grouped GEMMs on 5.17) are then a
+large untouched ``experts`` row, not a share of the model that no row shows.
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ whole slabs go back to the system when freed instead of leaving the heap fragmen
 thousands of batch-sized holes (on a GPU host the slab is pinned once, not per batch).
 
 torch's pinned-memory allocator rounds every block up to a power of two, so a pinned slab of
-520 batches of 16 MiB (8.1 GiB) would hold 16 GiB of host memory. A slab pinned that way would
-waste more than :data:`PINNED_WASTE` of its size is kept in pageable memory instead (its copies
-to the device then wait for the host); :func:`slab_host_bytes` says what a slab holds, for the
-memory plan as for the cache.
+520 batches of 16 MiB (8.1 GiB) would hold 16 GiB of host memory; and a freed pinned block
+stays in torch's pinned cache, where the next slab of its size reuses it. A slab whose block
+would waste more than :data:`PINNED_WASTE` of its size is kept in pageable memory instead
+(its copies to the device then wait for the host); :func:`slab_host_bytes` says what a slab
+holds, for the memory plan as for the cache.
 
 Sharing is decided by exact equality, not by guessing from the graph: a value is compared with
 the first batch's value of the same name (same shape and dtype); once a name is seen to differ

@@ -8,7 +8,8 @@ most have none. Those models keep one contract, which this module relies on: the
 into the rows that replace the placeholder tokens, and the forward refuses a text whose
 placeholders are not exactly as many. So the probe lays the media out in each way such models
 take them (:mod:`llmc_trace.traced.layouts`), keeps the first layout the model's own method
-accepts, and writes one placeholder per row that came out. A model without such a method gets
+accepts, and writes one placeholder per row that came out, or as many as the forward then
+hands its own placeholder check, where a release's forward adds rows after the method. A model without such a method gets
 no placeholders, and the first layout its encoder takes where it has no prompt (Whisper, a
 vision encoder-decoder), else the first that fits its inputs (GIT prepends the picture). On a
 model on ``meta`` (a full-size trace) the method runs mixed: shapes only, with a grid or mask
