@@ -246,12 +246,11 @@ def load_pretrained(
     folder = source.weights_folder("load")
     store = WeightStore(folder)  # headers only: pickles, truncation, lost shards
     config = source.config()
-    _check_loader(config, folder, store)
+    holds_int8_experts = bool(int8_expert_weights(store))
+    _check_loader(config, folder, holds_int8_experts)
     cls = model_class(config, source.name)
     kernel = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    int8_experts = (
-        reading_int8_experts() if int8_expert_weights(store) else contextlib.nullcontext()
-    )
+    int8_experts = reading_int8_experts() if holds_int8_experts else contextlib.nullcontext()
     try:
         with _quiet_transformers(), int8_experts:
             model, info = cls.from_pretrained(
@@ -324,9 +323,10 @@ QUANTIZES_NOTHING_LOADS = (5, 23)
 INT8_EXPERTS_LOAD = (5, 23)
 
 
-def _check_loader(config: PretrainedConfig, folder: Path, store: WeightStore) -> None:
+def _check_loader(config: PretrainedConfig, folder: Path, int8_experts: bool) -> None:
     """Refuse, before loading, a compressed-tensors checkpoint the installed transformers
-    cannot load: one that quantizes nothing, or one whose experts are stored as int8."""
+    cannot load: one that quantizes nothing, or one whose experts are stored as int8
+    (``int8_experts``)."""
     quantization = getattr(config, "quantization_config", None)
     if (
         not isinstance(quantization, dict)
@@ -335,7 +335,7 @@ def _check_loader(config: PretrainedConfig, folder: Path, store: WeightStore) ->
         return
     if not quantization.get("config_groups"):
         _needs_release(QUANTIZES_NOTHING_LOADS, folder, "quantizes no weights (sparsity alone)")
-    if int8_expert_weights(store):
+    if int8_experts:
         _needs_release(INT8_EXPERTS_LOAD, folder, "stores its experts' weights as int8")
 
 
