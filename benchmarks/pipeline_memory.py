@@ -8,16 +8,14 @@ q/k/v and by gate/up, GPTQ's working tensors, the quantized weights it keeps for
 checkpoint). Each pipeline runs in a fresh process. Its peak is CUDA's
 ``max_memory_allocated`` when a GPU is present, else the peak resident set (kernel VmHWM, reset
 just before the pipeline) minus the resident set right before the pipeline starts: weights,
-batches and the traced subgraphs are already resident then and are not counted.
+batches and the traced subgraphs are already resident then and are not counted, nor is the
+library code the kernels page in as they first run (``_rss.library_code_bytes``).
 
-The estimate comes from ``plan_memory`` (``estimate_pipelines`` on the meta trace) with the
-same settings. On a GPU, the measured peak is compared with ``device_bytes``. On a CPU the
-device and the host are one memory, so the number compared is what the estimates say will be
-resident in it beyond what was resident before the pipeline: ``device_bytes + host_bytes``,
-minus the weights (``host_bytes`` holds all of them, and they were resident before) and minus
-the weights inside ``device_bytes`` (all of them for basic, the largest target for
-layer_sequential, the largest subgraph for sequential), since on one memory those are the same
-bytes. The target is an estimate within 25 % of the measurement.
+The estimate comes from ``plan_source`` on the meta trace with the same settings. On a GPU,
+the measured peak is compared with ``device_bytes``. On a CPU it is compared with the plan of
+a CPU run (device and host one memory, as ``compress`` plans one): its ``host_bytes`` less the
+weights, which were resident before the pipeline. The target is an estimate within 25 % of
+the measurement.
 
 Part 2 runs ``sequential`` (with callbacks that change nothing) on an 80-layer Llama of tiny
 width over 64 samples and reports the intermediates cache: which values it stores once for all
@@ -52,12 +50,12 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from _results import Run, goal
-from _rss import peak_rss_since_reset, reset_peak_rss, resident_bytes
+from _rss import library_code_bytes, peak_rss_since_reset, reset_peak_rss, resident_bytes
 
 MiB = 1024 * 1024
 PIPELINES = ("basic", "layer_sequential", "sequential")
@@ -123,12 +121,15 @@ class PeakMemory:
 
     CUDA: ``max_memory_allocated``. CPU: the kernel's resident high-water mark (VmHWM), which
     writing ``5`` to ``/proc/self/clear_refs`` resets to the current resident set. Freed memory
-    is first handed back to the kernel (``malloc_trim``), so the baseline holds live data only.
+    is first handed back to the kernel (``malloc_trim``), so the baseline holds live data only,
+    and the library code the block's kernels page in as they first run (``code_bytes``, see
+    ``_rss.library_code_bytes``) is no part of the peak: it is the libraries', not the data's.
     """
 
     def __init__(self, device: Any) -> None:
         self.device = device
         self.peak_bytes = 0
+        self.code_bytes = 0
         self.stage_bytes: dict[str, int] = {}
 
     def current_bytes(self) -> int:
@@ -152,6 +153,7 @@ class PeakMemory:
             self.start_bytes = torch.cuda.memory_allocated()
         else:
             self.start_bytes = reset_peak_rss()
+            self.start_code = library_code_bytes()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +163,8 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated() - self.start_bytes
         else:
-            self.peak_bytes = peak_rss_since_reset() - self.start_bytes
+            self.code_bytes = library_code_bytes() - self.start_code
+            self.peak_bytes = peak_rss_since_reset() - self.start_bytes - self.code_bytes
 
 
 def build_model(config_dir: str) -> Any:
@@ -271,6 +274,7 @@ def measure_pipeline(pipeline: str, config_dir: str, samples: int, seq_len: int)
         "pipeline": pipeline,
         "device": device.type,
         "peak_bytes": peak.peak_bytes,
+        "code_bytes": peak.code_bytes,
         "stage_bytes": peak.stage_bytes,
         "elapsed_s": time.perf_counter() - start,
         "layers_compressed": len(compressor.results),
@@ -342,63 +346,44 @@ def measure_cache(config_dir: str, samples: int, seq_len: int) -> dict:
 # ---------------------------------------------------------------- estimating (parent)
 @dataclass(frozen=True)
 class Estimate:
-    """The plan's figures for one pipeline, and the one-memory figure compared on a CPU."""
+    """The plan's figures for one pipeline, and what it says will be resident beyond the
+    weights when the run is on a CPU (``one_memory_bytes``: the plan of a CPU run, where the
+    device and the host are one memory, less the weights, which were resident before)."""
 
     pipeline: str
     device_bytes: int
     host_bytes: int
     cache_bytes: int
-    device_weight_bytes: int
     weight_bytes: int
-
-    @property
-    def one_memory_bytes(self) -> int:
-        """Resident beyond the weights when device and host are the same memory."""
-        return self.device_bytes + self.host_bytes - self.weight_bytes - self.device_weight_bytes
+    one_memory_bytes: int
 
 
 def plan_estimates(config_dir: Path, workload: Workload) -> tuple[str, dict[str, Estimate]]:
-    """The plan's choice and its estimates, with the weights each device estimate holds."""
-    from llmc_trace.graph.partition import partition_trace
+    """The plan's choice and its estimates, for a GPU run and for a CPU run."""
+    from llmc_trace.core.sizes import parameter_bytes
     from llmc_trace.models.build import build_meta_model
-    from llmc_trace.models.samples import SampleOptions, make_sample
     from llmc_trace.models.source import resolve_model
     from llmc_trace.plan import RunSettings, plan_source
-    from llmc_trace.core.sizes import parameter_bytes
-    from llmc_trace.tracing.trace import trace_graph
 
-    settings = RunSettings(workload.samples, workload.seq_len, batch_size=1, dtype_bytes=4)
-    (plan,) = plan_source(str(config_dir), [settings], device_memory=2**50, host_memory=2**50)
-    model = build_meta_model(resolve_model(str(config_dir)))
-    partitioned = partition_trace(
-        trace_graph(model, make_sample(model.config, "text", SampleOptions()))
-    )
-
-    def param_bytes(modules: list[Any]) -> int:
-        return parameter_bytes(modules, settings.dtype_bytes)
-
-    weights = param_bytes(list(model.modules()))
-    device_weights = {
-        "basic": weights,
-        "layer_sequential": max(
-            param_bytes(list(model.get_submodule(t).modules()))
-            for t in partitioned.trace.leaves.targets
-        ),
-        "sequential": max(param_bytes(s.submodules(model)) for s in partitioned.subgraphs),
-    }
+    # the model's dtype (float32) for storage and compute, as plan_source reads it
+    gpu = RunSettings(workload.samples, workload.seq_len, batch_size=1)
+    cpu = replace(gpu, device_is_host=True)
+    plans = plan_source(str(config_dir), [gpu, cpu], device_memory=2**50, host_memory=2**50)
+    on_gpu, on_cpu = ({e.pipeline: e for e in plan.estimates} for plan in plans)
+    weights = parameter_bytes(list(build_meta_model(resolve_model(str(config_dir))).modules()), 4)
     estimates = {
-        e.pipeline: Estimate(
-            e.pipeline,
+        name: Estimate(
+            name,
             e.device_bytes,
             e.host_bytes,
             e.cache_bytes,
-            device_weights[e.pipeline],
             weights,
+            on_cpu[name].host_bytes - weights,
         )
-        for e in plan.estimates
-        if e.pipeline in device_weights
+        for name, e in on_gpu.items()
+        if name in PIPELINES
     }
-    return plan.chosen, estimates
+    return plans[1].chosen, estimates
 
 
 # ---------------------------------------------------------------- orchestrating (parent)
@@ -461,7 +446,6 @@ def estimate_figures(estimate: Estimate, on_gpu: bool) -> dict[str, Any]:
         "device_bytes": estimate.device_bytes,
         "host_bytes": estimate.host_bytes,
         "cache_bytes": estimate.cache_bytes,
-        "device_weight_bytes": estimate.device_weight_bytes,
         "weight_bytes": estimate.weight_bytes,
         "compared_bytes": estimate.device_bytes if on_gpu else estimate.one_memory_bytes,
     }
@@ -521,9 +505,8 @@ def run_notes(figures: dict[str, Any]) -> list[str]:
     else:
         notes.append(
             "Measured: peak RSS of a fresh process minus its RSS right before the pipeline. "
-            "Compared: device_bytes + host_bytes − all weights − the weights inside "
-            "device_bytes (on a CPU device and host are one memory, and the weights were "
-            "resident before)."
+            "Compared: the host_bytes of the plan for a CPU run (device and host one memory) "
+            "minus the weights, which were resident before."
         )
         estimated = estimates["sequential"]["device_bytes"] / estimates["basic"]["device_bytes"]
         notes.append(

@@ -11,7 +11,7 @@ import llmc_trace.plan.estimate as plan_estimate
 
 from llmc_trace import trace_subgraphs
 from llmc_trace.graph.partition import partition_trace
-from llmc_trace.pipelines.estimate import RunSettings
+from llmc_trace.pipelines.estimate import CompressorCost, RunSettings, compressing_and_keeping
 from llmc_trace.plan.estimate import (
     compressor_costs,
     estimate_pipelines,
@@ -264,3 +264,18 @@ def test_the_hooks_float32_copy_of_the_widest_input_is_counted_while_calibrating
     assert with_copy["calibrate"] - without_copy["calibrate"] == copy
     assert with_copy["solve"] == without_copy["solve"]
     assert with_copy["propagate"] == without_copy["propagate"]
+
+
+def test_on_one_memory_the_kept_integers_grow_as_the_hessians_are_given_up() -> None:
+    """Three targets solved in order, each Hessian 8, each solve 2 beyond its Hessian: while
+    target i is solved, the Hessians from i on and the integers of those before it are held."""
+
+    def costs(kept: int) -> list[CompressorCost]:
+        return [CompressorCost(hessian_bytes=8, compress_bytes=10, kept_bytes=kept)] * 3
+
+    # 24 - 8 + 10 = 26 at the first target; then 16 - 8 + 10 + 6 = 24, 8 - 8 + 10 + 12 = 22;
+    # counting the Hessians' peak and every integer together said 26 + 18 = 44
+    assert compressing_and_keeping(costs(6)) == 26
+    # integers larger than the Hessians: the most at the end, all of them (3 x 20)
+    assert compressing_and_keeping(costs(20)) == 60
+    assert compressing_and_keeping([]) == 0

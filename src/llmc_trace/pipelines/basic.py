@@ -21,7 +21,12 @@ from llmc_trace.core.sizes import parameter_bytes
 from llmc_trace.pipelines.cache import move
 from llmc_trace.pipelines.calibration import Calibration, Pipeline, PipelineStats
 from llmc_trace.pipelines.callbacks import Callbacks, modules_outside, named_submodules
-from llmc_trace.pipelines.estimate import EstimateInputs, PipelineEstimate, compressing
+from llmc_trace.pipelines.estimate import (
+    EstimateInputs,
+    PipelineEstimate,
+    compressing,
+    compressing_and_keeping,
+)
 from llmc_trace.pipelines.residency import InMemory, Residency
 
 
@@ -109,14 +114,17 @@ def _calibrate_data_free(run: Calibration) -> PipelineStats:
 
 def estimate_basic(inputs: EstimateInputs) -> PipelineEstimate:
     """Peak memory of :func:`run_basic`: the whole model, every compressor's state and the
-    logits on the device at once."""
+    logits on the device at once. On a CPU the integers kept for the checkpoint share that
+    memory, and they grow as the Hessians are given up (:func:`compressing_and_keeping`)."""
     settings, costs = inputs.settings, inputs.costs
     b, s = settings.batch_size, settings.seq_len
     everything = parameter_bytes(list(inputs.model.modules()), settings.dtype_bytes)
     logits = b * s * _vocab(inputs.model.config) * 4
-    device = everything + max(
-        sum(c.hessian_bytes for c in costs) + inputs.working_peak + logits, compressing(costs)
-    )
+    calibrating = sum(c.hessian_bytes for c in costs) + inputs.working_peak + logits
+    if settings.device_is_host:  # the device's figure holds the kept integers already
+        device, kept = everything + max(calibrating, compressing_and_keeping(costs)), 0
+    else:
+        device, kept = everything + max(calibrating, compressing(costs)), inputs.kept
     return PipelineEstimate(
         BASIC,
         device_bytes=device,
@@ -125,8 +133,8 @@ def estimate_basic(inputs: EstimateInputs) -> PipelineEstimate:
             everything,
             inputs.weights,
             0,
-            inputs.kept,
-            inputs.kept,
+            kept,
+            kept,
             largest=inputs.largest_tensor_bytes(),
         ),
         cache_bytes=0,
