@@ -151,3 +151,32 @@ def test_a_none_result_of_a_recorded_call_stays_none_and_is_checked() -> None:
         other_path = {"x": torch.randn(2, 3, 4), "ids": -torch.ones(2, 3, dtype=torch.long)}
         with pytest.raises(VerificationError, match="was None when the model was traced"):
             replay(model, subgraphs, other_path)
+
+
+class RootMethodModel(torch.nn.Module):
+    """Qwen2.5-Omni's thinker on transformers 5.17: the model's own method, recorded as one
+    call, is handed the model itself (``self.get_audio_features(...)`` at the top level)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+        self.gain = torch.nn.Parameter(torch.tensor(2.0))
+
+    def rescaled(self, h: torch.Tensor) -> torch.Tensor:
+        if bool(h.abs().amax() > 1e9):  # a data-dependent branch: only a recorded call may take it
+            return h
+        return h * self.gain + self.blocks[0].proj.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.rescaled(self.blocks[0](x)))
+
+
+def test_a_recorded_method_of_the_model_itself_replays() -> None:
+    torch.manual_seed(0)
+    model = RootMethodModel().eval()
+    subgraphs = trace_subgraphs(
+        model, {"x": torch.randn(2, 4)}, ["Block"], tracing_ignore=["RootMethodModel.rescaled"]
+    )
+    other = {"x": torch.randn(3, 4) * 5}
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, other), model(**other))

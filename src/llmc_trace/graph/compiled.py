@@ -33,6 +33,11 @@ _COMPILED = itertools.count()
 _MADE_BY = "llmc_trace_made_by"
 #: ``    name = ...``: the statement of the generated code that computes the node ``name``.
 _ASSIGNMENT = re.compile(r"^\s+(\w+) = ")
+#: fx writes a read of the root module itself (a ``get_attr`` of its path, ``""``: the model
+#: handed to a recorded method of its own, as Qwen2.5-Omni's thinker hands itself to
+#: ``get_audio_features`` on transformers 5.17) as ``getattr(self, "")``, which no module
+#: answers; in a subgraph's ``forward`` the root is ``self``.
+_ROOT_READ = re.compile(r'= getattr\(self, ""\)$', re.MULTILINE)
 
 
 def compile_forward(graph: fx.Graph, label: str) -> Callable[..., Any]:
@@ -40,12 +45,13 @@ def compile_forward(graph: fx.Graph, label: str) -> Callable[..., Any]:
     ``label`` (see the module docstring); it behaves as the bare generated function except
     for the note on a failure."""
     code = graph.python_code(root_module="self")
+    src = _ROOT_READ.sub("= self", code.src)
     filename = f"<llmc-trace {label} #{next(_COMPILED)}>"
-    lines = code.src.splitlines(keepends=True)
+    lines = src.splitlines(keepends=True)
     # no modification time: linecache.checkcache keeps the entry, as for a loader's source
-    linecache.cache[filename] = (len(code.src), None, lines, filename)
+    linecache.cache[filename] = (len(src), None, lines, filename)
     namespace = dict(code.globals)
-    exec(compile(code.src, filename, "exec"), namespace)
+    exec(compile(src, filename, "exec"), namespace)
     forward = namespace["forward"]
     sources = _sources_by_line(graph, lines)
 
