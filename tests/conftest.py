@@ -38,6 +38,27 @@ def shipped_types(*model_types: str) -> pytest.MarkDecorator:
     )
 
 
+def default_builds(*model_types: str) -> pytest.MarkDecorator:
+    """Skip where the installed transformers cannot build one of ``model_types``' default
+    configs: 5.17 refuses a composite config without its sub-configs (the encoder-decoders,
+    MusicGen), which later releases fill in with defaults of their own."""
+    import transformers
+
+    from llmc_trace.models.defaults import default_config
+
+    refused = []
+    for model_type in model_types:
+        try:
+            default_config(model_type)
+        except Exception as err:  # noqa: BLE001 - whatever the release says, it says no
+            refused.append(f"{model_type} ({type(err).__name__})")
+    return pytest.mark.skipif(
+        bool(refused),
+        reason=f"transformers {transformers.__version__} builds no default config of "
+        f"{', '.join(refused)}",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n N`` each worker gets its share of the cores: N workers of torch's default
     (one thread per core each) oversubscribe the machine, and the suite's heaviest tests ran

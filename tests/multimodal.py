@@ -14,10 +14,12 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
+from llmc_trace.data import load_processor
 from llmc_trace.data.drawn import write_drawn_dataset
 from llmc_trace.twins.save import save_twin
 
@@ -79,6 +81,15 @@ class TwinFolders:
         if not (folder / "config.json").is_file():
             save_twin(name, folder, adjust=ADJUST.get(name))
         return folder
+
+
+def skip_unless_processable(folder: Path, modality: str) -> None:
+    """Skip where this install cannot preprocess ``modality`` for the twin in ``folder``, with
+    the processor's own reason (SmolVLM's image processor needs torchvision on transformers
+    5.17); the message a user gets then is tested apart."""
+    unavailable = load_processor(folder).unavailable
+    if modality in unavailable:
+        pytest.skip(unavailable[modality])
 
 
 def load_twin(folder: Path) -> PreTrainedModel:

@@ -18,7 +18,7 @@ from llmc_trace.data.processor import load_processor
 from llmc_trace.evaluate import evaluate_model
 from llmc_trace.evaluate.perplexity import perplexity
 from llmc_trace.models.parts import model_parts
-from tests.multimodal import TWINS
+from tests.multimodal import TWINS, skip_unless_processable
 
 #: Group size 32 divides every twin's widths (LLaVA's and Qwen2-Audio's MLP, 1376 = 11008 / 8,
 #: does not take 128, as their full-size 11008 does not either).
@@ -35,6 +35,7 @@ def test_media_calibrate_through_the_sequential_pipeline_and_reload(
     name: str, twins, drawn_rows: Path, tone_rows: Path, tmp_path: Path
 ) -> None:
     folder, rows, modality = twins(name), _rows(name, drawn_rows, tone_rows), TWINS[name]
+    skip_unless_processable(folder, modality)
     out = tmp_path / "out"
     streamed = compress(CompressRequest(folder, rows, out, modality=modality, **RUN))
     in_memory = compress(CompressRequest(folder, rows, None, modality=modality, **RUN))

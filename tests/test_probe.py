@@ -12,7 +12,7 @@ from llmc_trace.models.build import build_meta_model_of, twin_of_class
 from llmc_trace.models.defaults import default_config
 from llmc_trace.models.samples import SampleOptions, supported_modalities
 from llmc_trace.traced.probe import UnfitConfig, _feature_rows, sample_for
-from tests.conftest import shipped_types
+from tests.conftest import default_builds, shipped_types
 
 SHORT = SampleOptions(seq_len=16)
 
@@ -26,7 +26,12 @@ def twin_of(model_type: str, class_name: str) -> torch.nn.Module:
     [
         ("whisper", "WhisperForConditionalGeneration", ["audio"]),  # no token ids at all
         ("instructblip", "InstructBlipForConditionalGeneration", ["image"]),  # pixels required
-        ("vision-encoder-decoder", "VisionEncoderDecoderModel", ["image"]),
+        pytest.param(
+            "vision-encoder-decoder",
+            "VisionEncoderDecoderModel",
+            ["image"],
+            marks=default_builds("vision-encoder-decoder"),
+        ),
         ("qwen2_vl", "Qwen2VLForConditionalGeneration", ["text", "image", "video"]),
         ("voxtral", "VoxtralForConditionalGeneration", ["text", "audio"]),
         ("llama", "LlamaForCausalLM", ["text"]),

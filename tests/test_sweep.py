@@ -104,10 +104,13 @@ def test_every_pair_verified_in_the_shipped_sweep_still_verifies(shard: int) -> 
         for row in resweep(model_type, installed[model_type], config, modalities)
     ]
     spent = cpu_seconds() - start
+    # on another release, a config that release itself cannot build or run is its own verdict
+    # (5.17 builds no encoder-decoder's default config); on the shipped one, nothing is excused
+    excused = ("transformers",) if transformers.__version__ != SHIPPED["transformers"] else ()
     broken = [
         f"{row.model_type} ({row.modality}, {row.config}): {row.outcome}: {row.problem}"
         for row in rows
-        if not row.verified
+        if not row.verified and row.outcome not in excused
     ]
     assert len(rows) == sum(len(m) for (t, _), m in pairs.items() if t in types), rows
     assert not broken, (

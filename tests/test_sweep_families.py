@@ -17,7 +17,7 @@ from llmc_trace.attempt.sweep_type import DEFAULT, _built_from, _config_of, resw
 from llmc_trace.models.defaults import default_config, generative_types
 from llmc_trace.models.shrink import VOCAB_LIMIT, shrink_config
 from llmc_trace.models.source import builtin_names_of_type, builtin_read_as
-from tests.conftest import shipped_types
+from tests.conftest import default_builds, shipped_types
 
 
 def twin_config(model_type: str) -> transformers.PretrainedConfig:
@@ -164,6 +164,7 @@ def test_media_codes_stay_inside_the_shrunk_vocabulary() -> None:
     assert not specials & (set(image) | set(audio))
 
 
+@default_builds("musicgen")
 def test_a_class_is_built_from_the_sub_config_of_its_own_config_class() -> None:
     """MusicGen's causal LM is its composite's decoder; Qwen2.5-Omni's thinker is the published
     Omni config's thinker_config, so that built-in serves the thinker's type."""
@@ -222,7 +223,8 @@ def test_a_twin_layer_the_model_init_leaves_alone_still_gets_drawn() -> None:
 @pytest.mark.parametrize(
     ("model_type", "config", "modalities"),
     [
-        ("musicgen", DEFAULT, ["text"]),  # audio codes, a row per codebook
+        # audio codes, a row per codebook
+        pytest.param("musicgen", DEFAULT, ["text"], marks=default_builds("musicgen")),
         ("fun_asr_nano", DEFAULT, ["audio"]),  # mel frames stacked seven to a frame
         pytest.param("muse_spark", DEFAULT, ["audio"], marks=shipped_types("muse_spark")),
         ("minimax_m3_vl", DEFAULT, ["image"]),

@@ -16,7 +16,7 @@ import torch
 
 from llmc_trace.data import load_multimodal_calibration, load_processor
 from llmc_trace.errors import DataError
-from tests.multimodal import TWINS, load_twin
+from tests.multimodal import TWINS, load_twin, skip_unless_processable
 
 
 def expected_placeholders(config, batch: dict[str, torch.Tensor], row: int) -> int:
@@ -47,6 +47,7 @@ def test_batches_run_and_match_each_row_alone(name, twins, drawn_rows, tone_rows
     """Batches of three rows (different image sizes, different lengths, right padding) run
     through the twin's eager forward and give each row the logits it has alone."""
     folder = twins(name)
+    skip_unless_processable(folder, TWINS[name])
     rows = tone_rows if TWINS[name] == "audio" else drawn_rows
     config = json.loads((folder / "config.json").read_text())
     together = load_multimodal_calibration(rows, folder, samples=3, seq_len=512, batch_size=3)

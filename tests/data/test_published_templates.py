@@ -26,7 +26,7 @@ from llmc_trace import CompressRequest, compress
 from llmc_trace.data import DataError, load_multimodal_calibration
 from llmc_trace.data.rows import RowReader, detect_modality
 from llmc_trace.data.tables import read_text_table
-from tests.multimodal import load_twin
+from tests.multimodal import load_twin, skip_unless_processable
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 
@@ -79,6 +79,7 @@ def test_a_twin_calibrates_through_its_published_template(
     name, twins, drawn_rows, tone_rows, tmp_path
 ):
     template, modality = THROUGH_TWINS[name]
+    skip_unless_processable(twins(name), modality)
     rows = tone_rows if modality == "audio" else drawn_rows
     calibrates_through(name, (TEMPLATES / template).read_text(), modality, rows, twins, tmp_path)
 
