@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers.masking_utils as masking
+from transformers import __version__ as VERSION
 from transformers import Qwen3MoeConfig
 from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.mistral import modeling_mistral
@@ -116,6 +117,8 @@ def test_qwen2_vl_image_features_are_inserted_and_the_rope_index_stopped_the_tra
     )
     assert fixed.traced
     forward = modeling_qwen2_vl.Qwen2VLModel.forward
+    if 'if mm_encoder_outputs.get("image") is not None' not in inspect.getsource(forward):
+        pytest.skip(f"the merge statements read below are not those of transformers {VERSION}")
     images = _at(fixed.decisions, forward, 'if mm_encoder_outputs.get("image") is not None')
     assert images.status == "shape" and images.taken == {"then": 1}
     videos = _at(fixed.decisions, forward, 'if mm_encoder_outputs.get("video") is not None')
