@@ -30,7 +30,7 @@ pipeline within 25 %; on a GPU, the device ratio). ``tables`` renders the printe
 file alone, as ``benchmarks/tables.py`` does for the docs. Each pipeline runs once: its peak is
 a memory figure, and its seconds are recorded but shown in no table.
 
-    python benchmarks/pipeline_memory.py            # about 5 minutes on 2 idle cores
+    python benchmarks/pipeline_memory.py            # 2-5 minutes on 2 cores
     python benchmarks/pipeline_memory.py --quick    # 4 layers, 16 samples: a smoke test
     python benchmarks/pipeline_memory.py --jobs 1   # one pipeline process at a time
 
