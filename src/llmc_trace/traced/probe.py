@@ -9,9 +9,10 @@ into the rows that replace the placeholder tokens, and the forward refuses a tex
 placeholders are not exactly as many. So the probe lays the media out in each way such models
 take them (:mod:`llmc_trace.traced.layouts`), keeps the first layout the model's own method
 accepts, and writes one placeholder per row that came out, or as many as the forward then
-hands its own placeholder check, where a release's forward adds rows after the method. A model without such a method gets
-no placeholders, and the first layout its encoder takes where it has no prompt (Whisper, a
-vision encoder-decoder), else the first that fits its inputs (GIT prepends the picture). On a
+hands its own placeholder check, where a release's forward adds rows after the method. A
+model without such a method gets no placeholders, and the first layout its encoder takes where
+it has no prompt (Whisper, a vision encoder-decoder), else the first that fits its inputs (GIT
+prepends the picture). On a
 model on ``meta`` (a full-size trace) the method runs mixed: shapes only, with a grid or mask
 read for real, so probing a 70B config costs nothing; sizes that pass through a copy to
 ``meta`` keep their values there (Mistral 3's ``image_sizes``, LFM2-VL's token slots).
@@ -43,7 +44,7 @@ from llmc_trace.models.samples import (
 )
 from llmc_trace.traced.layouts import layouts
 from llmc_trace.traced.processed import processed_layouts
-from llmc_trace.tracing.values import MixedExecution
+from llmc_trace.tracing.values import MixedExecution, module_has_meta_state
 
 #: Types that count a video's frames by the image token, between the video's start and end
 #: tokens (GLM-4V and its heirs: their ``get_placeholder_mask`` says so).
@@ -263,19 +264,17 @@ def _rows_placed(model: torch.nn.Module, modality: str, sample: dict[str, Any]) 
     not reach it. The feature method's rows are the forward's in most models, but not in all
     releases: transformers 5.17's LLaVA-OneVision forward appends one newline row per video
     after ``get_video_features`` returns, which 5.24's method appends itself."""
-    owners = {
-        type(m) for m in model.modules() if callable(getattr(m, "get_placeholder_mask", None))
-    }
+    owners = [m for m in model.modules() if callable(getattr(m, "get_placeholder_mask", None))]
     if not owners:
         return None
     counted: list[int] = []
 
     def counting(original: Callable[..., Any]) -> Callable[..., Any]:
-        def check(self: Any, *args: Any, **kwargs: Any) -> Any:
-            bound = inspect.signature(original).bind_partial(self, *args, **kwargs).arguments
+        def check(*args: Any, **kwargs: Any) -> Any:
+            bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
             features, embeds = bound.get(f"{modality}_features"), bound.get("inputs_embeds")
             if features is None or not isinstance(embeds, torch.Tensor):
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
             tensors = [features] if isinstance(features, torch.Tensor) else list(features)
             # as the check itself counts: the features' elements over the embeddings' width
             counted.append(sum(t.numel() for t in tensors) // embeds.shape[-1])
@@ -283,11 +282,11 @@ def _rows_placed(model: torch.nn.Module, modality: str, sample: dict[str, Any]) 
 
         return check
 
-    originals = {cls: cls.__dict__.get("get_placeholder_mask") for cls in owners}
-    on_meta = any(p.is_meta for p in model.parameters())
+    # on the instances, whose attribute shadows the class's method for this one forward
+    for owner in owners:
+        owner.get_placeholder_mask = counting(owner.get_placeholder_mask)
+    on_meta = module_has_meta_state(model)
     try:
-        for cls in owners:
-            cls.get_placeholder_mask = counting(cls.get_placeholder_mask)
         with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
             model(**sample)
     except _Placed:
@@ -295,11 +294,8 @@ def _rows_placed(model: torch.nn.Module, modality: str, sample: dict[str, Any]) 
     except Exception:  # noqa: BLE001 - a forward that cannot run here: the method's count stands
         return None
     finally:
-        for cls, original in originals.items():
-            if original is None:
-                del cls.get_placeholder_mask
-            else:
-                cls.get_placeholder_mask = original
+        for owner in owners:
+            del owner.get_placeholder_mask
     return counted[0] if counted else None
 
 
