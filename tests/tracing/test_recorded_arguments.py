@@ -2,7 +2,8 @@
 
 Distilled from models that broke: Gemma 3 hands its mask builder a closure over a traced
 tensor, Idefics3 hands ``torch_compilable_check`` a lambda, a forward that builds and returns a
-``DynamicCache``, and Qwen2-Audio's merge statement leaves ``position_ids`` ``None``.
+``DynamicCache``, Qwen2-Audio's merge statement leaves ``position_ids`` ``None``, and PI0's
+decoder layers fill a cache its later code measures, after drawing its time and noise.
 """
 
 from __future__ import annotations
@@ -180,3 +181,99 @@ def test_a_recorded_method_of_the_model_itself_replays() -> None:
     other = {"x": torch.randn(3, 4) * 5}
     with torch.no_grad():
         torch.testing.assert_close(replay(model, subgraphs, other), model(**other))
+
+
+class Memory:
+    """A plain object that leaves fill, as decoder layers fill a ``DynamicCache``."""
+
+    def __init__(self) -> None:
+        self.entries: list[torch.Tensor] = []
+
+    def length(self) -> int:
+        return sum(entry.shape[1] for entry in self.entries)
+
+
+class Writer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, memory: Memory) -> torch.Tensor:
+        memory.entries.append(self.proj(x))
+        return x + 1
+
+
+class Reader(torch.nn.Module):
+    def forward(self, y: torch.Tensor, memory: Memory) -> torch.Tensor:
+        return y + torch.cat(memory.entries, dim=1).mean(dim=1, keepdim=True)
+
+
+def span_mask(y: torch.Tensor, memory: Memory) -> torch.Tensor:
+    """A mask over the memory and the new positions, sized by what the memory holds."""
+    return torch.ones(y.shape[0], memory.length() + y.shape[1])
+
+
+class PrefixModel(torch.nn.Module):
+    """PI0's pattern: the writers' outputs are dropped; only the memory they filled carries
+    on, read by model code (its length), by a recorded call, and by the reader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writers = torch.nn.ModuleList([Writer(), Writer()])
+        self.reader = Reader()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        memory = Memory()
+        for writer in self.writers:
+            x = writer(x, memory)
+        held = memory.length()
+        mask = span_mask(y, memory)
+        return self.reader(y, memory) * mask[:, :held].sum(dim=-1).view(-1, 1, 1)
+
+
+def test_what_a_leaf_writes_into_an_object_is_read_back_after_it() -> None:
+    torch.manual_seed(0)
+    model = PrefixModel().eval()
+    sample = {"x": torch.randn(2, 3, 4), "y": torch.randn(2, 5, 4)}
+    subgraphs = trace_subgraphs(
+        model, sample, ["Writer", "Reader"], tracing_ignore=["span_mask"], fix=False
+    )
+    placed = {
+        getattr(node.target, "__name__", node.target): subgraph.index
+        for subgraph in subgraphs
+        for node in subgraph.graph.nodes
+        if node.op in ("call_function", "call_module")
+    }
+    assert placed["span_mask"] >= placed["writers.1"], placed  # not before the writes it reads
+    other = {"x": torch.randn(2, 3, 4) * 3, "y": torch.randn(2, 5, 4)}
+    with torch.no_grad():
+        torch.testing.assert_close(replay(model, subgraphs, other), model(**other))
+
+
+class NoisyModel(torch.nn.Module):
+    """PI0's flow-matching draws, on plain arguments: a time from a ``Beta`` and noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0)).sample((2,))
+        noise = torch.randn(2, 3, 4)
+        return self.blocks[1](self.blocks[0](x) * time.view(-1, 1, 1) + noise)
+
+
+def test_random_draws_are_drawn_again_on_each_run() -> None:
+    torch.manual_seed(0)
+    model = NoisyModel().eval()
+    sample = {"x": torch.randn(2, 3, 4)}
+    subgraphs = trace_subgraphs(model, sample, ["Block"])
+    runs = {}
+    with torch.no_grad():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            expected = model(**sample)
+            torch.manual_seed(seed)
+            runs[seed] = replay(model, subgraphs, sample)
+            torch.testing.assert_close(runs[seed], expected)  # the draws, in eager's order
+    assert (runs[1] - runs[2]).abs().amax() > 0.1  # not one draw baked into the graph

@@ -43,9 +43,6 @@ CONSTRUCTORS = (
     "zeros",
     "full",
     "empty",
-    "rand",
-    "randn",
-    "randint",
     "eye",
     "tensor",
     "arange",
@@ -58,6 +55,70 @@ CONSTRUCTORS = (
     "triu",
     "finfo",
 )
+
+
+#: torch functions that draw random numbers: recorded as graph calls whatever their arguments,
+#: so that each batch draws its own (a draw baked into the graph as a constant would repeat
+#: the trace's numbers on every batch, where eager code draws new ones).
+RANDOM_FUNCTIONS = (
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "normal",
+    "bernoulli",
+    "multinomial",
+    "poisson",
+)
+#: Methods of ``torch.distributions`` classes that draw: PI0 samples its flow-matching time
+#: from a ``Beta``, whose sampler runs inside an autograd ``Function`` no proxy may enter.
+DRAWING_METHODS = ("sample", "rsample")
+
+
+#: How a draw reaches the tracer: the original function, its arguments, and for a
+#: distribution's method the method's name (the distribution is the first argument).
+RecordDraw = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], "str | None"], Any]
+
+
+@contextlib.contextmanager
+def patch_random_draws(record_draw: RecordDraw) -> Iterator[None]:
+    """Send every random draw, a torch function's or a distribution's, to ``record_draw``,
+    for one trace."""
+    patched: list[tuple[Any, str, Any]] = []
+    for name in RANDOM_FUNCTIONS:
+        if hasattr(torch, name):
+            patched.append((torch, name, getattr(torch, name)))
+    for cls in vars(torch.distributions).values():
+        if inspect.isclass(cls) and issubclass(cls, torch.distributions.Distribution):
+            patched.extend(
+                (cls, name, vars(cls)[name]) for name in DRAWING_METHODS if name in vars(cls)
+            )
+    try:
+        for owner, name, original in patched:
+            method = name if owner is not torch else None
+            setattr(owner, name, _draw_wrapper(original, record_draw, method))
+        yield
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+
+
+def draw_from(distribution: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Graph target for a distribution's draw: ``distribution.method(*args, **kwargs)``."""
+    return getattr(distribution, method)(*args, **kwargs)
+
+
+def _draw_wrapper(
+    original: Callable[..., Any], record_draw: RecordDraw, method: str | None
+) -> Callable[..., Any]:
+    @functools.wraps(original, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return record_draw(original, args, kwargs, method)
+
+    return wrapper
 
 
 @contextlib.contextmanager

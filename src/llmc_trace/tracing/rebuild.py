@@ -161,6 +161,74 @@ def example_copy(
     return convert(value)
 
 
+def state_after(obj: Any, *calls: Any) -> Any:
+    """``obj`` itself: the node for an object as a leaf call left it. The call is an argument
+    only so that every later read of the object runs after the call that changed it."""
+    return obj
+
+
+def read_state(obj: Any, path: tuple[Any, ...]) -> Any:
+    """The value at ``path`` in ``obj``'s state: list and tuple items by position, dict items
+    by key, anything else by attribute (the paths :func:`copied_objects`' callers build)."""
+    value = obj
+    for step in path:
+        if isinstance(value, (list, tuple)) or type(value) is dict:
+            value = value[step]
+        else:
+            value = getattr(value, step)
+    return value
+
+
+def copied_objects(original: Any, copied: Any) -> list[tuple[Any, Any]]:
+    """Each plain object in ``original`` (a call's arguments) with its copy in ``copied`` (the
+    same arguments as :func:`example_copy` copied them): what a leaf call may have changed.
+    Objects that were shared, not copied, are left out; so are objects inside closures."""
+    pairs: list[tuple[Any, Any]] = []
+
+    def walk(item: Any, copy: Any) -> None:
+        if item is copy:
+            return
+        if is_rebuildable_object(item) and type(copy) is type(item):
+            pairs.append((item, copy))
+        elif isinstance(item, (list, tuple)) and isinstance(copy, (list, tuple)):
+            for x, y in zip(item, copy):
+                walk(x, y)
+        elif type(item) is dict and type(copy) is dict:
+            for key, x in item.items():
+                if key in copy:
+                    walk(x, copy[key])
+
+    walk(original, copied)
+    return pairs
+
+
+def tensor_versions(value: Any) -> dict[int, int]:
+    """The version counter of every tensor in an object's state, by id: an in-place write
+    into one (a static cache's ``index_copy_``) changes its version, not its identity."""
+    versions: dict[int, int] = {}
+    visited: set[int] = set()
+
+    def walk(item: Any) -> None:
+        if id(item) in visited:
+            return
+        visited.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if not item.is_inference():  # inference tensors keep no version
+                versions[id(item)] = item._version
+        elif isinstance(item, (list, tuple)):
+            for x in item:
+                walk(x)
+        elif type(item) is dict:
+            for x in item.values():
+                walk(x)
+        elif is_rebuildable_object(item):
+            for x in vars(item).values():
+                walk(x)
+
+    walk(value)
+    return versions
+
+
 def state_fingerprint(value: Any) -> tuple[Any, ...]:
     """Identity of every leaf in an object's state, nested objects and containers included:
     equal fingerprints mean traced code changed nothing in it since it was last recorded."""

@@ -13,6 +13,9 @@ transformers 5 ships no ``HFTracer``; this is ours. What it adds to ``torch.fx.T
   no target), so nothing inside a decoder layer is traced;
 * configs and other objects the model passes around are referenced by their attribute path,
   never rebuilt, so runtime attributes such as ``_attn_implementation`` survive;
+* plain objects the graph rebuilds (a ``DynamicCache``) keep what leaves write into them: the
+  new state is read back from the run-time object after the call (``_read_back``);
+* random draws are graph calls whatever their arguments, never a trace-time draw baked in;
 * ``ModelOutput`` results stay ``ModelOutput`` objects in the graph;
 * nothing is written to the model: tensor constants live in the graph, not on the root.
 """
@@ -43,8 +46,10 @@ from llmc_trace.tracing.opaque import (
     MASKING_MODULE,
     ExplicitMasks,
     call_module_method,
+    draw_from,
     patch_constructors,
     patch_opaque,
+    patch_random_draws,
 )
 from llmc_trace.tracing.proxy import DataDependentQuestion, MetaProxy
 from llmc_trace.tracing.rebuild import (
@@ -54,9 +59,14 @@ from llmc_trace.tracing.rebuild import (
     RebuildObject,
     Unrepresentable,
     closure_cells,
+    copied_objects,
     example_copy,
+    fresh_instance,
     is_rebuildable_object,
+    read_state,
+    state_after,
     state_fingerprint,
+    tensor_versions,
 )
 from llmc_trace.tracing.source import current_model_location
 from llmc_trace.tracing.values import (
@@ -282,6 +292,7 @@ class LlmcTracer(fx.Tracer):
                     self.has_proxy,
                 ) as matches,
                 patch_constructors(self._record_constructor, self.has_proxy),
+                patch_random_draws(self._record_draw),
             ):
                 self.state.opaque_matches = matches
                 return self.trace(model)
@@ -372,11 +383,18 @@ class LlmcTracer(fx.Tracer):
         run = runner_for(kind, target, module)
         opaque = kind == "call_module" or id(target) in self._opaque_targets
         key = self._shape_only_key(module, values) if module is not None else None
+        handed: list[tuple[Any, Any]] = []  # an object makes the key None: never cached
+        before: list[tuple[tuple[Any, ...], dict[int, int]]] = []
         if key is not None and key in self._shape_only_outputs:
             cached = self._shape_only_outputs[key]
             computed = dataclasses.replace(cached, value=map_leaves(_fresh_meta, cached.value))
         else:
             called: list[str] = []
+            # an opaque call runs on copies of the objects it is handed: what it changes in
+            # them, model code reads back after it (see _read_back)
+            if opaque:
+                handed = copied_objects((args, kwargs), values)
+            before = [(state_fingerprint(c), tensor_versions(c)) for _, c in handed]
             with (
                 self._computing_values(),
                 self._recording_calls(called if module is None else None),
@@ -402,6 +420,66 @@ class LlmcTracer(fx.Tracer):
         node.meta["value_static"], node.meta["shape_static"] = value_static, shape_static
         if not shape_static:
             node.meta["dynamic_dims"] = dims
+        if computed.error is None:
+            for (obj, copy), (fingerprint, versions) in zip(handed, before):
+                if (state_fingerprint(copy), tensor_versions(copy)) != (fingerprint, versions):
+                    self._read_back(obj, copy, node, versions)
+
+    def _read_back(self, obj: Any, changed: Any, call: fx.Node, versions: dict[int, int]) -> None:
+        """``call`` changed ``obj`` (its example copy, ``changed``, says how): give ``obj`` the
+        new state, each new or rewritten tensor a read of the run-time object after the call.
+
+        At run time the call changes the very object it is handed, as in eager code. But the
+        example value was computed on a copy, so without this the trace would go on seeing the
+        object as it was: PI0's language model fills a ``DynamicCache`` in its decoder layers
+        (leaves), then its action expert asks the cache's length and builds a mask over it.
+        The reads hang off a node that takes the call as an argument, so a partition can never
+        place a reader of the changed state before the call that changed it.
+        """
+        after = self.create_node(
+            "call_function", state_after, (self._rebuilt[id(obj)][0], call), {}
+        )
+        self._holding(after, changed, False)
+        shape_static = call.meta.get("shape_static", False)
+
+        def read(value: torch.Tensor, path: tuple[Any, ...]) -> MetaProxy:
+            node = self.create_node("call_function", read_state, (after, path), {})
+            self._holding(node, value, False)
+            node.meta["shape_static"] = shape_static
+            return self.proxy(node)
+
+        def mirror(old: Any, new: Any, path: tuple[Any, ...]) -> Any:
+            if isinstance(old, fx.Proxy) and old.node.meta.get("val") is new:
+                if not isinstance(new, torch.Tensor) or versions.get(id(new)) == new._version:
+                    return old  # the call left it alone: the recorded value stands
+            if isinstance(new, torch.Tensor):
+                return read(new, path)
+            if isinstance(new, list):
+                items = [mirror(_item(old, i), x, (*path, i)) for i, x in enumerate(new)]
+                if isinstance(old, list):
+                    old[:] = items
+                    return old
+                return items
+            if type(new) is dict:
+                entries = {k: mirror(_item(old, k), x, (*path, k)) for k, x in new.items()}
+                if type(old) is dict:
+                    old.clear()
+                    old.update(entries)
+                    return old
+                return entries
+            if isinstance(new, tuple) and not hasattr(new, "_fields"):
+                return tuple(mirror(_item(old, i), x, (*path, i)) for i, x in enumerate(new))
+            if is_rebuildable_object(new):
+                kept = old if type(old) is type(new) else fresh_instance(type(new), {})
+                own = vars(kept) if kept is old else {}
+                state = {k: mirror(own.get(k), x, (*path, k)) for k, x in vars(new).items()}
+                vars(kept).clear()
+                vars(kept).update(state)
+                return kept
+            return new
+
+        mirror(obj, changed, ())
+        self._rebuilt[id(obj)] = (after, state_fingerprint(obj), obj)
 
     def _dynamic_dims(
         self, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], value: Any
@@ -741,6 +819,25 @@ class LlmcTracer(fx.Tracer):
     ) -> Any:
         return self.create_proxy("call_function", fn, args, kwargs)
 
+    def _record_draw(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        method: str | None,
+    ) -> Any:
+        """A random draw as a graph call, even on plain arguments; its value is never known
+        while tracing (the example's numbers are one draw among many). A distribution's
+        ``method`` is recorded by name on the distribution, which the graph rebuilds. Inside
+        an example's computation the draw simply runs."""
+        if self._computing:
+            return fn(*args, **kwargs)
+        if method is not None:
+            fn, args = draw_from, (args[0], method, *args[1:])
+        proxy = self.create_proxy("call_function", fn, args, kwargs)
+        proxy.node.meta["value_static"] = False
+        return proxy
+
     def _record_method(
         self, module: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
@@ -860,6 +957,15 @@ def _restore_proxy_attributes(
                     setattr(module, key, before[(id(module), key)])
                 else:
                     delattr(module, key)
+
+
+def _item(container: Any, key: Any) -> Any:
+    """``container[key]`` where the container holds it, else ``None``."""
+    if isinstance(container, (list, tuple)):
+        return container[key] if isinstance(key, int) and key < len(container) else None
+    if type(container) is dict:
+        return container.get(key)
+    return None
 
 
 def _all_static(node: fx.Node) -> bool:
