@@ -436,9 +436,10 @@ class LlmcTracer(fx.Tracer):
         The reads hang off a node that takes the call as an argument, so a partition can never
         place a reader of the changed state before the call that changed it.
         """
-        after = self.create_node(
-            "call_function", state_after, (self._rebuilt[id(obj)][0], call), {}
-        )
+        rebuilt = self._rebuilt.get(id(obj))
+        if rebuilt is None:  # reached through no node of its own: nothing to read back from
+            return
+        after = self.create_node("call_function", state_after, (rebuilt[0], call), {})
         self._holding(after, changed, False)
         shape_static = call.meta.get("shape_static", False)
 
