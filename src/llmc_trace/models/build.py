@@ -88,7 +88,9 @@ def build_meta_model_of(
 
     Initializers are switched off (transformers' ``no_init_weights``): on ``meta`` they write
     nothing, yet each still runs its Python (fan-in arithmetic, the random op's decomposition),
-    two fifths of Switch-large-128's build with its 6,500 linear layers.
+    two fifths of Switch-large-128's build with its 6,500 linear layers. That switch also skips
+    the tying that ``init_weights`` does, so the weights are tied here: an untied ``lm_head``
+    would count Qwen2-VL-2B's 0.4 GiB embedding twice in every size and plan.
     """
     config = prepare_config(config)
     with _quiet_transformers(), torch.device("meta"), no_init_weights():
@@ -97,6 +99,7 @@ def build_meta_model_of(
         model = cls._from_config(
             config, attn_implementation=attn_implementation, dtype=dtype or _config_dtype(config)
         )
+    model.tie_weights()
     return model.eval()
 
 
