@@ -109,7 +109,7 @@ def write_checkpoint(preset: str, out: Path) -> dict[str, Any]:
         for name, module in model.named_modules()
         if scheme.is_target(name, module)
     }
-    save_compressed(model, out, quantized, [scheme], tokenizer_dir=REFMODEL)
+    save_compressed(model, out, quantized, [scheme], source_dir=REFMODEL)
     return {name: q.weight for name, q in quantized.items()}
 
 

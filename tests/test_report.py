@@ -77,7 +77,11 @@ def test_report_json_holds_the_compressors_numbers_for_every_layer(
         assert row["num_tokens"] == SAMPLES * SEQ_LEN  # no padding: every token counts
         assert row["relative_loss"] == layer.loss / layer.baseline_loss
         assert row["device_peak_bytes"] is None  # a CPU run measures no per-layer peak
-        assert row["ignore"] == f"--ignore {row['name']}"
+        block, _, last = row["name"].rpartition(".")
+        fused = {"q_proj": "q_proj k_proj v_proj", "k_proj": "q_proj k_proj v_proj",
+                 "v_proj": "q_proj k_proj v_proj", "gate_proj": "gate_proj up_proj",
+                 "up_proj": "gate_proj up_proj"}.get(last, last)  # fmt: skip
+        assert row["ignore"] == " ".join(f"--ignore {block}.{p}" for p in fused.split())
         # each layer sits in the subgraph that runs its decoder layer
         (subgraph,) = [s for s in document["subgraphs"] if s["index"] == row["subgraph"]]
         assert subgraph["targets"] == [row["name"].rsplit(".", 2)[0]]

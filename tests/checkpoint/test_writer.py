@@ -86,7 +86,7 @@ def gptq_checkpoint(
     model = load_refmodel(refmodel_dir)
     quantized = quantize_with_gptq(model, refmodel_dir)
     out_dir = tmp_path_factory.mktemp("w4a16") / "checkpoint"
-    save_compressed(model, out_dir, quantized, [W4A16], recipe=RECIPE, tokenizer_dir=refmodel_dir)
+    save_compressed(model, out_dir, quantized, [W4A16], recipe=RECIPE, source_dir=refmodel_dir)
     apply(model, {name: q.weight for name, q in quantized.items()})
     return out_dir, model, quantized
 
@@ -145,6 +145,27 @@ def test_config_recipe_and_tokenizer_files(
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out_dir / name).read_bytes() == (refmodel_dir / name).read_bytes()
     assert sorted(p.name for p in out_dir.parent.iterdir()) == ["checkpoint"]  # no leftovers
+
+
+def test_the_source_generation_config_and_use_cache_are_kept(
+    refmodel_dir: Path, tmp_path: Path
+) -> None:
+    """Calibration builds the model with caches off and from its config alone: the checkpoint
+    still says what the source folder says (stop tokens, sampling defaults, caches on)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (source / name).symlink_to(refmodel_dir / name)
+    generation = {"eos_token_id": [0, 5], "do_sample": True, "temperature": 0.6, "top_p": 0.9}
+    (source / "generation_config.json").write_text(json.dumps(generation))
+    model = load_pretrained(resolve_model(str(source)))
+    assert model.config.use_cache is False  # as calibration runs it
+    quantized = quantize_with_rtn(model, W4A16)
+    out_dir = save_compressed(model, tmp_path / "checkpoint", quantized, source_dir=source)
+    assert json.loads((out_dir / "generation_config.json").read_text()) == generation
+    assert transformers.AutoConfig.from_pretrained(out_dir).use_cache is True
+    loaded = transformers.GenerationConfig.from_pretrained(out_dir)
+    assert (loaded.eos_token_id, loaded.do_sample, loaded.temperature) == ([0, 5], True, 0.6)
 
 
 def test_writing_twice_gives_identical_bytes(refmodel_dir: Path, tmp_path: Path) -> None:

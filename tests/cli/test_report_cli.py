@@ -190,16 +190,39 @@ def test_compress_prints_the_worst_layers_and_ignore_keeps_one_dense(
     assert f"{worst.relative_loss:.3f}" in output
     assert f"{tmp_path / 'all'}/report.html" in "".join(output.split())
 
-    # the option the report offers for the worst layer keeps it out of the next run
-    code, output = invoke(*common, "-o", str(tmp_path / "kept"), *worst.ignore.split())  # type: ignore[union-attr]
+    # the options the report offers for the worst layer keep it, and the layers vLLM fuses
+    # with it, out of the next run
+    options = worst.ignore.split()  # type: ignore[union-attr]
+    dense = options[1::2]
+    assert worst.name in dense and len(dense) in (1, 2, 3)
+    code, output = invoke(*common, "-o", str(tmp_path / "kept"), *options)
     assert code == 0, output
     kept = tmp_path / "kept"
     names = [r.name for r in read_report(kept / "report.json").layers]
-    assert worst.name not in names and len(names) == len(report.layers) - 1
+    assert not set(dense) & set(names) and len(names) == len(report.layers) - len(dense)
     config = json.loads((kept / "config.json").read_text())
-    assert worst.name in config["quantization_config"]["ignore"]
+    assert set(dense) <= set(config["quantization_config"]["ignore"])
     (stage,) = yaml.safe_load((kept / "recipe.yaml").read_text())["stages"]
-    assert worst.name in stage["scheme"]["ignore"]
+    assert set(dense) <= set(stage["scheme"]["ignore"])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_ignoring_part_of_a_fused_layer_keeps_the_whole_layer(
+    saved_llama: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM fuses q, k and v into one layer and refuses one in two schemes."""
+    folder, data = saved_llama
+    attention = "model.layers.0.self_attn"
+    code, output = invoke(
+        "compress", "-m", str(folder), "-d", str(data), "-o", str(tmp_path / "out"),
+        "--samples", "8", "--seq-len", "64", "--method", "rtn", "--ignore", f"{attention}.q_proj",
+    )  # fmt: skip
+    assert code == 0, output
+    assert "vLLM serves 2 layers" in caplog.text
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    ignored = config["quantization_config"]["ignore"]
+    assert {f"{attention}.{p}" for p in ("q_proj", "k_proj", "v_proj")} <= set(ignored)
+    assert f"{attention}.o_proj" not in ignored and "model.layers.1.self_attn.k_proj" not in ignored
 
 
 def test_ignore_in_a_run_that_only_prunes_exits_2(

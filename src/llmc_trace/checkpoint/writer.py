@@ -3,8 +3,10 @@
 The folder holds `config.json` (the model's config plus `quantization_config`, and the dtype
 the tensors are stored in), the weights (`model.safetensors`, or shards of at most
 `max_shard_size` bytes with `model.safetensors.index.json`), `generation_config.json` when the
-model has one, `recipe.yaml` when a recipe is given, and the tokenizer files of a source folder
-when one is given. It is written into a hidden temporary folder beside the target and renamed
+model has one, `recipe.yaml` when a recipe is given, and from the source folder when one is
+given: its tokenizer and processor files, its own `generation_config.json` (stop tokens and
+sampling defaults, which a config-built model does not carry) and the `use_cache` its
+`config.json` says (calibration turns caches off; generation wants them back). It is written into a hidden temporary folder beside the target and renamed
 into place only when complete, so an interrupted write never leaves a half-written checkpoint
 under the target's name (a run keeping resume points leaves that folder for the next run to
 continue, never the target).
@@ -52,6 +54,7 @@ from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch
 
@@ -87,7 +90,7 @@ TOKENIZER_FILES = (
     "tokenizer_config.json",
     "vocab.json",
 )
-"""Files copied from `tokenizer_dir` when present: tokenizers, chat templates, processors."""
+"""Files copied from `source_dir` when present: tokenizers, chat templates, processors."""
 
 
 RESUME_FOLDER = "resume"
@@ -345,15 +348,19 @@ class CheckpointWriter:
         *,
         sparsity: Sparsity | None = None,
         recipe: str | None = None,
-        tokenizer_dir: str | Path | None = None,
+        source_dir: str | Path | None = None,
         files: Mapping[str, str] | None = None,
     ) -> Path:
         """Write the config and the small files, check every tensor arrived, and rename the
         folder into place (replacing an existing one only now, when overwriting). ``files``:
-        more text files by name (the compression report), which appear with the checkpoint.
+        more text files by name (the compression report), which appear with the checkpoint;
+        ``source_dir``: the folder the model came from (see the module docstring).
         Inside the ``with`` block, so a failure here removes the partial folder too."""
         self._shards.close()
         config_dict = self.config.to_diff_dict()
+        source = Path(source_dir) if source_dir is not None else None
+        if source is not None and (source / "config.json").is_file():
+            _restore_use_cache(config_dict, json.loads((source / "config.json").read_text()))
         config_dict["dtype"] = str(self.dtype).removeprefix("torch.")
         if self.schemes or sparsity is not None:
             measured = None
@@ -367,16 +374,18 @@ class CheckpointWriter:
         (folder / "config.json").write_text(
             json.dumps(config_dict, indent=2, sort_keys=True) + "\n"
         )
-        if self.generation_config is not None:
+        if source is not None and (source / "generation_config.json").is_file():
+            shutil.copyfile(source / "generation_config.json", folder / "generation_config.json")
+        elif self.generation_config is not None:
             self.generation_config.to_json_file(folder / "generation_config.json", use_diff=True)
         if recipe is not None:
             (folder / "recipe.yaml").write_text(recipe)
         for name, text in (files or {}).items():
             (folder / name).write_text(text, encoding="utf-8")
-        if tokenizer_dir is not None:
+        if source is not None:
             for name in TOKENIZER_FILES:
-                if (Path(tokenizer_dir) / name).is_file():
-                    shutil.copyfile(Path(tokenizer_dir) / name, folder / name)
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, folder / name)
         shutil.rmtree(folder / RESUME_FOLDER, ignore_errors=True)
         _make_readable(folder)
         _replace(self.out_dir, folder)
@@ -396,7 +405,7 @@ def save_compressed(
     *,
     sparsity: SparsityInfo | None = None,
     recipe: str | None = None,
-    tokenizer_dir: str | Path | None = None,
+    source_dir: str | Path | None = None,
     overwrite: bool = False,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
@@ -412,8 +421,9 @@ def save_compressed(
     those modules; their weights stay dense (see
     `llmc_trace.checkpoint.layout.quantization_config` for why).
 
-    An existing `out_dir` is an error unless `overwrite`, in which case it is replaced only once
-    the new folder is complete.
+    `source_dir` is the folder the model was loaded from, whose tokenizer, processor and
+    generation files the checkpoint keeps. An existing `out_dir` is an error unless
+    `overwrite`, in which case it is replaced only once the new folder is complete.
 
     >>> import tempfile
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -459,8 +469,25 @@ def save_compressed(
         return writer.commit(
             sparsity=sparsity.structure if sparsity is not None else None,
             recipe=recipe,
-            tokenizer_dir=tokenizer_dir,
+            source_dir=source_dir,
         )
+
+
+def _restore_use_cache(written: dict[str, Any], source: dict[str, Any]) -> None:
+    """Give ``written`` (a config as a dict) the ``use_cache`` of ``source`` (the source
+    folder's ``config.json``) at every level, sub-configs included: calibration builds the
+    model with caches off, and a checkpoint saying so would make ``generate`` run without one.
+    A level the source leaves at its default keeps the default."""
+    if "use_cache" in written:
+        if "use_cache" in source:
+            written["use_cache"] = source["use_cache"]
+        else:
+            del written["use_cache"]
+    for key, value in written.items():
+        if isinstance(value, dict) and isinstance(source.get(key), dict):
+            _restore_use_cache(value, source[key])
+        elif isinstance(value, dict):
+            value.pop("use_cache", None)
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from llmc_trace.checkpoint.served import served_together
 from llmc_trace.calibrate.solve import LayerResult
 from llmc_trace.core.declare import written
 from llmc_trace.core.names import BASELINE, DATA_METHODS, MAGNITUDE
@@ -90,7 +91,7 @@ def build_report(
     calibrated on (None for a data-free run), whose tokens the report counts."""
     subgraph_of = _subgraph_index(traced)
     layers = tuple(
-        _row(index, stage, result, subgraph_of)
+        _row(index, stage, result, subgraph_of, [r.name for r in results])
         for index, (stage, results) in enumerate(stages)
         for result in results
     )
@@ -147,7 +148,17 @@ def _stage_settings(stage: Stage) -> StageSettings:
     )
 
 
-def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, int]) -> LayerRow:
+def _row(
+    index: int,
+    stage: Stage,
+    result: LayerResult,
+    subgraph_of: dict[str, int],
+    stage_layers: list[str],
+) -> LayerRow:
+    """The report's row of one layer; its ``--ignore`` suggestion names the layers a server
+    fuses with it too (:mod:`llmc_trace.checkpoint.served`), so that following it gives a
+    checkpoint vLLM loads."""
+    together = served_together(result.name, stage_layers)
     calibrated = stage.method in DATA_METHODS and result.fallback is None
     baseline = BASELINE.get(stage.method)
     if baseline == MAGNITUDE and stage.scheme is not None:
@@ -165,7 +176,9 @@ def _row(index: int, stage: Stage, result: LayerResult, subgraph_of: dict[str, i
         shares_hessian_with=result.shares_hessian_with,
         subgraph=_find(result.name, subgraph_of),
         fallback=result.fallback,
-        ignore=f"--ignore {shlex.quote(result.name)}" if stage.scheme is not None else None,
+        ignore=" ".join(f"--ignore {shlex.quote(name)}" for name in together)
+        if stage.scheme is not None
+        else None,
     )
 
 

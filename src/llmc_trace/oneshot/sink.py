@@ -151,7 +151,7 @@ class CheckpointSink(Sink):
         self._writer.commit(
             sparsity=self._sparsity.sparsity if self._sparsity else None,
             recipe=recipe,
-            tokenizer_dir=self.store.folder,
+            source_dir=self.store.folder,
             files=report_files(report) if report is not None else {},
         )
 

@@ -21,7 +21,11 @@ from llmc_trace.oneshot.sink import Sink
 from llmc_trace.oneshot.smoothing import Smoother, SmoothingCompressor
 from llmc_trace.spec.stage import Stage
 from llmc_trace.oneshot.state import RunContext
-from llmc_trace.oneshot.target_checks import check_ignore, check_targets
+from llmc_trace.oneshot.target_checks import (
+    check_ignore,
+    check_targets,
+    keep_served_layers_whole,
+)
 from llmc_trace.pipelines.calibration import Calibration
 from llmc_trace.pipelines.registry import PipelineOutcome, fallback_order, run_pipelines
 from llmc_trace.pipelines.residency import compute_dtype
@@ -37,6 +41,7 @@ def run_stage(context: RunContext, stage: Stage, model: torch.nn.Module, sink: S
     batches = context.calibration_set(model).batches
     routers, parts = router_layers(model), model_parts(model)
     check_ignore(model, stage)
+    stage = keep_served_layers_whole(model, stage)
     context.progress("trace", 0, 1)
     needs_data = stage.method in CALIBRATED_METHODS
     traced, check = context.trace.trace(model, batches[0], needs_data=needs_data)

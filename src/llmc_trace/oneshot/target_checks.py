@@ -1,9 +1,12 @@
 """The layers a stage compresses, checked before calibration: something is targeted, every
-group fits its layer, and every layer the user asked to keep in full precision exists."""
+group fits its layer, every layer the user asked to keep in full precision exists, and keeping
+it does not split a layer that servers fuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import logging
 
 import torch
 
@@ -11,7 +14,10 @@ from llmc_trace.algorithms.scheme import QuantizationArgs, matches
 from llmc_trace.errors import BadInputError
 from llmc_trace.calibrate.compressor import LayerCompressor
 from llmc_trace.calibrate.hessians import Targets
+from llmc_trace.checkpoint.served import served_together
 from llmc_trace.spec.stage import Stage
+
+logger = logging.getLogger(__name__)
 
 
 def check_targets(
@@ -94,3 +100,36 @@ def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
         raise BadInputError(
             f"--ignore {pattern!r} matches no layer of the model.", hint=hint, param="ignore"
         )
+
+
+def keep_served_layers_whole(model: torch.nn.Module, stage: Stage) -> Stage:
+    """``stage`` with each projection that vLLM fuses with a layer kept in full precision
+    kept too (:mod:`llmc_trace.checkpoint.served`), said in one warning: ``--ignore
+    ...q_proj`` alone would write a checkpoint vLLM refuses to load."""
+    scheme = stage.scheme
+    if scheme is None:
+        return stage
+    modules = list(model.named_modules())
+    quantized = [name for name, module in modules if scheme.is_target(name, module)]
+    kept = [
+        name
+        for name, module in modules
+        if matches(name, module, scheme.targets) and not scheme.is_target(name, module)
+    ]
+    added = list(
+        dict.fromkeys(
+            sibling
+            for name in kept
+            for sibling in served_together(name, quantized)
+            if sibling != name
+        )
+    )
+    if not added:
+        return stage
+    logger.warning(
+        "vLLM serves %s fused with layers kept in full precision, and refuses one fused layer "
+        "in two schemes: keeping %s in full precision too",
+        added[0] if len(added) == 1 else f"{len(added)} layers ({added[0]}, ...)",
+        "it" if len(added) == 1 else "them",
+    )
+    return dataclasses.replace(stage, ignore=(*stage.ignore, *added))

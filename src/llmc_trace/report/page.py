@@ -11,6 +11,7 @@ it costs ``compress`` no import of either.
 from __future__ import annotations
 
 import html
+import shlex
 from importlib import resources
 
 from llmc_trace.core.markup import json_island, page_start, plural
@@ -76,7 +77,9 @@ def _keep_html(report: CompressionReport) -> str:
     worst = [row for row in report.worst(len(report.layers)) if row.ignore][:5]
     if not worst:
         return "<h2>Layers</h2>"
-    options = " ".join(row.ignore for row in worst if row.ignore)
+    # a fused layer's rows each suggest its siblings: every layer once
+    kept = dict.fromkeys(name for row in worst for name in shlex.split(row.ignore)[1::2])
+    options = " ".join(f"--ignore {shlex.quote(name)}" for name in kept)
     command = f"llmc-trace compress -m MODEL -r OUT/recipe.yaml -o NEW_OUT {options}"
     return (
         "<h2>Layers, highest relative loss first</h2>\n"

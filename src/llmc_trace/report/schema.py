@@ -18,7 +18,8 @@ Schema ``llmc-trace/compression-report``, version 1 (keys sorted, two-space inde
                  "baseline": "rtn", "loss": 0.012, "baseline_loss": 0.034,
                  "relative_loss": 0.35, "num_tokens": 65536, "seconds": 0.02,
                  "device_peak_bytes": null, "shares_hessian_with": null, "subgraph": 1,
-                 "fallback": null, "ignore": "--ignore model.layers.0.self_attn.q_proj"}, ...],
+                 "fallback": null, "ignore": "--ignore model.layers.0.self_attn.q_proj
+                 --ignore model.layers.0.self_attn.k_proj --ignore ..."}, ...],
      "summary": [{"stage": 0, "method": "gptq", "layers": 42, "loss": ..., ...}]}
 
 A layer's ``loss`` is its method's objective, tr((W - Q) H_d (W - Q)^T) / 2 for the damped
@@ -30,7 +31,8 @@ or ``magnitude+rtn``) on the same weights and H_d (:mod:`llmc_trace.algorithms.b
 ``device_peak_bytes`` is CUDA's ``max_memory_allocated`` during the layer's solve (reset before
 it); ``null`` on a CPU, where no per-layer peak is measured (the process's peak resident set
 cannot be reset for one layer without disturbing other measurements). ``ignore`` is the
-``compress`` option that keeps the layer in full precision, ``null`` where a stage only prunes.
+``compress`` options that keep the layer in full precision, with the layers vLLM fuses with
+it (a ``q_proj`` brings its ``k_proj`` and ``v_proj``), ``null`` where a stage only prunes.
 ``fallback`` says why a layer was compressed with the baseline instead of the stage's method
 (an expert too few tokens reached; ``method`` then names the baseline, and it has no loss).
 ``subgraph`` is the index of the subgraph that runs the layer (``null`` when the model was not
