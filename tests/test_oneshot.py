@@ -178,6 +178,28 @@ def test_gptq_beats_rtn_and_propagation_reaches_later_layers(refmodel_dir: Path)
     assert not any(torch.equal(sequential[name], basic[name]) for name in last)
 
 
+def test_data_free_stages_need_no_dataset(saved_llama: tuple[Path, Path], tmp_path: Path) -> None:
+    """Round-to-nearest and magnitude pruning read the weights alone: without a dataset they
+    write the very tensors a run given one writes; a calibrating method still asks for data."""
+    from safetensors.torch import load_file
+
+    folder, data = saved_llama
+    stages = dict(method="rtn", scheme="W4A16")
+    compress(CompressRequest(str(folder), out_dir=tmp_path / "free", **stages))
+    given_data = dict(dataset=data, samples=8, seq_len=64)
+    compress(CompressRequest(str(folder), out_dir=tmp_path / "data", **given_data, **stages))
+    free = load_file(tmp_path / "free" / "model.safetensors")
+    given = load_file(tmp_path / "data" / "model.safetensors")
+    assert free.keys() == given.keys() and any(k.endswith("weight_packed") for k in free)
+    for key, tensor in free.items():
+        assert torch.equal(tensor, given[key]), key
+    recipe = yaml.safe_load((tmp_path / "free" / "recipe.yaml").read_text())
+    assert recipe["calibration"]["dataset"] is None
+    with pytest.raises(BadInputError, match="gptq calibrates on data") as info:
+        CompressRequest(str(folder), out_dir=tmp_path / "gptq", method="gptq")
+    assert info.value.param == "dataset"
+
+
 def test_asymmetric_checkpoint_loads_for_evaluation_with_our_logits(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:

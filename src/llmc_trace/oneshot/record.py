@@ -48,7 +48,7 @@ def run_report(
         device=context.device,
         dtype=dtype,
         device_peak_bytes=context.device_peaks.current(context.device),
-        calibration=context.calibration,
+        calibration=context.calibration if context.request.needs_data else None,
     )
 
 
@@ -100,7 +100,7 @@ def build_report(
         device=device.type,
         device_peak_bytes=device_peak_bytes,
         settings=ReportSettings(
-            dataset=str(request.calibration.dataset),
+            dataset=str(request.calibration.dataset or "none"),
             samples=request.calibration.samples,
             seq_len=request.calibration.seq_len,
             batch_size=request.calibration.batch_size,

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 #: the modalities whose rows go through the model's processor
 MEDIA = tuple(m for m in MODALITIES if m != "text")
 
+#: The data kind of a run whose stages all compress from the weights alone, given no dataset.
+NO_DATA = "none"
+
 
 @dataclass(frozen=True, init=False)
 class CompressRequest:
@@ -118,11 +121,12 @@ class CompressRequest:
         """Assign every field and check the options among themselves (no file is read)."""
         check_order(stages)
         calibration: CalibrationSettings = sections["calibration"]
-        if calibration.dataset is None:
+        calibrated = [s.method for s in stages if s.method in CALIBRATED_METHODS]
+        if calibration.dataset is None and calibrated:
             raise BadInputError(
-                "no calibration data given.",
+                f"no calibration data given, and {calibrated[0]} calibrates on data.",
                 hint="Pass --dataset (a .npy token array, a text file or a hub id), or a "
-                "--recipe that names one.",
+                "--recipe that names one (rtn and magnitude need none).",
                 param="dataset",
             )
         values = {
@@ -146,7 +150,10 @@ class CompressRequest:
     def data_kind(self) -> str:
         """What the dataset is: ``npy`` token ids, a text file, a hub dataset, or the media
         modality (``image``, ``video``, ``audio``) of rows that go through the model's
-        processor; read from the dataset, which is checked on the way (:func:`validate`)."""
+        processor; read from the dataset, which is checked on the way (:func:`validate`).
+        ``none`` where a run of data-free stages names no dataset."""
+        if self.calibration.dataset is None:
+            return NO_DATA
         return _check_data(self.calibration, self.source)
 
     @cached_property
@@ -154,7 +161,7 @@ class CompressRequest:
         """The model folder's tokenizer, which text data is read with (``None`` for token ids
         and media rows, whose processor holds its own): loaded once, when :func:`validate`
         checks it before anything heavy, and kept for the run."""
-        if self.data_kind == "npy" or self.modality != "text":
+        if self.data_kind in ("npy", NO_DATA) or self.modality != "text":
             return None
         return load_tokenizer(self.source.weights_folder("compress"))
 

@@ -18,6 +18,19 @@ from llmc_trace.oneshot.resume import Unfinished
 from llmc_trace.oneshot.settle import RunTrace
 
 
+#: Tokens in each row of the batch a data-free run traces on: its stages run no data, the
+#: trace only places each layer in its subgraph for the plan and the report.
+TRACING_TOKENS = 16
+
+
+def tracing_batch(vocab_size: int, batch_size: int, seed: int) -> CalibrationSet:
+    """Token ids drawn from the vocabulary, one batch to trace on, where no dataset is given."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch_size, TRACING_TOKENS), generator=generator)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return CalibrationSet([batch], batch_size, TRACING_TOKENS, ids.numel(), "drawn tokens", seed)
+
+
 class CalibrationRows:
     """The calibration rows, loaded when the first stage asks and kept for the others."""
 
@@ -60,13 +73,15 @@ class RunContext:
 
     def _load_calibration(self, model: torch.nn.Module) -> CalibrationSet:
         request, settings = self.request, self.request.calibration
-        assert settings.dataset is not None  # a request has a dataset
+        vocab_size = model.get_input_embeddings().num_embeddings
+        if settings.dataset is None:  # data-free stages only (the request checked)
+            return tracing_batch(vocab_size, settings.batch_size, settings.seed)
         sizes = {
             "samples": settings.samples,
             "seq_len": settings.seq_len,
             "seed": settings.seed,
             "batch_size": settings.batch_size,
-            "vocab_size": model.get_input_embeddings().num_embeddings,
+            "vocab_size": vocab_size,
         }
         if request.modality != "text":
             assert request.source.folder is not None  # a request has weights
