@@ -179,3 +179,12 @@ def test_flags_override_a_one_stage_recipe(
     )
     assert request.calibration.samples == 16 and request.calibration.seq_len == 64
     assert request.stages == (Stage("rtn", W4A16),)
+
+
+def test_a_preset_named_for_sparsegpt_comes_without_act_order() -> None:
+    """SparseGPT sweeps columns in input order: ``--sparsity 2:4 --scheme W4A16`` quantizes
+    while pruning, where GPTQ keeps the act-order the project adds to every preset."""
+    pruning = Stage("sparsegpt", "W4A16", (2, 4))
+    assert pruning.scheme is not None and pruning.scheme.weights.actorder is None
+    assert Stage("gptq", "W4A16").scheme.weights.actorder == "static"  # type: ignore[union-attr]
+    assert pruning.scheme == W4A16.with_weights(actorder=None)

@@ -80,8 +80,9 @@ def sparsegpt(
     if quantize is not None and quantize.actorder is not None:
         raise SchemeError(
             f"SparseGPT sweeps columns in input order, but actorder={quantize.actorder!r}.",
-            hint="pass the quantization args with actorder=None (the mask, not the order, "
-            "decides what SparseGPT keeps).",
+            hint="Set actorder to None (in a recipe, `actorder: null` under the scheme's "
+            "weights): the mask, not the order, decides what SparseGPT keeps. A preset named "
+            "for a sparsegpt stage comes without act-order.",
         )
     dtype = W.dtype
     original = W

@@ -402,6 +402,8 @@ def _read_scheme(value: object, method: str = GPTQ) -> QuantizationScheme | None
             return None
         if value == AUTO:
             return None if method in PRUNING_METHODS or method == SMOOTHQUANT else DEFAULT_SCHEME
+        if method == SPARSEGPT:  # it sweeps in input order: the preset without our act-order
+            return resolve_scheme(value).with_weights(actorder=None)
         return resolve_scheme(value)
     if not isinstance(value, Mapping):
         raise BadInputError(
