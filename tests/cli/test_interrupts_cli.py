@@ -4,6 +4,7 @@ with one sentence and leaves nothing behind; an existing checkpoint survives it 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -152,11 +153,20 @@ def test_a_reader_that_goes_away_ends_the_command_as_the_shell_would(how: str) -
 
 
 FAILING = """
+import click
+from llmc_trace.cli.context import handle_errors, pass_cli
 from llmc_trace.cli.main import cli, main
 
 @cli.command()
-def crash():
-    raise RuntimeError("expected m1 and m2 to have the same dtype")
+@click.option("--json", "as_json", is_flag=True)
+@pass_cli
+def crash(ctx, as_json):
+    with handle_errors(ctx):
+        raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+@cli.command()
+def interrupted():
+    raise KeyboardInterrupt  # a Ctrl-C while a command still imports, before its own handling
 
 main()
 """
@@ -176,3 +186,24 @@ def test_an_unforeseen_failure_is_one_sentence_and_debug_shows_its_traceback() -
         timeout=120,
     )  # fmt: skip
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_an_unforeseen_failure_under_json_is_a_json_document_on_stdout() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", FAILING, "crash", "--json"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 1 and ran.stderr == ""
+    document = json.loads(ran.stdout)
+    assert document["exit_code"] == 1 and document["param"] is None
+    assert document["error"] == "unexpected RuntimeError: expected m1 and m2 to have the same dtype"
+
+
+def test_an_interrupt_before_a_command_handles_it_exits_130() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", FAILING, "interrupted"], capture_output=True, text=True, timeout=120
+    )
+    assert (ran.returncode, ran.stderr.strip()) == (
+        130,
+        "Interrupted (SIGINT): nothing was written.",
+    )

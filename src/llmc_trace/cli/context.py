@@ -53,6 +53,8 @@ class CliContext:
 
     quiet: bool = False
     debug: bool = False
+    #: the running command prints JSON: its errors are JSON documents on stdout too
+    as_json: bool = False
     out: Console = field(default_factory=lambda: _Console(highlight=False, soft_wrap=False))
     err: Console = field(default_factory=lambda: _Console(stderr=True, highlight=False))
 
@@ -99,6 +101,8 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
     Under ``--json`` the error is the one JSON document on stdout (``error``, ``hint``,
     ``param``, ``exit_code``), so a script reading stdout never meets a half document.
     """
+    current = click.get_current_context(silent=True)
+    ctx.as_json = bool(current is not None and current.params.get("as_json"))
     try:
         yield
     except LlmcTraceError as err:
@@ -110,9 +114,8 @@ def handle_errors(ctx: CliContext) -> Iterator[None]:
 
             if not current_world().is_main:
                 sys.exit(code)
-        current = click.get_current_context(silent=True)
         option = _option_named(current, err.param) if err.param else None
-        if current is not None and current.params.get("as_json"):
+        if ctx.as_json:
             ctx.print_json(
                 {"error": err.message, "hint": err.hint, "param": option, "exit_code": code}
             )
@@ -148,6 +151,12 @@ class Terminated(BaseException):
     (the checkpoint writer removes its staging folder) instead of the process vanishing."""
 
 
+def ignore_interrupts() -> None:
+    """Once an interrupt is being answered, further Ctrl-C's are ignored: a second one would
+    break into the cleanup or the interpreter's exit handlers and print their traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def interruptible(
     ctx: CliContext, what: str, kept: Callable[[], str | None] | None = None
@@ -164,12 +173,13 @@ def interruptible(
     try:
         yield
     except (KeyboardInterrupt, Terminated) as err:
+        ignore_interrupts()
         name, code = ("SIGINT", 130) if isinstance(err, KeyboardInterrupt) else ("SIGTERM", 143)
         resumable = kept() if kept is not None else None
         ctx.err.print(
             f"[bold red]Interrupted[/] ({name}): {what} stopped; "
             + (resumable or "nothing was written")
-            + " and any earlier output is as it was."
+            + ". Any earlier output is as it was."
         )
         sys.exit(code)
     finally:

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llmc_trace.cli.context import CliContext, exit_for_closed_stdout, handle_errors, pass_cli
+from llmc_trace.cli.context import (
+    CliContext,
+    exit_for_closed_stdout,
+    handle_errors,
+    ignore_interrupts,
+    pass_cli,
+)
 from llmc_trace.cli.ending import end_process
 from llmc_trace.cli.options import model_options
 from llmc_trace.cli.quiet_libraries import quiet_libraries
@@ -59,20 +65,25 @@ class _CommandGroup(click.Group):
             exit_for_closed_stdout()
         except (click.ClickException, click.exceptions.Abort, click.exceptions.Exit):
             raise  # click's own: usage errors, aborts and exits it reports itself
+        except KeyboardInterrupt:  # before a command's own handling began (its imports)
+            ignore_interrupts()
+            click.echo("Interrupted (SIGINT): nothing was written.", err=True)
+            sys.exit(130)
         except Exception as err:
             state = ctx.find_object(CliContext)
             if state is None or state.debug:
                 raise
             reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            state.err.print(
-                f"[bold red]Error:[/] unexpected {type(err).__name__}"
-                + (f": {reason}" if reason else ""),
-                highlight=False,
+            error = f"unexpected {type(err).__name__}" + (f": {reason}" if reason else "")
+            hint = (
+                "the inputs llmc-trace checks passed, and this failed after; run again with "
+                "--debug for the traceback, and report it with the command."
             )
-            state.err.print(
-                "[dim]Hint:[/] the inputs llmc-trace checks passed, and this failed after; run "
-                "again with --debug for the traceback, and report it with the command."
-            )
+            if state.as_json:
+                state.print_json({"error": error, "hint": hint, "param": None, "exit_code": 1})
+            else:
+                state.err.print(f"[bold red]Error:[/] {error}", highlight=False)
+                state.err.print(f"[dim]Hint:[/] {hint}")
             sys.exit(1)
 
 
