@@ -147,3 +147,30 @@ def test_debug_and_quiet_are_taken_before_or_after_the_command(where: str) -> No
     assert isinstance(result.exception, BadInputError), result.output
     plain = CliRunner().invoke(cli, ["--quiet", *command], env={"NO_COLOR": "1"})
     assert plain.exit_code == 2 and not isinstance(plain.exception, BadInputError)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"num_attention_heads": 0}, "not a valid 'llama' config"),
+        ({"hidden_size": 0}, "cannot build LlamaForCausalLM"),
+        ({"vocab_size": -5}, "negative dimension -5"),
+        ({"vocab_size": 0}, "vocab_size is 0"),
+        ({"hidden_act": "nosuchact"}, "KeyError: 'nosuchact'"),
+    ],
+)
+def test_a_config_value_transformers_cannot_build_is_bad_input(
+    tmp_path: Path, change: dict, said: str
+) -> None:
+    """Values transformers accepts but cannot build a model from are the config's fault:
+    exit 2 naming --model, never an unexpected error to report."""
+    config = {
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
+        "vocab_size": 100, "max_position_embeddings": 64, **change,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = invoke("attempt", "--model", str(tmp_path), "--seq-len", "8")
+    said_all = " ".join(err.split())
+    assert code == 2 and "--model" in said_all and said in said_all, said_all
+    assert "unexpected" not in said_all

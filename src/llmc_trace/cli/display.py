@@ -167,11 +167,12 @@ def show_report(console: Console, report: TraceReport) -> None:
         console.print(subgraph_table(report, width=console.width))
     if report.verification is not None:
         v = report.verification
-        verdict = "[green]matches[/]" if v.ok else "[red]differs[/]"
-        console.print(
-            f"replay vs eager on the {report.verified_on}: {verdict} "
-            f"(max abs diff {v.max_abs_diff:.3g}, tolerance {v.tolerance:.0e})"
-        )
+        if v.outputs:
+            verdict = "[green]matches[/]" if v.ok else "[red]differs[/]"
+            compared = f"(max abs diff {v.max_abs_diff:.3g}, tolerance {v.tolerance:.0e})"
+        else:  # the replay or the eager forward did not run: no output was compared
+            verdict, compared = "[red]not compared[/]", ""
+        console.print(f"replay vs eager on the {report.verified_on}: {verdict} {compared}".rstrip())
         for problem in v.problems:
             console.print(f"  [red]•[/] {problem}")
     if report.structure is not None and not report.structure.matches:

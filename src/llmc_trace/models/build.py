@@ -14,7 +14,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from llmc_trace.core.versions import dotted, release
-from llmc_trace.errors import BadInputError
+from llmc_trace.errors import BadInputError, LlmcTraceError
 from llmc_trace.models.draws import pooled_draws
 from llmc_trace.models.int8_experts import int8_expert_weights, reading_int8_experts
 from llmc_trace.models.shrink import shrink_config
@@ -75,7 +75,9 @@ def build_meta_model(
 ) -> PreTrainedModel:
     """The full-size model with every parameter on ``meta``: no memory, no initialisation."""
     config = source.config()
-    return build_meta_model_of(model_class(config, source.name), config, attn_implementation, dtype)
+    cls = model_class(config, source.name)
+    with _config_values_checked(source, cls):
+        return build_meta_model_of(cls, config, attn_implementation, dtype)
 
 
 def build_meta_model_of(
@@ -101,6 +103,26 @@ def build_meta_model_of(
         )
     model.tie_weights()
     return model.eval()
+
+
+@contextlib.contextmanager
+def _config_values_checked(source: ModelSource, cls: type[PreTrainedModel]) -> Iterator[None]:
+    """A config transformers accepted but cannot build a model from (no heads to divide the
+    width by, a negative vocabulary, an activation it does not know) is bad input, said as
+    such: the failure comes from the values in config.json, not from llmc-trace."""
+    try:
+        yield
+    except (ArithmeticError, KeyError, IndexError, ValueError, TypeError, RuntimeError) as err:
+        if isinstance(err, LlmcTraceError):
+            raise
+        said = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise BadInputError(
+            f"transformers cannot build {cls.__name__} from the config of {source.name}: "
+            f"{type(err).__name__}" + (f": {said}" if said else "") + ".",
+            hint="Correct the values in config.json (or restore it from the checkpoint it "
+            "came from).",
+            param="model",
+        ) from err
 
 
 @contextlib.contextmanager
@@ -141,7 +163,7 @@ def build_skeleton(
     """
     config = prepare_config(source.config())
     cls = model_class(config, source.name)
-    with _quiet_transformers(), _parameters_on_meta():
+    with _config_values_checked(source, cls), _quiet_transformers(), _parameters_on_meta():
         model = cls._from_config(
             config,
             attn_implementation=attn_implementation,

@@ -178,6 +178,14 @@ def vocab_size_of(config: PretrainedConfig) -> int:
         value = vars(candidate).get("vocab_size")
         if isinstance(value, int) and value > 0:
             return value
+        if isinstance(value, int):
+            raise BadInputError(
+                f"The {config.model_type} config's vocab_size is {value}: a vocabulary needs "
+                "at least one token.",
+                hint="Correct vocab_size in config.json (or restore it from the checkpoint it "
+                "came from).",
+                param="model",
+            )
     # translation models with one vocabulary per side (FSMT's src_ and tgt_vocab_size): ids
     # below the smaller one are tokens of both
     sides = [v for k, v in vars(config).items() if k.endswith("_vocab_size") and type(v) is int]

@@ -87,7 +87,7 @@ class ModelSource:
             )
         try:
             return AutoConfig.for_model(model_type, **data)
-        except (StrictDataclassError, KeyError, TypeError, ValueError) as err:
+        except (StrictDataclassError, KeyError, TypeError, ValueError, ArithmeticError) as err:
             # transformers' own checks of the values (a width its heads do not divide, a field
             # of the wrong type): the model could not be built from this config either
             raise BadInputError(
