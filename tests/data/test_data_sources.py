@@ -116,6 +116,24 @@ def test_unreachable_hub_suggests_a_local_file(monkeypatch: pytest.MonkeyPatch, 
         assert caught.value.source == "llmc-trace-tests/no-such-dataset"
 
 
+def test_an_unreachable_hub_is_found_out_before_the_client_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the probe finds the hub unreachable, the client runs offline: the same error at
+    once, where its retries with backoff took about 28 s on a machine without network."""
+    import time
+
+    from llmc_trace.core import hub
+
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: "huggingface.co cannot be reached")
+    offline = datasets.config.HF_HUB_OFFLINE
+    start = time.perf_counter()
+    with pytest.raises(DataError, match="Hugging Face Hub is unreachable"):
+        validate_source("llmc-trace-tests/no-such-dataset", samples=4, seq_len=16)
+    assert time.perf_counter() - start < 10
+    assert datasets.config.HF_HUB_OFFLINE == offline  # offline for that call only
+
+
 def test_hub_dataset_is_loaded_with_subset_and_split(
     monkeypatch: pytest.MonkeyPatch, tokenizer, lines: list[str]
 ) -> None:

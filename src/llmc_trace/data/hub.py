@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from llmc_trace.core.hub import offline_if_unreachable
 from llmc_trace.data.saved import dataset_table
 from llmc_trace.data.tables import TextTable
 from llmc_trace.errors import DataError
@@ -68,7 +69,8 @@ def _translated_errors(hub_id: str, *, split: str, subset: str | None) -> Iterat
     from datasets.exceptions import DatasetNotFoundError
 
     try:
-        yield
+        with offline_if_unreachable():
+            yield
     except DatasetNotFoundError as err:
         raise DataError(
             f"Hub dataset {hub_id!r} was not found ({err})",

@@ -11,20 +11,17 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import os
-import socket
-import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import StrictDataclassError
 import transformers
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from llmc_trace.core.files import read_json
+from llmc_trace.core.hub import hub_unreachable
 from llmc_trace.errors import BadInputError
 
 BUILTIN_PACKAGE = "llmc_trace.models"
@@ -207,7 +204,7 @@ def resolve_model(name: str) -> ModelSource:
 
 
 def _from_hub(name: str) -> ModelSource:
-    unreachable = _hub_unreachable()
+    unreachable = hub_unreachable()
     try:
         # Unreachable, a copy in the local cache is all there is: look there without the
         # hub client's retries.
@@ -225,27 +222,6 @@ def _from_hub(name: str) -> ModelSource:
             param="model",
         ) from err
     return ModelSource(name, "hub", None, config.to_dict())
-
-
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-
-
-def _hub_unreachable() -> str | None:
-    """Why the hub cannot be reached, or ``None`` where it may be. A machine without network
-    learns it from its resolver in milliseconds, where the hub client retries with backoff
-    for about 30 s before saying the same. Behind a proxy only the client knows the way, so
-    no probe is made there."""
-    if hub_constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(variable) for variable in _PROXY_VARIABLES):
-        return None
-    endpoint = urllib.parse.urlsplit(hub_constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((endpoint.hostname, port), timeout=5).close()
-    except OSError as err:
-        return f"{endpoint.hostname} cannot be reached: {err.strerror or err}"
-    return None
 
 
 def _validation_message(err: BaseException) -> str:
