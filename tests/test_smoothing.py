@@ -214,3 +214,12 @@ def test_bad_smoothing_requests_say_what_to_do() -> None:
         Stage(method="smoothquant", smoothing_strength=1.5)
     with pytest.raises(BadInputError, match="clip_max_shrink"):
         Stage(method="awq", clip_max_shrink=1.0)
+
+
+def test_a_checkpoint_of_smoothing_alone_is_refused(tmp_path: Path) -> None:
+    """SmoothQuant quantizes nothing: alone, the checkpoint would be the model uncompressed
+    (in memory, the smoothed model is returned as above)."""
+    with pytest.raises(BadInputError, match="no stage quantizes or prunes") as refused:
+        CompressRequest("llama", dataset="calib.npy", out_dir=tmp_path / "out",
+                        stages=[Stage(method="smoothquant")])  # fmt: skip
+    assert refused.value.param == "method" and "--recipe" in refused.value.hint

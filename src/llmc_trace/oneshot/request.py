@@ -121,6 +121,15 @@ class CompressRequest:
         """Assign every field and check the options among themselves (no file is read)."""
         check_order(stages)
         calibration: CalibrationSettings = sections["calibration"]
+        if out_dir is not None and not any(s.quantizes or s.prunes for s in stages):
+            raise BadInputError(
+                f"no stage quantizes or prunes ({', '.join(s.method for s in stages)}): the "
+                "checkpoint would be the model uncompressed.",
+                hint="SmoothQuant prepares the weights for a quantizing stage after it: give a "
+                "--recipe with both, e.g. `stages: [{method: smoothquant}, {method: gptq, "
+                "scheme: W8A8}]`.",
+                param="method",
+            )
         calibrated = [s.method for s in stages if s.method in CALIBRATED_METHODS]
         if calibration.dataset is None and calibrated:
             raise BadInputError(
