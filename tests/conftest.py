@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,6 +92,17 @@ def float32_cpu_forwards() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         hide_half_precision_units(patch)
         yield
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_restored() -> Iterator[None]:
+    """A command run in this process that answers an interrupt ignores further Ctrl-C's until
+    its process ends (``cli.context.ignore_interrupts``); here the process is the test run,
+    which gets its own handler back after the test."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture

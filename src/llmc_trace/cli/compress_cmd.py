@@ -100,6 +100,12 @@ def _compress(
     Exit code 0: written; 1: compression failed (nothing is written); 2: bad input, reported
     before any heavy work (another run writing OUT among it).
     """
+    if resume and overwrite:
+        raise click.BadParameter(
+            "--resume continues an interrupted run, and --overwrite removes it to start "
+            "afresh: give one of them.",
+            param_hint="--resume",
+        )
     from llmc_trace.core.world import joined_from_environment
     from llmc_trace.oneshot.request import CompressRequest, validate
     from llmc_trace.oneshot.driver import compress as run_compress
