@@ -51,6 +51,15 @@ def test_an_ignore_that_names_nothing_exits_2_saying_so(
     assert not out.exists()
 
 
+def test_an_ignore_that_keeps_every_layer_is_blamed(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    code, output = invoke(*common(saved_llama), "-o", str(out), "--ignore", "re:.*")
+    assert code == 2 and "Invalid value for --ignore" in output, output
+    assert "nothing is left to compress" in output and not out.exists()
+
+
 def test_overwrite_replaces_only_a_checkpoint_it_wrote(
     saved_llama: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -60,6 +60,7 @@ def run_stage(context: RunContext, stage: Stage, model: torch.nn.Module, sink: S
         compressor,
         context.request.source.name,
         group_size_given=stage.group_size is not None,
+        ignore_given=bool(stage.ignore),
     )
     if isinstance(compressor, SmoothingCompressor):
         compressor.smoother.mappings = stage_mappings(context, model, batches[0], compressor)

@@ -21,12 +21,26 @@ logger = logging.getLogger(__name__)
 
 
 def check_targets(
-    model: torch.nn.Module, compressor: LayerCompressor, name: str, *, group_size_given: bool
+    model: torch.nn.Module,
+    compressor: LayerCompressor,
+    name: str,
+    *,
+    group_size_given: bool,
+    ignore_given: bool = False,
 ) -> list[str]:
     """The paths of the targeted layers: something must be targeted, and every group must
     fit its layer, before calibration. A misfit is blamed on --group-size where the user gave
-    one, else on the scheme whose groups they are."""
+    one, else on the scheme whose groups they are; nothing left to compress, on --ignore
+    where the user gave one."""
     targets = compressor.targets(list(model.named_modules()))
+    if not targets and ignore_given:
+        raise BadInputError(
+            f"--ignore keeps every layer of {name} that the scheme targets: nothing is left "
+            "to compress.",
+            hint="Name fewer layers in --ignore (a 're:' pattern matches every layer whose "
+            "path it matches).",
+            param="ignore",
+        )
     if not targets:
         raise BadInputError(
             f"no layer of {name} is targeted by the scheme.",
