@@ -174,3 +174,23 @@ def test_a_config_value_transformers_cannot_build_is_bad_input(
     said_all = " ".join(err.split())
     assert code == 2 and "--model" in said_all and said in said_all, said_all
     assert "unexpected" not in said_all
+
+
+def test_real_weights_of_a_quantized_checkpoint_are_refused(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Refused from its config, as compress refuses it, not a replay failing on a Linear
+    without a weight."""
+    import shutil
+
+    folder = tmp_path / "quantized"
+    shutil.copytree(saved_llama[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4}}},
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = invoke("attempt", "--model", str(folder), "--real-weights")
+    said = " ".join(err.split())
+    assert code == 2 and "--real-weights" in said and "stores quantized weights" in said, said

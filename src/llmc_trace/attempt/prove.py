@@ -18,12 +18,12 @@ from llmc_trace.core.deprecation import renamed
 from llmc_trace.core.progress import Progress, no_progress
 from llmc_trace.diagnose.failure import TraceFailure
 from llmc_trace.diagnose.search import FixAttempt
-from llmc_trace.errors import NotTraceableError
+from llmc_trace.errors import BadInputError, NotTraceableError
 from llmc_trace.graph.subgraph import Subgraph
 from llmc_trace.attempt.trace_report import TraceReport
 from llmc_trace.models.samples import SampleOptions
 from llmc_trace.models.weights import check_weight_files
-from llmc_trace.models.source import ModelSource, resolve_model
+from llmc_trace.models.source import ModelSource, quantized_method, resolve_model
 from llmc_trace.traced.model import TracedModel, trace_model, trace_source
 from llmc_trace.traced.settle import settle
 from llmc_trace.traced.twin import (
@@ -167,6 +167,15 @@ def attempt_trace(
             "verify on", param="real_weights", hint="Drop --real-weights (the twin verifies), or"
         )
         check_weight_files(folder)
+        method = quantized_method(source)
+        if method is not None:
+            raise BadInputError(
+                f"{source.name} stores quantized weights ({method}): its tensors are integers "
+                "and scales, not weights a replay can be checked against.",
+                hint="Drop --real-weights (the tiny twin verifies the architecture's trace), "
+                "or point --model at the checkpoint it was made from.",
+                param="real_weights",
+            )
     options = SampleOptions(seq_len=seq_len, image_size=image_size, seed=seed)
     report_progress("trace", 0, 3)
     traced = trace_source(

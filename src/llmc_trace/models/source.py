@@ -234,3 +234,17 @@ def _validation_message(err: BaseException) -> str:
 def _short(err: BaseException) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return text[:160]
+
+
+def quantized_method(source: ModelSource) -> str | None:
+    """The method that quantized the weights ``source`` stores (its ``config.json``'s
+    ``quantization_config``), or ``None`` for weights as trained: a compressed-tensors config
+    with only a sparsity entry (a pruned checkpoint, stored dense) quantizes nothing."""
+    quantization = getattr(source.config(), "quantization_config", None)
+    if quantization is None:
+        return None
+    settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    method = settings.get("quant_method", "an unknown method")
+    if method == "compressed-tensors" and not settings.get("config_groups"):
+        return None
+    return str(method)

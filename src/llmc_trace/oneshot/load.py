@@ -6,7 +6,7 @@ import torch
 
 from llmc_trace.errors import BadInputError
 from llmc_trace.models.build import build_meta_model, build_skeleton, load_pretrained
-from llmc_trace.models.source import ModelSource
+from llmc_trace.models.source import ModelSource, quantized_method
 from llmc_trace.models.weight_store import WeightStore
 from llmc_trace.tracing.definitions import definition_entry, definitions_for, weight_changing
 
@@ -42,12 +42,8 @@ def refuse_quantized(source: ModelSource) -> None:
     compressor rounds, and rounding their dequantized values again would stack two errors.
     A compressed-tensors config holding only a sparsity entry (a pruned checkpoint, stored
     dense) is compressed as it is."""
-    quantization = getattr(source.config(), "quantization_config", None)
-    if quantization is None:
-        return
-    settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
-    method = settings.get("quant_method", "an unknown method")
-    if method == "compressed-tensors" and not settings.get("config_groups"):
+    method = quantized_method(source)
+    if method is None:
         return
     raise BadInputError(
         f"{source.name} is already quantized ({method}: its config.json has a "
