@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from refmodel import FOLDER as REFMODEL
 
 from llmc_trace.cli.main import cli
 
@@ -216,3 +217,20 @@ def test_an_interrupt_before_a_command_handles_it_exits_130() -> None:
         130,
         "Interrupted (SIGINT): nothing was written.",
     )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["compress", "-m", "", "-d", "x.npy", "-o", "out"], "Invalid value for --model: the model is empty"),
+        (["compress", "-m", str(REFMODEL), "-d", "", "-o", "out"], "Invalid value for --dataset: the calibration source is empty"),
+        (["coverage", "--all", "-m", "nosuchtype"], "nosuchtype is not a generative model type"),
+    ],
+)  # fmt: skip
+def test_an_empty_or_unknown_name_is_blamed_on_its_option(
+    arguments: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, output = invoke(*arguments)
+    assert code == 2 and said in output, output
+    assert not (tmp_path / "out").exists()

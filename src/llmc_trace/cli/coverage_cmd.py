@@ -169,7 +169,10 @@ def _sweep_all(
     unknown = sorted(set(model_types or []) - set(generative_types()))
     if unknown:
         raise click.BadParameter(
-            f"{', '.join(unknown)} are not generative model types of this transformers.",
+            f"{', '.join(unknown)} "
+            f"{'is not a generative model type' if len(unknown) == 1 else 'are not generative model types'} "
+            "of this transformers: --all takes model types (config.json's model_type, such as "
+            "llama or qwen2_vl; the architectures guide's table lists every one).",
             param_hint="--model",
         )
     start, cpu_start = time.perf_counter(), cpu_seconds()

@@ -70,7 +70,7 @@ def resolve_source(source: str | Path) -> ResolvedSource:
     """
     description = str(source)
     if not description.strip():
-        raise DataError("the calibration source is empty", hint=_SUPPORTED_HINT)
+        raise DataError("the calibration source is empty", hint=_SUPPORTED_HINT, param="dataset")
     if not isinstance(source, Path) and not _is_local(description):
         return ResolvedSource(kind="hub", description=description, hub_id=description)
     path = Path(source).expanduser()

@@ -172,6 +172,12 @@ def _model_types(config: dict[str, Any]) -> list[str]:
 
 def resolve_model(name: str) -> ModelSource:
     """Find ``name`` among the built-ins, as a local folder, or on the Hub (config only)."""
+    if not name.strip():
+        raise BadInputError(
+            "the model is empty.",
+            hint="Give a built-in name, a hub id or a local folder holding config.json.",
+            param="model",
+        )
     folder = builtin_root() / name
     is_hub_style = not Path(name).is_absolute() and ".." not in Path(name).parts
     if is_hub_style and (folder / "config.json").exists():

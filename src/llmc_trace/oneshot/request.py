@@ -325,7 +325,9 @@ def _override_stages(stages: tuple[Stage, ...], changes: dict[str, Any]) -> tupl
     one = {name: value for name, value in changes.items() if name not in every}
     if one and len(stages) != 1:
         raise BadInputError(
-            f"{', '.join(one)} change one stage, and the recipe has {len(stages)}.",
+            f"{', '.join('--' + name.replace('_', '-') for name in one)} "
+            f"{'changes' if len(one) == 1 else 'change'} one stage, and the recipe has "
+            f"{len(stages)}.",
             hint="Edit the recipe's stages instead.",
             param=next(iter(one)),
         )
