@@ -237,8 +237,6 @@ def test_an_unfinished_run_of_another_request_is_refused_or_removed(
 def test_resume_with_nothing_to_resume_exits_2(text: tuple[Path, Path], tmp_path: Path) -> None:
     code, output = invoke(*arguments(text, tmp_path / "out", "--resume"))
     assert code == 2 and "--resume found no unfinished run" in output
-    code, output = invoke(*arguments(text, tmp_path / "out", "--resume", "--overwrite"))
-    assert code == 2 and "give one of them" in output
 
 
 def test_ctrl_c_after_a_subgraph_keeps_it_and_says_how_to_resume(

@@ -234,3 +234,21 @@ def test_an_empty_or_unknown_name_is_blamed_on_its_option(
     code, output = invoke(*arguments)
     assert code == 2 and said in output, output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["compress", "-m", str(REFMODEL), "-o", "out", "--resume", "--overwrite"], "give one of them"),
+        (["plan", "-m", str(REFMODEL), "--data-free", "-r", "recipe.yaml"], "--data-free applies without a recipe"),
+        (["coverage", "--markdown", "--json"], "give one"),
+    ],
+)  # fmt: skip
+def test_flags_that_contradict_each_other_exit_2(
+    arguments: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text("stages: [{method: gptq}]\n")
+    code, output = invoke(*arguments)
+    assert code == 2 and said in output, output
+    assert not (tmp_path / "out").exists()

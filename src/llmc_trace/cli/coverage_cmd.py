@@ -94,6 +94,8 @@ def coverage(
             "model type as it traces by default. Drop the tracing flags, or cover built-ins "
             "with --model instead."
         )
+    if markdown and as_json:
+        raise click.UsageError("--markdown and --json each choose what stdout holds: give one.")
     if table_from is not None:
         from llmc_trace.attempt.sweep_report import saved_sweep_table
 

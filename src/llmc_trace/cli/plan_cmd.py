@@ -114,6 +114,11 @@ def plan(
     from llmc_trace.spec.settings import CalibrationSettings
     from llmc_trace.plan import RunSettings, plan_source
 
+    if recipe is not None and data_free:
+        raise click.BadParameter(
+            "the recipe's stages say which need data: --data-free applies without a recipe.",
+            param_hint="--data-free",
+        )
     with handle_errors(ctx), ctx.progress(f"plan {model}"):
         device = parse_bytes(device_memory, "device_memory") if device_memory else None
         host = parse_bytes(host_memory, "host_memory") if host_memory else None
