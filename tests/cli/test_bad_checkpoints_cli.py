@@ -549,3 +549,19 @@ def test_a_refusal_names_the_flag_as_the_command_spells_it(
     assert code == 2 and "Invalid value for --data:" in output, output
     code, output = invoke("compress", "-m", str(folder), "-d", missing, "-o", str(tmp_path / "o"))
     assert code == 2 and "Invalid value for --dataset:" in output, output
+
+
+def test_a_quantization_config_that_does_not_fit_its_tensors_is_named(
+    saved_llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Packed tensors have no dense counterpart to compare shapes with: the config is named,
+    not transformers' pointer to a report its quieted logger never showed."""
+    folder, data = saved_llama
+    out = tmp_path / "w4"
+    compress(CompressRequest(str(folder), out_dir=out, method="rtn", scheme="W4A16"))
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+    (out / "config.json").write_text(json.dumps(config))
+    code, output = invoke("evaluate", "-m", str(out), "-d", str(data), "--samples", "2")
+    assert code == 2 and "do not have the shapes its quantization_config implies" in output
+    assert "above report" not in output

@@ -302,10 +302,21 @@ def load_pretrained(
             if wrong
             else str(err).strip().splitlines()[0]
         )
+        hint = (
+            "Every tensor must have the shape its config.json implies: check that the weights "
+            "and config.json come from the same checkpoint."
+        )
+        if not wrong and "quantization_config" in source.config_dict:
+            # packed tensors have no counterpart in the dense model to compare shapes with;
+            # transformers' own list of them is what its quieted logger would have shown
+            reason = "its stored tensors do not have the shapes its quantization_config implies"
+            hint = (
+                "The packed shapes follow from the config's num_bits, group size and "
+                "strategy: restore the config.json the checkpoint was written with."
+            )
         raise BadInputError(
             f"The weights in {folder} do not load as {cls.__name__}: {reason}.",
-            hint="Every tensor must have the shape its config.json implies: check that the "
-            "weights and config.json come from the same checkpoint.",
+            hint=hint,
             param="model",
         ) from err
     missing = sorted(info["missing_keys"])
