@@ -174,23 +174,24 @@ def vocab_size_of(config: PretrainedConfig) -> int:
     """The text vocabulary size, from the text config, the config, or any sub-config."""
     candidates = [text_config_of(config), config]
     candidates += [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
-    for candidate in candidates:
-        value = vars(candidate).get("vocab_size")
+    named = [vars(candidate).get("vocab_size") for candidate in candidates]
+    for value in named:
         if isinstance(value, int) and value > 0:
             return value
-        if isinstance(value, int):
-            raise BadInputError(
-                f"The {config.model_type} config's vocab_size is {value}: a vocabulary needs "
-                "at least one token.",
-                hint="Correct vocab_size in config.json (or restore it from the checkpoint it "
-                "came from).",
-                param="model",
-            )
     # translation models with one vocabulary per side (FSMT's src_ and tgt_vocab_size): ids
     # below the smaller one are tokens of both
     sides = [v for k, v in vars(config).items() if k.endswith("_vocab_size") and type(v) is int]
     if sides and min(sides) > 0:
         return min(sides)
+    empty = next((v for v in named if isinstance(v, int)), None)
+    if empty is not None:
+        raise BadInputError(
+            f"The {config.model_type} config's vocab_size is {empty}: a vocabulary needs at "
+            "least one token.",
+            hint="Correct vocab_size in config.json (or restore it from the checkpoint it came "
+            "from).",
+            param="model",
+        )
     raise BadInputError(
         f"The {config.model_type} config names no vocabulary size, so no text sample can be built.",
         hint="Pass a model whose config (or text_config) has vocab_size.",
