@@ -166,7 +166,7 @@ def test_a_rank_that_cannot_read_its_dataset_ends_every_rank_with_its_sentence(
     )  # fmt: skip
     output = child.stdout + child.stderr
     assert child.returncode != 0 and time.monotonic() - started < 120
-    said = "Invalid value for --dataset: rank 1: calibration file calib.npy does not exist."
+    said = "Invalid value for --dataset: rank 1: data file calib.npy does not exist."
     assert output.count(said) == 1, output[-3000:]
     assert "exitcode  : 2" in output and "[rank0]" not in output and "[rank1]" not in output
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

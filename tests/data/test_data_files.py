@@ -121,7 +121,7 @@ def test_damaged_parquet_is_named_as_unreadable(write_records, lines: list[str])
     with pytest.raises(DataError) as caught:
         validate_source(path, samples=1, seq_len=8)
     assert caught.value.message.startswith(
-        f"calibration file {path} is not a readable parquet file ("
+        f"data file {path} is not a readable parquet file ("
     )
     assert "parquet writer" in caught.value.hint
 

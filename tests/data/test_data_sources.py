@@ -70,7 +70,7 @@ def test_unreadable_file_is_one_message_for_every_type(tmp_path: Path, suffix: s
     ):
         with pytest.raises(DataError) as caught:
             check()
-        assert caught.value.message.startswith(f"calibration file {path} cannot be read (")
+        assert caught.value.message.startswith(f"data file {path} cannot be read (")
         assert "Make it readable by this user" in caught.value.hint
         assert caught.value.source == str(path)
 

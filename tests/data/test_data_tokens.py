@@ -85,7 +85,7 @@ def test_empty_file_is_named_as_not_an_array(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         validate_source(path, samples=1, seq_len=2)
     assert caught.value.message == (
-        f"calibration file {path} is not a readable .npy array (the file is empty)"
+        f"data file {path} is not a readable .npy array (the file is empty)"
     )
     assert "numpy.save" in caught.value.hint
 

@@ -87,7 +87,7 @@ def resolve_source(source: str | Path) -> ResolvedSource:
         )
     if not path.exists():
         raise DataError(
-            f"calibration file {description} does not exist",
+            f"data file {description} does not exist",
             hint="Check the path (relative paths start from the current folder); a Hub "
             "dataset id has no file suffix.",
             source=description,
@@ -95,7 +95,7 @@ def resolve_source(source: str | Path) -> ResolvedSource:
     if suffix not in SUPPORTED_SUFFIXES:
         found = f"'{suffix}'" if suffix else "no suffix"
         raise DataError(
-            f"calibration file {description} has an unsupported type ({found})",
+            f"data file {description} has an unsupported type ({found})",
             hint="Convert it to one of the supported formats. " + _SUPPORTED_HINT,
             source=description,
         )
@@ -113,7 +113,7 @@ def _check_readable(path: Path, description: str) -> None:
             file.read(1)
     except OSError as err:
         raise DataError(
-            f"calibration file {description} cannot be read ({err.strerror or err})",
+            f"data file {description} cannot be read ({err.strerror or err})",
             hint="Make it readable by this user (for a link, the file it points to), or copy "
             "the data into a regular file that is.",
             source=description,

@@ -48,8 +48,8 @@ def read_text_table(path: Path, kind: str, description: str) -> TextTable:
         table = _table_from_records(_read_records(path, kind, description), description)
     if table.num_rows == 0:
         raise DataError(
-            f"calibration file {description} holds no rows",
-            hint="Point --dataset at a file with at least one record (one JSON object per "
+            f"data file {description} holds no rows",
+            hint="Give a file with at least one record (one JSON object per "
             "line for .jsonl, one text per line for .txt).",
             source=description,
         )
@@ -72,7 +72,7 @@ def _read_utf8(path: Path, description: str) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise DataError(
-            f"calibration file {description} is not valid UTF-8 (byte {err.start})",
+            f"data file {description} is not valid UTF-8 (byte {err.start})",
             hint="Re-encode the file as UTF-8.",
             source=description,
         ) from err
@@ -155,7 +155,7 @@ def _read_parquet(path: Path, description: str) -> TextTable:
         # resolve_source found the file readable, so an OSError here is pyarrow's word for a
         # damaged file ("Couldn't deserialize thrift")
         raise DataError(
-            f"calibration file {description} is not a readable parquet file ({str(err).strip()})",
+            f"data file {description} is not a readable parquet file ({str(err).strip()})",
             hint="Check that the file was written completely by a parquet writer.",
             source=description,
         ) from err

@@ -32,7 +32,7 @@ def open_token_array(path: Path, description: str) -> np.ndarray:
         # numpy raises EOFError ("No data left in file") only for a file of zero bytes
         detail = "the file is empty" if isinstance(err, EOFError) else err
         raise DataError(
-            f"calibration file {description} is not a readable .npy array ({detail})",
+            f"data file {description} is not a readable .npy array ({detail})",
             hint="Save the token ids with numpy.save(path, array) as a plain integer array.",
             source=description,
         ) from err

@@ -60,7 +60,7 @@ def validate_source(
         ...     validate_source("missing.jsonl", samples=8, seq_len=512)
         ... except DataError as err:
         ...     print(err.message)
-        calibration file missing.jsonl does not exist
+        data file missing.jsonl does not exist
     """
     check_sizes(samples=samples, seq_len=seq_len, batch_size=1)
     resolved = resolve_source(source)
