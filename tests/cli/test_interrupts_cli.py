@@ -242,6 +242,9 @@ def test_an_empty_or_unknown_name_is_blamed_on_its_option(
         (["compress", "-m", str(REFMODEL), "-o", "out", "--resume", "--overwrite"], "give one of them"),
         (["plan", "-m", str(REFMODEL), "--data-free", "-r", "recipe.yaml"], "--data-free applies without a recipe"),
         (["coverage", "--markdown", "--json"], "give one"),
+        (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--text-column", "body"], "holds token ids, which have no columns for --text-column"),
+        (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--samples", "4", "--seq-len", "32", "--expert-group", "3"], "has no experts for --expert-group"),
+        (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--samples", "4", "--seq-len", "32", "--towers"], "has no vision or audio tower"),
     ],
 )  # fmt: skip
 def test_flags_that_contradict_each_other_exit_2(

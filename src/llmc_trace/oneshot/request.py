@@ -247,6 +247,20 @@ def _check_data(calibration: CalibrationSettings, source: ModelSource) -> str:
             seq_len=calibration.seq_len,
             column=calibration.text_column,
         )
+        named = {
+            "text_column": calibration.text_column,
+            "image_column": calibration.image_column,
+            "audio_column": calibration.audio_column,
+        }
+        given = [name for name, value in named.items() if value is not None]
+        if data.kind == "npy" and given:
+            flag = "--" + given[0].replace("_", "-")
+            raise BadInputError(
+                f"{calibration.dataset} holds token ids, which have no columns for {flag} to name.",
+                hint=f"Drop {flag}, or give the rows it names (a .jsonl, .json or .parquet "
+                "file, or a hub dataset).",
+                param=given[0],
+            )
         return data.kind
     load_processor(source.folder, choice.modality).require(choice.modality)
     return choice.modality
