@@ -245,13 +245,15 @@ def test_an_empty_or_unknown_name_is_blamed_on_its_option(
         (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--text-column", "body"], "holds token ids, which have no columns for --text-column"),
         (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--samples", "4", "--seq-len", "32", "--expert-group", "3"], "has no experts for --expert-group"),
         (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "out", "--samples", "4", "--seq-len", "32", "--towers"], "has no vision or audio tower"),
+        (["compress", "-m", str(REFMODEL), "-d", str(REFMODEL / "calib.npy"), "-o", "dangling"], "dangling is a link to nowhere/at-all, which does not exist"),
     ],
 )  # fmt: skip
-def test_flags_that_contradict_each_other_exit_2(
+def test_flags_and_paths_that_cannot_work_exit_2_naming_them(
     arguments: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipe.yaml").write_text("stages: [{method: gptq}]\n")
+    (tmp_path / "dangling").symlink_to("nowhere/at-all")
     code, output = invoke(*arguments)
     assert code == 2 and said in output, output
     assert not (tmp_path / "out").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,6 +274,12 @@ def check_output(out: Path, *, overwrite: bool) -> None:
     check_parent_folders(out)
     if not out.exists() and not out.is_symlink():
         return
+    if not out.exists():  # a link to nothing: --overwrite would refuse a link anyway
+        raise BadInputError(
+            f"{out} is a link to {os.readlink(out)}, which does not exist.",
+            hint="Choose another --out, or remove the link.",
+            param="out",
+        )
     if not overwrite:
         raise BadInputError(
             f"the output folder {out} already exists.",
