@@ -363,12 +363,20 @@ def resolve_scheme(name: str) -> QuantizationScheme:
     """Return the preset called `name` (case does not matter), e.g. `resolve_scheme("w4a16")`,
     with the project's one default (`DEFAULT_ACTORDER`)."""
     if name.upper() not in preset_names():
+        runnable = [n for n in preset_names() if not _static_activations(preset_scheme(n))]
         raise SchemeError(
             f"unknown quantization scheme {name!r}.",
-            hint=f"use one of compressed-tensors' presets: {', '.join(preset_names())}.",
+            hint=f"Use one of compressed-tensors' presets: {', '.join(runnable)} (those "
+            "whose activation scales are static, observed on calibration data, are not run "
+            "here).",
             location=name,
         )
     return preset_scheme(name.upper())
+
+
+def _static_activations(scheme: QuantizationScheme) -> bool:
+    activations = scheme.input_activations
+    return activations is not None and activations.calibrated
 
 
 def matches(module_name: str, module: torch.nn.Module, patterns: tuple[str, ...]) -> bool:
