@@ -793,6 +793,9 @@ def _within(index: int, depth: int) -> int:
 #: Towers whose code takes the head size to be the width over the heads, whatever ``head_dim``
 #: says (Pixtral's rotary embedding).
 WIDTH_OVER_HEADS = frozenset({"pixtral"})
+#: Configs whose ``head_dim`` is their audio encoder's width, set when the config is made
+#: (MusicFlamingo's rotary time embedding spans the encoder's rows).
+HEAD_DIM_IS_AUDIO_WIDTH = frozenset({"musicflamingo"})
 
 
 def _derive_again(config: PretrainedConfig) -> None:
@@ -803,7 +806,8 @@ def _derive_again(config: PretrainedConfig) -> None:
     also where its width followed another config's (Mistral Large 4's Pixtral tower follows a
     text width down to 32); BLT's global transformer reads patches of ``cross_attn_k`` local
     states each, so its width is the local encoder's times that again, and the local configs'
-    ``hidden_size_global`` follows it."""
+    ``hidden_size_global`` follows it; MusicFlamingo's ``head_dim`` is its audio encoder's
+    width (:data:`HEAD_DIM_IS_AUDIO_WIDTH`)."""
     attrs = vars(config)
     heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
     if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
@@ -814,6 +818,8 @@ def _derive_again(config: PretrainedConfig) -> None:
     for sub in [config, *_sub_configs(config)]:
         if sub.model_type in WIDTH_OVER_HEADS:
             sub.head_dim = max(1, sub.hidden_size // sub.num_attention_heads)
+    if config.model_type in HEAD_DIM_IS_AUDIO_WIDTH:
+        config.head_dim = config.audio_config.hidden_size
     glob, local, k = (attrs.get(key) for key in ("global_config", "encoder_config", "cross_attn_k"))
     if glob is not None and local is not None and _is_count(k):
         glob.hidden_size = local.hidden_size * k

@@ -245,6 +245,11 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
     renamed = _renamed_pixels(parameters, media)
     if renamed is not None:
         arguments[renamed[0]] = media[renamed[1]].to(dtype)
+    required = {p.name for p in parameters if p.default is inspect.Parameter.empty}
+    if "input_ids" in required and "input_ids" not in arguments and owner is not None:
+        placeholders = _placeholders_for(owner, media)
+        if placeholders is not None:
+            arguments["input_ids"] = placeholders
     with torch.no_grad(), MixedExecution() if on_meta else contextlib.nullcontext():
         output = method(**arguments)
     pooled = getattr(output, "pooler_output", None)
@@ -252,6 +257,29 @@ def _feature_rows(method: Callable[..., Any], media: dict[str, Any]) -> tuple[in
         pooled = getattr(output, "last_hidden_state", output)
     tensors = [pooled] if isinstance(pooled, torch.Tensor) else list(pooled)
     return sum(t.numel() // t.shape[-1] for t in tensors), int(tensors[0].shape[-1])
+
+
+def _placeholders_for(model: torch.nn.Module, media: dict[str, Any]) -> torch.Tensor | None:
+    """Token ids holding, per row, as many audio placeholders as the audio encoder makes of
+    that row's features, for a feature method that reads the placeholders themselves
+    (MusicFlamingo times each encoder row by the run of placeholders it fills). The count is
+    the encoder's own ``_get_feat_extract_output_lengths`` of the features' mask (transformers'
+    audio encoders define it); ``None`` where there is no such encoder, mask or token."""
+    token = _token(model.config, TOKENS["audio"][0])
+    masks = [v for k, v in media.items() if k.endswith("mask") and isinstance(v, torch.Tensor)]
+    encoders = [
+        m for m in model.modules() if callable(getattr(m, "_get_feat_extract_output_lengths", None))
+    ]
+    if token is None or not masks or not encoders:
+        return None
+    lengths = encoders[0]._get_feat_extract_output_lengths(masks[0].sum(-1).long())
+    lengths = lengths[-1] if isinstance(lengths, tuple) else lengths  # (after conv, after pool)
+    rows = [int(n) for n in torch.as_tensor(lengths).reshape(-1)]
+    other = 0 if token != 0 else 1  # any id but the placeholder pads the shorter rows
+    ids = torch.full((len(rows), max(rows)), other, dtype=torch.long)
+    for row, count in enumerate(rows):
+        ids[row, :count] = token
+    return ids
 
 
 class _Placed(Exception):
