@@ -257,3 +257,20 @@ def test_flags_and_paths_that_cannot_work_exit_2_naming_them(
     code, output = invoke(*arguments)
     assert code == 2 and said in output, output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_option_the_recipe_set_is_blamed_on_the_recipe(tmp_path: Path) -> None:
+    """The recipe's group size fits no layer: --recipe is where it is corrected, and the same
+    value typed as --group-size is blamed on that flag."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"calibration: {{dataset: {REFMODEL / 'calib.npy'}, samples: 4, seq_len: 32}}\n"
+        "stages: [{method: gptq, scheme: W4A16, group_size: 100}]\n"
+    )
+    out = tmp_path / "out"
+    code, output = invoke("compress", "-m", str(REFMODEL), "-r", str(recipe), "-o", str(out))
+    assert code == 2 and "Invalid value for --recipe" in output and "group size 100" in output
+    typed = ("compress", "-m", str(REFMODEL), "-r", str(recipe), "-o", str(out))
+    code, output = invoke(*typed, "--group-size", "100")
+    assert code == 2 and "Invalid value for --group-size" in output
+    assert not out.exists()

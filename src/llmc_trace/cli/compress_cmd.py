@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from llmc_trace.cli.context import CliContext, handle_errors, interruptible, pas
 from llmc_trace.cli.options import NamedPath, SHOW_DEFAULT, declared_option, split_list
 from llmc_trace.core.declare import Declared, declared
 from llmc_trace.core.names import AUTO, DTYPES, MODALITIES
+from llmc_trace.errors import LlmcTraceError
 from llmc_trace.spec import settings
 
 if TYPE_CHECKING:
@@ -127,6 +129,7 @@ def _compress(
         joined_from_environment() as world,
         interruptible(ctx, "compress", kept=lambda: _kept(out_dir)),
         handle_errors(ctx),
+        _recipe_blamed(recipe, given),
         ctx.progress("compress") as progress,
     ):
         # every rank checks its request (its dataset among it); one that fails ends them all
@@ -175,6 +178,23 @@ def _kept(out_dir: Path) -> str | None:
 def _declared() -> list[Declared]:
     """Every declared option, section by section (a recipe's order)."""
     return [entry for section in settings.SECTIONS.values() for entry in declared(section)]
+
+
+#: Options a recipe never sets: an error about one of them is the command line's.
+_NOT_IN_RECIPES = frozenset({"model", "out", "overwrite", "resume", "resumable"})
+
+
+@contextlib.contextmanager
+def _recipe_blamed(recipe: Path | None, given: dict[str, Any]) -> Iterator[None]:
+    """An error about an option the recipe set, not the command line, names --recipe: that is
+    where the user corrects it (a recipe's group size no layer width takes, its dataset)."""
+    try:
+        yield
+    except LlmcTraceError as err:
+        param = err.param
+        if recipe is not None and param and param not in given and param not in _NOT_IN_RECIPES:
+            err.param = "recipe"
+        raise
 
 
 def _given_on_command_line(context: click.Context, options: dict[str, Any]) -> dict[str, Any]:
