@@ -9,7 +9,6 @@ import os
 import socket
 import urllib.parse
 from collections.abc import Iterator
-from unittest import mock
 
 from huggingface_hub import constants as hub_constants
 
@@ -44,8 +43,12 @@ def offline_if_unreachable() -> Iterator[None]:
         return
     import datasets
 
-    with (
-        mock.patch.object(hub_constants, "HF_HUB_OFFLINE", True),
-        mock.patch.object(datasets.config, "HF_HUB_OFFLINE", True),
-    ):
+    flags = (hub_constants, datasets.config)  # each client reads its own copy of the flag
+    before = [owner.HF_HUB_OFFLINE for owner in flags]
+    for owner in flags:
+        owner.HF_HUB_OFFLINE = True
+    try:
         yield
+    finally:
+        for owner, value in zip(flags, before):
+            owner.HF_HUB_OFFLINE = value

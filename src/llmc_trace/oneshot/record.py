@@ -90,8 +90,9 @@ def build_report(
     ``device_peak_bytes``: the run's CUDA peak so far; ``calibration``: the samples the run
     calibrated on (None for a data-free run), whose tokens the report counts."""
     subgraph_of = _subgraph_index(traced)
+    names = [[result.name for result in results] for _, results in stages]
     layers = tuple(
-        _row(index, stage, result, subgraph_of, [r.name for r in results])
+        _row(index, stage, result, subgraph_of, names[index])
         for index, (stage, results) in enumerate(stages)
         for result in results
     )

@@ -9,7 +9,6 @@ import torch
 from llmc_trace.core.memory_limit import memory_limit
 from llmc_trace.core.names import AUTO, AWQ, CALIBRATED_METHODS, RTN, SEQUENTIAL, SMOOTHING_METHODS
 from llmc_trace.core.sizes import parameter_dtype
-from llmc_trace.errors import BadInputError
 from llmc_trace.graph.literals import META, retarget_literals
 from llmc_trace.models.parts import ModelParts, model_parts
 from llmc_trace.moe import router_layers
@@ -24,6 +23,7 @@ from llmc_trace.spec.stage import Stage
 from llmc_trace.oneshot.state import RunContext
 from llmc_trace.oneshot.target_checks import (
     check_ignore,
+    check_model_options,
     check_targets,
     keep_served_layers_whole,
 )
@@ -41,18 +41,7 @@ def run_stage(context: RunContext, stage: Stage, model: torch.nn.Module, sink: S
     assert storage is not None  # loading refuses a model without floating-point weights
     batches = context.calibration_set(model).batches
     routers, parts = router_layers(model), model_parts(model)
-    if stage.expert_group is not None and not routers:
-        raise BadInputError(
-            f"{context.request.source.name} has no experts for --expert-group to group.",
-            hint="Drop --expert-group: it bounds a mixture-of-experts model's Hessians.",
-            param="expert_group",
-        )
-    if stage.towers and not parts.in_towers(name for name, _ in model.named_modules()):
-        raise BadInputError(
-            f"{context.request.source.name} has no vision or audio tower for --towers to compress.",
-            hint="Drop --towers: it compresses a multimodal model's encoders too.",
-            param="towers",
-        )
+    check_model_options(model, stage, context.request.source.name, routers, parts)
     check_ignore(model, stage)
     stage = keep_served_layers_whole(model, stage)
     context.progress("trace", 0, 1)

@@ -1,6 +1,6 @@
 """The layers a stage compresses, checked before calibration: something is targeted, every
 group fits its layer, every layer the user asked to keep in full precision exists, and keeping
-it does not split a layer that servers fuse."""
+it does not split a layer that servers fuse; options for parts the model lacks are refused."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from llmc_trace.errors import BadInputError
 from llmc_trace.calibrate.compressor import LayerCompressor
 from llmc_trace.calibrate.hessians import Targets
 from llmc_trace.checkpoint.served import served_together
+from llmc_trace.models.parts import ModelParts
 from llmc_trace.spec.stage import Stage
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,26 @@ def _check_widths(args: QuantizationArgs, targets: Targets, scheme: str, param: 
         hint=hint,
         param=param,
     )
+
+
+def check_model_options(
+    model: torch.nn.Module, stage: Stage, name: str, routers: list[str], parts: ModelParts
+) -> None:
+    """Options that act on parts a model may not have are refused where it has none, not
+    silently ignored: ``--expert-group`` needs experts (their ``routers``), ``--towers`` a
+    vision or audio tower."""
+    if stage.expert_group is not None and not routers:
+        raise BadInputError(
+            f"{name} has no experts for --expert-group to group.",
+            hint="Drop --expert-group: it bounds a mixture-of-experts model's Hessians.",
+            param="expert_group",
+        )
+    if stage.towers and not parts.in_towers(path for path, _ in model.named_modules()):
+        raise BadInputError(
+            f"{name} has no vision or audio tower for --towers to compress.",
+            hint="Drop --towers: it compresses a multimodal model's encoders too.",
+            param="towers",
+        )
 
 
 def check_ignore(model: torch.nn.Module, stage: Stage) -> None:
