@@ -793,9 +793,22 @@ def _within(index: int, depth: int) -> int:
 #: Towers whose code takes the head size to be the width over the heads, whatever ``head_dim``
 #: says (Pixtral's rotary embedding).
 WIDTH_OVER_HEADS = frozenset({"pixtral"})
-#: Configs whose ``head_dim`` is their audio encoder's width, set when the config is made
-#: (MusicFlamingo's rotary time embedding spans the encoder's rows).
-HEAD_DIM_IS_AUDIO_WIDTH = frozenset({"musicflamingo"})
+
+
+def _derived_by_its_class(config: PretrainedConfig) -> None:
+    """Counts the config class derives when it is made, derived from the twin's values: the
+    twin is made again through its class, and each top-level count that comes out otherwise
+    is taken (MusicFlamingo sets ``head_dim`` to its audio encoder's width). A config whose
+    dict does not make a config again (layer-indexed maps, validators written for the full
+    size) keeps the derivations above."""
+    try:
+        made = type(config).from_dict(config.to_dict())
+    except Exception:  # noqa: BLE001 - the class's own verdict on a round trip; nothing derived
+        return
+    for key, value in vars(config).items():
+        again = vars(made).get(key)
+        if _is_count(value) and _is_count(again) and again != value:
+            setattr(config, key, again)
 
 
 def _derive_again(config: PretrainedConfig) -> None:
@@ -806,8 +819,8 @@ def _derive_again(config: PretrainedConfig) -> None:
     also where its width followed another config's (Mistral Large 4's Pixtral tower follows a
     text width down to 32); BLT's global transformer reads patches of ``cross_attn_k`` local
     states each, so its width is the local encoder's times that again, and the local configs'
-    ``hidden_size_global`` follows it; MusicFlamingo's ``head_dim`` is its audio encoder's
-    width (:data:`HEAD_DIM_IS_AUDIO_WIDTH`)."""
+    ``hidden_size_global`` follows it. Last, whatever the config class itself derives when it
+    is made (:func:`_derived_by_its_class`)."""
     attrs = vars(config)
     heads, expand, hidden = (attrs.get(k) for k in ("n_mamba_heads", "mamba_expand", "hidden_size"))
     if _is_count(attrs.get("mamba_headdim")) and all(_is_count(v) for v in (heads, expand, hidden)):
@@ -818,8 +831,7 @@ def _derive_again(config: PretrainedConfig) -> None:
     for sub in [config, *_sub_configs(config)]:
         if sub.model_type in WIDTH_OVER_HEADS:
             sub.head_dim = max(1, sub.hidden_size // sub.num_attention_heads)
-    if config.model_type in HEAD_DIM_IS_AUDIO_WIDTH:
-        config.head_dim = config.audio_config.hidden_size
+    _derived_by_its_class(config)
     glob, local, k = (attrs.get(key) for key in ("global_config", "encoder_config", "cross_attn_k"))
     if glob is not None and local is not None and _is_count(k):
         glob.hidden_size = local.hidden_size * k
